@@ -1,0 +1,93 @@
+"""The sidecar's HTTP face: a FastAPI app over one spool. Read-only: every route is GET."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CollectorRegistry
+
+from modelkv_exporter import __version__
+from modelkv_exporter.collector import DEFAULT_STALE_AFTER_SECONDS, SpoolCollector, is_stale
+from modelkv_exporter.exposition import render
+from modelkv_exporter.snapshot import SCHEMA_VERSION
+from modelkv_exporter.spool import DEFAULT_MAX_SNAPSHOT_BYTES, SpoolReader
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    """What the sidecar app needs to know."""
+
+    spool_dir: Path
+    stale_after: float = DEFAULT_STALE_AFTER_SECONDS
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+
+
+def engines_document(collector: SpoolCollector) -> dict[str, Any]:
+    """The spool as JSON: every engine's snapshot with its state, and every rejected file."""
+    scan = collector.reader.scan()
+    now = collector.clock()
+    engines = []
+    rejected = []
+    for entry in scan.entries:
+        snapshot = entry.snapshot
+        if snapshot is None:
+            assert entry.error is not None
+            rejected.append({"file": entry.file_name, "reason": entry.error.reason.value, "detail": entry.error.detail})
+            continue
+        state = "ended" if snapshot.ended else "stale" if is_stale(snapshot, now, collector.stale_after) else "exported"
+        engines.append({"file": entry.file_name, "state": state, "snapshot": snapshot.to_dict()})
+    return {
+        "spool_dir": str(collector.reader.directory),
+        "spool_error": scan.error,
+        "schema_version": SCHEMA_VERSION,
+        "engines": engines,
+        "rejected": rejected,
+    }
+
+
+def create_app(config: SidecarConfig) -> FastAPI:
+    """Build the sidecar app. Nothing is registered globally; each app has its own registry."""
+    reader = SpoolReader(config.spool_dir, max_bytes=config.max_snapshot_bytes)
+    collector = SpoolCollector(reader, stale_after=config.stale_after)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+
+    app = FastAPI(
+        title="modelkv-exporter",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        redirect_slashes=False,
+    )
+    app.state.collector = collector
+    app.state.registry = registry
+
+    @app.get("/metrics", include_in_schema=True)
+    def metrics(request: Request) -> Response:
+        """Prometheus metrics (text format, or OpenMetrics when asked; gzip when accepted)."""
+        rendered = render(registry, request.headers.get("accept"), request.headers.get("accept-encoding"))
+        return Response(content=rendered.body, headers=rendered.headers)
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    def healthz() -> str:
+        """Liveness: the process answers."""
+        return "ok\n"
+
+    @app.get("/readyz", response_class=PlainTextResponse)
+    def readyz() -> PlainTextResponse:
+        """Readiness: the spool directory can be listed."""
+        if os.access(config.spool_dir, os.R_OK | os.X_OK) and config.spool_dir.is_dir():
+            return PlainTextResponse("ok\n")
+        return PlainTextResponse(f"spool directory {config.spool_dir} is not readable\n", status_code=503)
+
+    @app.get("/api/v1/engines")
+    def engines() -> JSONResponse:
+        """Every snapshot in the spool as JSON, with its state, and the rejected files."""
+        return JSONResponse(engines_document(collector))
+
+    return app

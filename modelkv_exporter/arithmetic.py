@@ -1,0 +1,25 @@
+"""The byte arithmetic of the declaration protocol, free of torch.
+
+One place for the formula, shared by our own ``ModelLocalKVSpec`` and by the
+resolver that turns any spec-like object (ours or vLLM-Omni's) into a snapshot
+record, and by the sidecar when it checks that a snapshot adds up.
+"""
+
+from __future__ import annotations
+
+FIXED = "fixed"
+MAX_NUM_SEQS = "max_num_seqs"
+
+
+def bytes_per_row(
+    *, layers: int, kv_heads: int, head_dim: int, positions: int, element_size: int
+) -> int:
+    """Bytes of one batch row: K and V for every layer, head and position."""
+    return 2 * layers * kv_heads * head_dim * positions * element_size
+
+
+def row_count(driver: str, rows_fixed: int, max_num_seqs: int) -> int:
+    """Rows live at peak: the fixed count, or one per in-flight sequence (at least 1)."""
+    if driver == FIXED:
+        return rows_fixed
+    return max(1, max_num_seqs)

@@ -1,0 +1,58 @@
+"""The ``modelkv-exporter`` command: ``serve`` the sidecar, or run the ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from modelkv_exporter import __version__
+from modelkv_exporter.settings import add_settings
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the sidecar HTTP server over ``--spool-dir``."""
+    import uvicorn
+
+    from modelkv_exporter.app import SidecarConfig, create_app
+
+    app = create_app(
+        SidecarConfig(Path(args.spool_dir), stale_after=args.stale_after, max_snapshot_bytes=args.max_snapshot_bytes)
+    )
+    logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", args.spool_dir, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, server_header=False)
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Run the demo (needs the ``torch`` extra)."""
+    try:
+        from modelkv_exporter.demo.main import run_demo
+    except ImportError as error:
+        print(f"the demo needs torch and transformers: pip install 'modelkv-exporter[torch]' ({error})", file=sys.stderr)
+        return 2
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, built from the settings table."""
+    parser = argparse.ArgumentParser(prog="modelkv-exporter", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, handler, help_text in (
+        ("serve", serve, "serve /metrics for a spool directory (the sidecar)"),
+        ("demo", demo, "run demo engines with real transformers caches and serve them"),
+    ):
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        add_settings(sub, name)
+        sub.set_defaults(handler=handler)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script and of ``python -m modelkv_exporter``."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.handler(args))

@@ -1,0 +1,1 @@
+"""The demo: several engine processes publishing real declarations, served by the sidecar."""

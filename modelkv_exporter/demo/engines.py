@@ -1,0 +1,99 @@
+"""Demo engines: a multi-stage deployment's worth of processes, each publishing like a real engine.
+
+Each engine runs in its own process (as each vLLM-Omni stage does), builds a small
+model whose inner modules own real transformers caches, publishes its declarations,
+takes a post-load memory baseline, allocates the caches, then beats with its
+measured resident memory until told to stop, when it marks its snapshot ended.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.synchronize
+from dataclasses import dataclass
+
+from torch import nn
+
+from modelkv_exporter.demo import owners
+from modelkv_exporter.memory import sample_host_memory
+from modelkv_exporter.publish import build_snapshot
+from modelkv_exporter.publisher import SnapshotPublisher
+
+
+@dataclass(frozen=True)
+class DemoEngine:
+    """One demo engine process: identity, concurrency, and where its cache owners sit."""
+
+    engine_id: str
+    served_model_name: str
+    architecture: str
+    stage_id: int
+    stage_name: str
+    max_num_seqs: int
+    owners: tuple[tuple[str, str], ...]
+
+
+DEMO_ENGINES: tuple[DemoEngine, ...] = (
+    DemoEngine("qwen3-tts-s0-r0", "qwen3-tts", "Qwen3TTSTalkerForConditionalGeneration", 0, "talker", 8, ()),
+    DemoEngine("qwen3-tts-s1-r0", "qwen3-tts", "Qwen3TTSCode2Wav", 1, "code2wav", 8, (("tokenizer.decoder", "CodecDecoder"),)),
+    DemoEngine("mimo-audio-s0-r0", "mimo-audio", "MiMoAudioForConditionalGeneration", 0, "llm", 16, (("local_transformer", "LocalTransformer"),)),
+    DemoEngine("minicpm-o-s0-r0", "minicpm-o-4.5", "MiniCPMO", 0, "thinker", 4, (("apm", "WhisperStreamingEncoder"),)),
+    DemoEngine("ming-flash-omni-s1-r0", "ming-flash-omni", "MingFlashOmniTalker", 1, "talker", 4, (("talker.audio_generator", "TalkerGenerator"),)),
+)
+
+
+def build_model(engine: DemoEngine) -> nn.Module:
+    """A module tree with each owner at its dotted path."""
+    root = nn.Module()
+    for path, class_name in engine.owners:
+        parent = root
+        *parents, leaf = path.split(".")
+        for name in parents:
+            if not hasattr(parent, name):
+                parent.add_module(name, nn.Module())
+            parent = getattr(parent, name)
+        parent.add_module(leaf, getattr(owners, class_name)())
+    return root
+
+
+def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multiprocessing.synchronize.Event) -> None:
+    """The body of one demo engine process."""
+    model = build_model(engine)
+    snapshot = build_snapshot(
+        model,
+        max_num_seqs=engine.max_num_seqs,
+        engine_id=engine.engine_id,
+        served_model_name=engine.served_model_name,
+        model=f"demo/{engine.served_model_name}",
+        architecture=engine.architecture,
+        stage_id=engine.stage_id,
+        stage_name=engine.stage_name,
+        replica="0",
+        tp_rank=0,
+        pp_rank=0,
+        dp_rank=0,
+        device="cpu",
+    )
+    publisher = SnapshotPublisher(spool_dir, snapshot)
+    if interval > 0:
+        publisher.start_heartbeat(interval, sample_host_memory)
+    publisher.set_baseline(sample_host_memory())
+    for module in model.modules():
+        if isinstance(module, owners.DemoOwner):
+            module.allocate(engine.max_num_seqs)
+    publisher.beat(sample_host_memory())
+    stop.wait()
+    publisher.end()
+
+
+def start_engines(spool_dir: str, interval: float) -> tuple[list[multiprocessing.Process], multiprocessing.synchronize.Event]:
+    """Start every demo engine in its own spawned process; returns them and their stop event."""
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    processes = [
+        context.Process(target=run_engine, args=(engine, spool_dir, interval, stop), name=engine.engine_id, daemon=True)
+        for engine in DEMO_ENGINES
+    ]
+    for process in processes:
+        process.start()
+    return processes, stop

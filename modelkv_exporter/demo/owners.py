@@ -1,0 +1,196 @@
+"""Cache owners with the geometries of vLLM-Omni 0.30.0's known declarers, holding real caches.
+
+Each owner declares its caches through our protocol *and* can allocate them as
+real ``transformers`` cache objects built from the same config, so the demo's
+process really holds what it declares and the tests can weigh the tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import Cache, DynamicCache, EncoderDecoderCache, PretrainedConfig, Qwen2Config, StaticCache
+
+from modelkv_exporter.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDriver, spec_from_hf_config
+
+
+def cache_bytes(cache: Cache) -> int:
+    """Bytes of every key and value tensor a transformers cache holds."""
+    if isinstance(cache, EncoderDecoderCache):
+        return cache_bytes(cache.self_attention_cache) + cache_bytes(cache.cross_attention_cache)
+    total = 0
+    for layer in cache.layers:
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _fill(cache: Cache, *, layers: int, rows: int, kv_heads: int, tokens: int, head_dim: int, dtype: torch.dtype) -> Cache:
+    """Write ``tokens`` positions of ``rows`` batch rows into every layer (materialises lazy layers)."""
+    states = torch.zeros(rows, kv_heads, tokens, head_dim, dtype=dtype)
+    for layer in range(layers):
+        cache.update(states, states, layer, cache_kwargs={"cache_position": torch.arange(tokens)})
+    return cache
+
+
+class DemoOwner(nn.Module):
+    """An owner of model-local KV: it declares specs and can allocate them for real."""
+
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        self.anchor = nn.Parameter(torch.zeros(1, dtype=dtype), requires_grad=False)
+        self.caches: dict[str, list[Cache]] = {}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the caches take: the parameters' (as the real declarers read it)."""
+        return self.anchor.dtype
+
+    def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
+        """Every KV allocation this owner holds."""
+        raise NotImplementedError
+
+    def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
+        """A real transformers cache for ``spec`` with ``rows`` batch rows."""
+        raise NotImplementedError
+
+    def allocate(self, max_num_seqs: int) -> None:
+        """Allocate every declared cache at its resolved row count."""
+        for spec in self.model_local_kv_specs():
+            self.caches[spec.name] = [self.build_cache(spec, spec.row_count(max_num_seqs))]
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of the caches this owner really holds, by declaration name."""
+        return {name: sum(cache_bytes(c) for c in caches) for name, caches in self.caches.items()}
+
+
+class CodecDecoder(DemoOwner):
+    """Qwen3-TTS tokenizer decoder in async-chunk mode: sliding-window DynamicCache, float32."""
+
+    CAPTURED_BATCH_SIZES = (1, 2, 4)
+
+    def __init__(self) -> None:
+        config = Qwen2Config(
+            num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16, hidden_size=1024,
+            head_dim=64, sliding_window=72, use_sliding_window=True, layer_types=["sliding_attention"] * 8,
+        )
+        super().__init__(config, torch.float32)
+
+    def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
+        window = self.config.sliding_window
+        common = dict(
+            dtype=self.dtype,
+            physical_capacity_positions=window - 1,
+            capacity_source=f"sliding_window({window}) - 1",
+        )
+        return [
+            spec_from_hf_config(
+                self.config, name="codec_decoder_request", scope=ModelLocalKVScope.REQUEST,
+                rows=RowDriver.MAX_NUM_SEQS, allocation_note="retained across chunks of one request", **common,
+            ),
+            spec_from_hf_config(
+                self.config, name="codec_decoder_working_copy", scope=ModelLocalKVScope.INVOCATION,
+                rows=RowDriver.MAX_NUM_SEQS, allocation_note="deep-copied from the retained cache each chunk", **common,
+            ),
+            spec_from_hf_config(
+                self.config, name="codec_decoder_graph_pool", scope=ModelLocalKVScope.MODEL,
+                rows=RowDriver.FIXED, rows_fixed=sum(self.CAPTURED_BATCH_SIZES),
+                rows_reason=f"one dummy cache kept per captured batch size {self.CAPTURED_BATCH_SIZES}", **common,
+            ),
+        ]
+
+    def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
+        cache = DynamicCache(config=self.config)
+        return _fill(cache, layers=spec.layers, rows=rows, kv_heads=spec.kv_heads,
+                     tokens=self.config.sliding_window * 2, head_dim=spec.head_dim, dtype=spec.dtype)
+
+
+class LocalTransformer(DemoOwner):
+    """MiMo-Audio's local transformer: a StaticCache bounded by the decode loop, bfloat16."""
+
+    GROUP_SIZE = 4
+    DELAY_PATTERN = (0, 1, 2, 3, 4, 5, 6, 7)
+    CAPTURED_BATCH_SIZES = (1, 2, 4, 8)
+
+    def __init__(self) -> None:
+        config = Qwen2Config(num_hidden_layers=16, num_attention_heads=64, num_key_value_heads=64, hidden_size=1024)
+        super().__init__(config, torch.bfloat16)
+
+    @property
+    def decode_steps(self) -> int:
+        """group_size + max(delay_pattern)."""
+        return self.GROUP_SIZE + max(self.DELAY_PATTERN)
+
+    def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
+        bound = f"group_size({self.GROUP_SIZE}) + max(delay_pattern)({max(self.DELAY_PATTERN)})"
+        common = dict(dtype=self.dtype, physical_capacity_positions=self.decode_steps, capacity_source=bound)
+        return [
+            spec_from_hf_config(
+                self.config, name="local_transformer", scope=ModelLocalKVScope.INVOCATION,
+                rows=RowDriver.MAX_NUM_SEQS, allocation_note="one batched allocation per eager call", **common,
+            ),
+            spec_from_hf_config(
+                self.config, name="local_transformer_graph_pool", scope=ModelLocalKVScope.MODEL,
+                rows=RowDriver.FIXED, rows_fixed=sum(self.CAPTURED_BATCH_SIZES),
+                rows_reason=f"sum of captured batch sizes {self.CAPTURED_BATCH_SIZES}", **common,
+            ),
+        ]
+
+    def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
+        cache = StaticCache(config=self.config, max_cache_len=spec.physical_capacity_positions)
+        return _fill(cache, layers=spec.layers, rows=rows, kv_heads=spec.kv_heads,
+                     tokens=1, head_dim=spec.head_dim, dtype=spec.dtype)
+
+
+class WhisperStreamingEncoder(DemoOwner):
+    """MiniCPM-o's streaming Whisper encoder: self-attention KV of an EncoderDecoderCache, bfloat16."""
+
+    def __init__(self) -> None:
+        config = PretrainedConfig(encoder_layers=24, d_model=1024, encoder_attention_heads=16, max_source_positions=1500)
+        super().__init__(config, torch.bfloat16)
+
+    def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
+        positions = self.config.max_source_positions
+        return [
+            spec_from_hf_config(
+                self.config, name="whisper_encoder_self_attn", dtype=self.dtype,
+                physical_capacity_positions=positions, capacity_source=f"embed_positions rows = {positions}",
+                scope=ModelLocalKVScope.SESSION, rows=RowDriver.FIXED, rows_fixed=1,
+                rows_reason="one streaming session per worker (duplex_max_sessions = 1)",
+            )
+        ]
+
+    def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        _fill(cache.self_attention_cache, layers=spec.layers, rows=rows, kv_heads=spec.kv_heads,
+              tokens=spec.physical_capacity_positions, head_dim=spec.head_dim, dtype=spec.dtype)
+        return cache
+
+
+class TalkerGenerator(DemoOwner):
+    """Ming-flash-omni's talker: a StaticCache of a hard-coded 2048 positions, one row, bfloat16."""
+
+    STATIC_CACHE_LEN = 2048
+
+    def __init__(self) -> None:
+        config = Qwen2Config(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896, head_dim=64)
+        super().__init__(config, torch.bfloat16)
+
+    def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
+        return [
+            spec_from_hf_config(
+                self.config, name="talker_llm_static_cache", dtype=self.dtype,
+                physical_capacity_positions=self.STATIC_CACHE_LEN,
+                capacity_source=f"hardcoded max_cache_len={self.STATIC_CACHE_LEN} in _init_kv_cache",
+                scope=ModelLocalKVScope.INVOCATION, rows=RowDriver.FIXED, rows_fixed=1,
+                rows_reason="forward() handles one request and runs the AR loop inline",
+                allocation_note="full extent on first write per layer; rebuilt per text segment",
+            )
+        ]
+
+    def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
+        cache = StaticCache(config=self.config, max_cache_len=spec.physical_capacity_positions)
+        return _fill(cache, layers=spec.layers, rows=rows, kv_heads=spec.kv_heads,
+                     tokens=1, head_dim=spec.head_dim, dtype=spec.dtype)

@@ -1,0 +1,110 @@
+"""Every setting in one table: each is a CLI flag and a ``MODELKV_`` environment variable.
+
+The CLI builds its parsers from this table and ``docs/configuration.md`` is
+generated from it, so flags, variables and docs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from modelkv_exporter.collector import DEFAULT_STALE_AFTER_SECONDS
+from modelkv_exporter.spool import DEFAULT_MAX_SNAPSHOT_BYTES
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} is not >= 1")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 to 65535 (0 picks a free one)."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{value} is not a port")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A number >= 0."""
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"{text} is not >= 0")
+    return value
+
+
+def log_level(text: str) -> str:
+    """One of Python's logging level names."""
+    value = text.lower()
+    if value not in ("critical", "error", "warning", "info", "debug"):
+        raise ValueError(f"{text} is not a log level")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its flag, variable, parser, meaning, and default per command (None = required)."""
+
+    dest: str
+    parse: Callable[[str], Any]
+    help: str
+    defaults: Mapping[str, Any]
+
+    @property
+    def flag(self) -> str:
+        """``--spool-dir`` for ``spool_dir``."""
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        """``MODELKV_SPOOL_DIR`` for ``spool_dir``."""
+        return "MODELKV_" + self.dest.upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("spool_dir", str, "Directory of engine snapshots (the pod's shared emptyDir). The demo makes a temporary one when unset.", {"serve": None, "demo": ""}),
+    Setting("host", str, "Address the HTTP server binds.", {"serve": "0.0.0.0", "demo": "127.0.0.1"}),
+    Setting("port", port_number, "TCP port of the HTTP server.", {"serve": 9400, "demo": 9400}),
+    Setting("stale_after", non_negative_float, "Seconds without a heartbeat after which an engine is stale (at least 3 of its heartbeat intervals).", {"serve": DEFAULT_STALE_AFTER_SECONDS, "demo": DEFAULT_STALE_AFTER_SECONDS}),
+    Setting("max_snapshot_bytes", positive_int, "Snapshot files larger than this are rejected unread.", {"serve": DEFAULT_MAX_SNAPSHOT_BYTES, "demo": DEFAULT_MAX_SNAPSHOT_BYTES}),
+    Setting("log_level", log_level, "Log level: critical, error, warning, info or debug.", {"serve": "info", "demo": "info"}),
+    Setting("heartbeat_interval", non_negative_float, "Seconds between the demo engines' heartbeats.", {"demo": 5.0}),
+    Setting("duration", non_negative_float, "Stop the demo after this many seconds (0 runs until interrupted).", {"demo": 0.0}),
+)
+
+
+def add_settings(parser: argparse.ArgumentParser, command: str, environ: Mapping[str, str] | None = None) -> None:
+    """Add every setting of ``command`` to ``parser``, defaulting from the environment."""
+    environ = os.environ if environ is None else environ
+    for setting in SETTINGS:
+        if command not in setting.defaults:
+            continue
+        default = setting.defaults[command]
+        raw = environ.get(setting.env)
+        if raw is not None:
+            try:
+                default = setting.parse(raw)
+            except ValueError as error:
+                parser.error(f"{setting.env}={raw!r}: {error}")
+
+        def parse(text: str, setting: Setting = setting) -> Any:
+            try:
+                return setting.parse(text)
+            except ValueError as error:
+                raise argparse.ArgumentTypeError(str(error)) from None
+
+        parser.add_argument(
+            setting.flag,
+            dest=setting.dest,
+            type=parse,
+            default=default,
+            required=default is None,
+            help=f"{setting.help} [env {setting.env}; default {default!r}]",
+        )

@@ -1,0 +1,223 @@
+"""The spool directory shared by engine processes and the sidecar.
+
+Writers put one ``<engine>.json`` per engine process, atomically (temp file in the
+same directory, fsync, ``os.replace``), so a reader sees the old document or the
+new one, never a torn one. The reader parses only files whose inode, size or
+times changed since the last scan, and never follows links or blocks on FIFOs.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import re
+import stat
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelkv_exporter.snapshot import Snapshot
+from modelkv_exporter.snapshot_parse import RejectReason, SnapshotError, parse_snapshot
+
+DEFAULT_MAX_SNAPSHOT_BYTES = 8 * 1024 * 1024
+SUFFIX = ".json"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def snapshot_file_name(engine_id: str) -> str:
+    """The spool file name for an engine id: readable, safe, and distinct per id."""
+    safe = _UNSAFE.sub("_", engine_id).lstrip(".") or "engine"
+    if safe != engine_id:
+        safe = f"{safe[:180]}-{hashlib.sha256(engine_id.encode('utf-8')).hexdigest()[:10]}"
+    return safe + SUFFIX
+
+
+def write_snapshot(spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> Path:
+    """Write ``snapshot`` atomically into ``spool_dir`` and return its path."""
+    directory = Path(spool_dir)
+    target = directory / snapshot_file_name(snapshot.engine.engine_id)
+    data = snapshot.to_json()
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{target.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fchmod(handle.fileno(), 0o644)
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(directory)
+    return target
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_snapshot_file(path: str | os.PathLike[str], max_bytes: int) -> Snapshot:
+    """Read and parse one snapshot file without following links or blocking."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if os.path.islink(path):
+            raise SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link") from None
+        raise SnapshotError(RejectReason.UNREADABLE, error.strerror or str(error)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SnapshotError(RejectReason.NOT_REGULAR_FILE, "is not a regular file")
+        if info.st_size > max_bytes:
+            raise SnapshotError(RejectReason.TOO_LARGE, f"{info.st_size} bytes > limit {max_bytes}")
+        chunks: list[bytes] = []
+        remaining = max_bytes + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    except OSError as error:
+        raise SnapshotError(RejectReason.UNREADABLE, error.strerror or str(error)) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise SnapshotError(RejectReason.TOO_LARGE, f"grew past limit {max_bytes} while read")
+    try:
+        return parse_snapshot(data)
+    except SnapshotError:
+        raise
+    except Exception as error:  # a backstop: nothing in a file may escape as another type
+        raise SnapshotError(RejectReason.INVALID_SNAPSHOT, f"{type(error).__name__}: {error}") from None
+
+
+@dataclass(frozen=True)
+class SpoolEntry:
+    """One spool file as last read: a snapshot or the reason it was rejected."""
+
+    file_name: str
+    mtime: float
+    snapshot: Snapshot | None = None
+    error: SnapshotError | None = None
+
+
+@dataclass(frozen=True)
+class SpoolScan:
+    """The spool as seen by one scan. ``error`` is set when the directory could not be listed."""
+
+    entries: tuple[SpoolEntry, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the directory itself could be listed."""
+        return self.error is None
+
+    @property
+    def snapshots(self) -> list[tuple[SpoolEntry, Snapshot]]:
+        """Entries holding a usable snapshot, in file-name order."""
+        return [(entry, entry.snapshot) for entry in self.entries if entry.snapshot is not None]
+
+
+_FileKey = tuple[int, int, int, int]
+
+
+@dataclass
+class SpoolReader:
+    """Scans a spool directory, re-parsing only files that changed since the last scan.
+
+    ``rejections`` counts each rejected file version once, by reason, for the
+    life of the reader (it becomes a counter metric). Thread-safe.
+    """
+
+    directory: Path
+    max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+    rejections: collections.Counter[str] = field(default_factory=collections.Counter)
+    _cache: dict[str, tuple[_FileKey, SpoolEntry]] = field(default_factory=dict)
+    _duplicates: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def scan(self) -> SpoolScan:
+        """Read the directory now and return every snapshot file's current state."""
+        with self._lock:
+            try:
+                listing = sorted(os.scandir(self.directory), key=lambda e: e.name)
+            except OSError as error:
+                self._cache.clear()
+                return SpoolScan(error=f"{self.directory}: {error.strerror or error}")
+            fresh: dict[str, tuple[_FileKey, SpoolEntry]] = {}
+            for dir_entry in listing:
+                name = dir_entry.name
+                if name.startswith(".") or not name.endswith(SUFFIX):
+                    continue
+                fresh[name] = self._entry(dir_entry)
+            self._cache = fresh
+            return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]))
+
+    def _entry(self, dir_entry: os.DirEntry[str]) -> tuple[_FileKey, SpoolEntry]:
+        try:
+            info = dir_entry.stat(follow_symlinks=False)
+        except OSError as error:
+            return (0, 0, 0, 0), self._reject(dir_entry.name, 0.0, SnapshotError(RejectReason.UNREADABLE, str(error)))
+        key = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        cached = self._cache.get(dir_entry.name)
+        if cached is not None and cached[0] == key:
+            return cached
+        if stat.S_ISLNK(info.st_mode):
+            error = SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link")
+            return key, self._reject(dir_entry.name, info.st_mtime, error)
+        try:
+            snapshot = read_snapshot_file(dir_entry.path, self.max_bytes)
+        except SnapshotError as error:
+            return key, self._reject(dir_entry.name, info.st_mtime, error)
+        return key, SpoolEntry(dir_entry.name, info.st_mtime, snapshot=snapshot)
+
+    def _reject(self, name: str, mtime: float, error: SnapshotError) -> SpoolEntry:
+        self.rejections[error.reason.value] += 1
+        return SpoolEntry(name, mtime, error=error)
+
+    def _resolve_duplicates(self, entries: list[SpoolEntry]) -> tuple[SpoolEntry, ...]:
+        """Keep one file per engine id: the one named for it, else the latest heartbeat."""
+        by_engine: dict[str, list[SpoolEntry]] = collections.defaultdict(list)
+        for entry in entries:
+            if entry.snapshot is not None:
+                by_engine[entry.snapshot.engine.engine_id].append(entry)
+        losers: dict[str, str] = {}
+        for engine_id, claimants in by_engine.items():
+            if len(claimants) < 2:
+                continue
+            own = snapshot_file_name(engine_id)
+            winner = max(claimants, key=lambda e: (e.file_name == own, e.snapshot.heartbeat_at, e.file_name))  # type: ignore[union-attr]
+            for entry in claimants:
+                if entry is not winner:
+                    losers[entry.file_name] = winner.file_name
+        for name in losers.keys() - self._duplicates:
+            self.rejections[RejectReason.DUPLICATE_ENGINE.value] += 1
+        self._duplicates = set(losers)
+        return tuple(
+            SpoolEntry(
+                e.file_name,
+                e.mtime,
+                error=SnapshotError(RejectReason.DUPLICATE_ENGINE, f"same engine id as {losers[e.file_name]}"),
+            )
+            if e.file_name in losers
+            else e
+            for e in entries
+        )
