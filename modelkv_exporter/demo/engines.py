@@ -16,7 +16,7 @@ from torch import nn
 
 from modelkv_exporter.demo import owners
 from modelkv_exporter.memory import sample_host_memory
-from modelkv_exporter.publish import build_snapshot
+from modelkv_exporter.publishing import build_snapshot
 from modelkv_exporter.publisher import SnapshotPublisher
 
 
