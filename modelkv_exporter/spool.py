@@ -29,7 +29,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 def snapshot_file_name(engine_id: str) -> str:
     """The spool file name for an engine id: readable, safe, and distinct per id."""
     safe = _UNSAFE.sub("_", engine_id).lstrip(".") or "engine"
-    if safe != engine_id:
+    if safe != engine_id or len(safe) > 180:
         safe = f"{safe[:180]}-{hashlib.sha256(engine_id.encode('utf-8')).hexdigest()[:10]}"
     return safe + SUFFIX
 
