@@ -55,4 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and of ``python -m modelkv_exporter``."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        return 0

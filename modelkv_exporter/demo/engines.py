@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.synchronize
+import signal
 from dataclasses import dataclass
 
 from torch import nn
@@ -57,7 +58,8 @@ def build_model(engine: DemoEngine) -> nn.Module:
 
 
 def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multiprocessing.synchronize.Event) -> None:
-    """The body of one demo engine process."""
+    """The body of one demo engine process; the parent ends it (Ctrl-C reaches the parent only)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     model = build_model(engine)
     snapshot = build_snapshot(
         model,

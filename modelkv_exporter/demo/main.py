@@ -73,9 +73,12 @@ def run_demo(args: argparse.Namespace) -> int:
             "Press Ctrl-C to stop.",
             flush=True,
         )
+        timer = threading.Timer(args.duration, lambda: setattr(server, "should_exit", True))
+        timer.daemon = True
         if args.duration > 0:
-            threading.Timer(args.duration, lambda: setattr(server, "should_exit", True)).start()
+            timer.start()
         server.run()
+        timer.cancel()
     finally:
         stop.set()
         for process in processes:
@@ -84,5 +87,5 @@ def run_demo(args: argparse.Namespace) -> int:
                 process.kill()
         if temporary is not None:
             temporary.cleanup()
-    print("modelkv-exporter demo: engines stopped", flush=True)
+        print("modelkv-exporter demo: engines stopped", flush=True)
     return 0
