@@ -11,9 +11,7 @@ FIXED = "fixed"
 MAX_NUM_SEQS = "max_num_seqs"
 
 
-def bytes_per_row(
-    *, layers: int, kv_heads: int, head_dim: int, positions: int, element_size: int
-) -> int:
+def bytes_per_row(*, layers: int, kv_heads: int, head_dim: int, positions: int, element_size: int) -> int:
     """Bytes of one batch row: K and V for every layer, head and position."""
     return 2 * layers * kv_heads * head_dim * positions * element_size
 

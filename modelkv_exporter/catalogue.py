@@ -57,9 +57,15 @@ class Measurement:
 
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement("torch_allocated", "bytes in live tensors of the engine process (torch.cuda.memory_allocated)", True),
-    Measurement("torch_reserved", "bytes the engine process's caching allocator holds (torch.cuda.memory_reserved)", True),
-    Measurement("torch_peak_allocated", "peak bytes in live tensors since start (torch.cuda.max_memory_allocated)", False),
-    Measurement("device_used", "bytes in use on the whole device, every process (total - free from cudaMemGetInfo)", True),
+    Measurement(
+        "torch_reserved", "bytes the engine process's caching allocator holds (torch.cuda.memory_reserved)", True
+    ),
+    Measurement(
+        "torch_peak_allocated", "peak bytes in live tensors since start (torch.cuda.max_memory_allocated)", False
+    ),
+    Measurement(
+        "device_used", "bytes in use on the whole device, every process (total - free from cudaMemGetInfo)", True
+    ),
     Measurement("device_total", "total bytes of the device (cudaMemGetInfo)", False),
     Measurement("process_gpu", "GPU bytes NVML attributes to the engine process", True),
     Measurement("process_resident", "resident host memory of the engine process (a CPU engine's device memory)", True),
@@ -68,10 +74,34 @@ MEASUREMENTS: tuple[Measurement, ...] = (
 _D, _E, _M, _X = "Declarations", "Engines", "Measured memory", "Exporter health"
 
 _METRICS: list[Metric] = [
-    Metric("modelkv_declared_peak_bytes", "gauge", "Declared peak bytes of one model-local KV cache at the engine's max_num_seqs.", DECLARATION, _D),
-    Metric("modelkv_declared_row_size_bytes", "gauge", "Declared bytes of one batch row of one model-local KV cache.", DECLARATION, _D),
-    Metric("modelkv_declared_rows", "gauge", "Rows of one model-local KV cache live at peak (fixed count or max_num_seqs).", DECLARATION, _D),
-    Metric("modelkv_declared_capacity_positions", "gauge", "Positions one row of a model-local KV cache can physically hold.", DECLARATION, _D),
+    Metric(
+        "modelkv_declared_peak_bytes",
+        "gauge",
+        "Declared peak bytes of one model-local KV cache at the engine's max_num_seqs.",
+        DECLARATION,
+        _D,
+    ),
+    Metric(
+        "modelkv_declared_row_size_bytes",
+        "gauge",
+        "Declared bytes of one batch row of one model-local KV cache.",
+        DECLARATION,
+        _D,
+    ),
+    Metric(
+        "modelkv_declared_rows",
+        "gauge",
+        "Rows of one model-local KV cache live at peak (fixed count or max_num_seqs).",
+        DECLARATION,
+        _D,
+    ),
+    Metric(
+        "modelkv_declared_capacity_positions",
+        "gauge",
+        "Positions one row of a model-local KV cache can physically hold.",
+        DECLARATION,
+        _D,
+    ),
     Metric(
         "modelkv_declaration_info",
         "info",
@@ -86,19 +116,60 @@ _METRICS: list[Metric] = [
         ("engine", "model", "stage", "architecture", "replica", "ranks", "device", "writer"),
         _E,
     ),
-    Metric("modelkv_engine_declarations", "gauge", "Number of model-local KV caches the engine's model declares (0 when none).", ENGINE, _E),
-    Metric("modelkv_engine_max_num_seqs", "gauge", "The engine's max_num_seqs, at which MAX_NUM_SEQS declarations are resolved.", ENGINE, _E),
-    Metric("modelkv_engine_declared_per_sequence_bytes", "gauge", "Declared bytes one more in-flight sequence adds (row sizes of MAX_NUM_SEQS declarations).", ENGINE, _E),
-    Metric("modelkv_engine_gpu_memory_utilization_ratio", "gauge", "The engine's gpu_memory_utilization setting (absent when unknown).", ENGINE, _E),
-    Metric("modelkv_engine_paged_kv_bytes", "gauge", "Bytes of the engine's paged KV cache (absent until known).", ENGINE, _E),
-    Metric("modelkv_engine_paged_kv_blocks", "gauge", "Blocks of the engine's paged KV cache (absent until known).", ENGINE, _E),
-    Metric("modelkv_engine_up", "gauge", "1 when the engine's snapshot is fresh, 0 when its heartbeat is stale.", ENGINE, _E),
+    Metric(
+        "modelkv_engine_declarations",
+        "gauge",
+        "Number of model-local KV caches the engine's model declares (0 when none).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_max_num_seqs",
+        "gauge",
+        "The engine's max_num_seqs, at which MAX_NUM_SEQS declarations are resolved.",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_declared_per_sequence_bytes",
+        "gauge",
+        "Declared bytes one more in-flight sequence adds (row sizes of MAX_NUM_SEQS declarations).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_gpu_memory_utilization_ratio",
+        "gauge",
+        "The engine's gpu_memory_utilization setting (absent when unknown).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_paged_kv_bytes",
+        "gauge",
+        "Bytes of the engine's paged KV cache (absent until known).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_paged_kv_blocks",
+        "gauge",
+        "Blocks of the engine's paged KV cache (absent until known).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_up",
+        "gauge",
+        "1 when the engine's snapshot is fresh, 0 when its heartbeat is stale.",
+        ENGINE,
+        _E,
+    ),
     Metric("modelkv_engine_snapshot_age_seconds", "gauge", "Seconds since the engine's last heartbeat.", ENGINE, _E),
-    Metric("modelkv_engine_start_time_seconds", "gauge", "Unix time the engine process started publishing.", ENGINE, _E),
-    *[
-        Metric(f"modelkv_memory_{m.source}_bytes", "gauge", f"Measured: {m.meaning}.", ENGINE, _M)
-        for m in MEASUREMENTS
-    ],
+    Metric(
+        "modelkv_engine_start_time_seconds", "gauge", "Unix time the engine process started publishing.", ENGINE, _E
+    ),
+    *[Metric(f"modelkv_memory_{m.source}_bytes", "gauge", f"Measured: {m.meaning}.", ENGINE, _M) for m in MEASUREMENTS],
     *[
         Metric(
             f"modelkv_memory_{m.source}_baseline_bytes",
@@ -117,11 +188,41 @@ _METRICS: list[Metric] = [
         (*ENGINE, "source"),
         _M,
     ),
-    Metric("modelkv_exporter_build_info", "info", "Version of the exporter and the newest snapshot schema it reads.", ("version", "schema_version"), _X),
-    Metric("modelkv_exporter_spool_scan_success", "gauge", "1 when the spool directory could be listed on this scrape, else 0.", (), _X),
-    Metric("modelkv_exporter_spool_files", "gauge", "Snapshot files in the spool by state (exported, stale, ended, rejected).", ("state",), _X),
-    Metric("modelkv_exporter_snapshot_rejections_total", "counter", "Snapshot file versions rejected since the exporter started, by reason.", ("reason",), _X),
-    Metric("modelkv_exporter_collect_duration_seconds", "gauge", "Seconds this scrape spent reading the spool and building metrics.", (), _X),
+    Metric(
+        "modelkv_exporter_build_info",
+        "info",
+        "Version of the exporter and the newest snapshot schema it reads.",
+        ("version", "schema_version"),
+        _X,
+    ),
+    Metric(
+        "modelkv_exporter_spool_scan_success",
+        "gauge",
+        "1 when the spool directory could be listed on this scrape, else 0.",
+        (),
+        _X,
+    ),
+    Metric(
+        "modelkv_exporter_spool_files",
+        "gauge",
+        "Snapshot files in the spool by state (exported, stale, ended, rejected).",
+        ("state",),
+        _X,
+    ),
+    Metric(
+        "modelkv_exporter_snapshot_rejections_total",
+        "counter",
+        "Snapshot file versions rejected since the exporter started, by reason.",
+        ("reason",),
+        _X,
+    ),
+    Metric(
+        "modelkv_exporter_collect_duration_seconds",
+        "gauge",
+        "Seconds this scrape spent reading the spool and building metrics.",
+        (),
+        _X,
+    ),
 ]
 
 CATALOGUE: dict[str, Metric] = {metric.name: metric for metric in _METRICS}

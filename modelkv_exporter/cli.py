@@ -31,7 +31,9 @@ def demo(args: argparse.Namespace) -> int:
     try:
         from modelkv_exporter.demo.main import run_demo
     except ImportError as error:
-        print(f"the demo needs torch and transformers: pip install 'modelkv-exporter[torch]' ({error})", file=sys.stderr)
+        print(
+            f"the demo needs torch and transformers: pip install 'modelkv-exporter[torch]' ({error})", file=sys.stderr
+        )
         return 2
     return run_demo(args)
 

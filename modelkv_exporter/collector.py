@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import unicodedata
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 from prometheus_client.metrics_core import Metric as Family
 
@@ -67,11 +68,11 @@ class SpoolCollector:
         families = {name: metric.family() for name, metric in CATALOGUE.items()}
 
         def add(name: str, labels: list[str], value: float) -> None:
-            families[name].add_metric(labels, value)  # type: ignore[union-attr]
+            cast(Any, families[name]).add_metric(labels, value)
 
         def info(name: str, labels: list[str]) -> None:
             metric = CATALOGUE[name]
-            families[name].add_metric(labels, dict(zip(metric.labels, labels)))  # type: ignore[call-arg, union-attr]
+            cast(Any, families[name]).add_metric(labels, dict(zip(metric.labels, labels, strict=True)))
 
         scan = self.reader.scan()
         now = self.clock()

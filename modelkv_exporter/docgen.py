@@ -28,7 +28,7 @@ def metrics_markdown() -> str:
         "`pod` and `namespace` come from Prometheus's service discovery, not from the exporter.",
         "",
         "Label values taken from snapshots have control characters replaced by spaces; diagnostic strings are cut to 128 characters.",
-        "A declaration owned by the model's root module has `owner=\"(root)\"`. `stage` is the vLLM-Omni stage name, else its id, else empty.",
+        'A declaration owned by the model\'s root module has `owner="(root)"`. `stage` is the vLLM-Omni stage name, else its id, else empty.',
         "",
     ]
     group = None

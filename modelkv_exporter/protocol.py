@@ -114,9 +114,7 @@ class ModelLocalKVSpec:
             if self.rows_fixed < 1:
                 raise ValueError(f"rows_fixed must be >= 1, got {self.rows_fixed}")
             if not self.rows_reason.strip():
-                raise ValueError(
-                    "a FIXED row count needs rows_reason; an unexplained constant cannot be reviewed"
-                )
+                raise ValueError("a FIXED row count needs rows_reason; an unexplained constant cannot be reviewed")
 
     @property
     def bytes_per_row(self) -> int:
@@ -171,9 +169,7 @@ def spec_from_hf_config(
     raises instead of guessing, since a wrong geometry would under-report.
     """
     if layers is None:
-        layers = _first_attribute(
-            config, ("num_hidden_layers", "encoder_layers", "num_layers"), "layer count"
-        )
+        layers = _first_attribute(config, ("num_hidden_layers", "encoder_layers", "num_layers"), "layer count")
     if kv_heads is None:
         kv_heads = _first_attribute(
             config,
@@ -236,8 +232,8 @@ def _unwrap_to_module(model: object) -> object:
     return current
 
 
-def _owners(root: object) -> list[tuple[str, object]]:
-    owners: list[tuple[str, object]] = []
+def _owners(root: object) -> list[tuple[str, HasModelLocalKV]]:
+    owners: list[tuple[str, HasModelLocalKV]] = []
     seen: set[int] = set()
     if isinstance(root, HasModelLocalKV):
         owners.append(("", root))

@@ -55,10 +55,12 @@ class SnapshotPublisher:
 
     def beat(self, sample: MemorySample | None = None) -> Path:
         """A heartbeat, with a new current memory sample when one is given."""
+
         def change(snapshot: Snapshot) -> Snapshot:
             if sample is None:
                 return snapshot
             return replace(snapshot, measured=replace(snapshot.measured, current=sample))
+
         return self.update(change)
 
     def set_baseline(self, sample: MemorySample) -> Path:

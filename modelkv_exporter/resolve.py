@@ -72,7 +72,9 @@ def resolve_declarations(owned: Iterable[OwnedSpec], max_num_seqs: int) -> tuple
             n += 1
             name = f"{declaration.name}#{n}"
         if n > 1:
-            logger.warning("%s declares %r more than once; exporting it as %r", item.owner_class, declaration.name, name)
+            logger.warning(
+                "%s declares %r more than once; exporting it as %r", item.owner_class, declaration.name, name
+            )
             declaration = replace(declaration, name=name)
         seen.add((declaration.owner, name))
         resolved.append(declaration)

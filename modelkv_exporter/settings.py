@@ -69,14 +69,36 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("spool_dir", str, "Directory of engine snapshots (the pod's shared emptyDir). The demo makes a temporary one when unset.", {"serve": None, "demo": ""}),
+    Setting(
+        "spool_dir",
+        str,
+        "Directory of engine snapshots (the pod's shared emptyDir). The demo makes a temporary one when unset.",
+        {"serve": None, "demo": ""},
+    ),
     Setting("host", str, "Address the HTTP server binds.", {"serve": "0.0.0.0", "demo": "127.0.0.1"}),
     Setting("port", port_number, "TCP port of the HTTP server.", {"serve": 9400, "demo": 9400}),
-    Setting("stale_after", non_negative_float, "Seconds without a heartbeat after which an engine is stale (at least 3 of its heartbeat intervals).", {"serve": DEFAULT_STALE_AFTER_SECONDS, "demo": DEFAULT_STALE_AFTER_SECONDS}),
-    Setting("max_snapshot_bytes", positive_int, "Snapshot files larger than this are rejected unread.", {"serve": DEFAULT_MAX_SNAPSHOT_BYTES, "demo": DEFAULT_MAX_SNAPSHOT_BYTES}),
-    Setting("log_level", log_level, "Log level: critical, error, warning, info or debug.", {"serve": "info", "demo": "info"}),
+    Setting(
+        "stale_after",
+        non_negative_float,
+        "Seconds without a heartbeat after which an engine is stale (at least 3 of its heartbeat intervals).",
+        {"serve": DEFAULT_STALE_AFTER_SECONDS, "demo": DEFAULT_STALE_AFTER_SECONDS},
+    ),
+    Setting(
+        "max_snapshot_bytes",
+        positive_int,
+        "Snapshot files larger than this are rejected unread.",
+        {"serve": DEFAULT_MAX_SNAPSHOT_BYTES, "demo": DEFAULT_MAX_SNAPSHOT_BYTES},
+    ),
+    Setting(
+        "log_level", log_level, "Log level: critical, error, warning, info or debug.", {"serve": "info", "demo": "info"}
+    ),
     Setting("heartbeat_interval", non_negative_float, "Seconds between the demo engines' heartbeats.", {"demo": 5.0}),
-    Setting("duration", non_negative_float, "Stop the demo after this many seconds (0 runs until interrupted).", {"demo": 0.0}),
+    Setting(
+        "duration",
+        non_negative_float,
+        "Stop the demo after this many seconds (0 runs until interrupted).",
+        {"demo": 0.0},
+    ),
 )
 
 

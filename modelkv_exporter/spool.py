@@ -181,8 +181,8 @@ class SpoolReader:
         if cached is not None and cached[0] == key:
             return cached
         if stat.S_ISLNK(info.st_mode):
-            error = SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link")
-            return key, self._reject(dir_entry.name, info.st_mtime, error)
+            link = SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link")
+            return key, self._reject(dir_entry.name, info.st_mtime, link)
         try:
             snapshot = read_snapshot_file(dir_entry.path, self.max_bytes)
         except SnapshotError as error:
@@ -208,8 +208,7 @@ class SpoolReader:
             for entry in claimants:
                 if entry is not winner:
                     losers[entry.file_name] = winner.file_name
-        for name in losers.keys() - self._duplicates:
-            self.rejections[RejectReason.DUPLICATE_ENGINE.value] += 1
+        self.rejections[RejectReason.DUPLICATE_ENGINE.value] += len(losers.keys() - self._duplicates)
         self._duplicates = set(losers)
         return tuple(
             SpoolEntry(

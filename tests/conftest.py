@@ -86,7 +86,9 @@ def make_snapshot(
     if declarations is None:
         declarations = (make_declaration(max_num_seqs=max_num_seqs),)
     return Snapshot(
-        engine=EngineIdentity(engine_id=engine_id, served_model_name=identity.pop("served_model_name", "m"), **identity),  # type: ignore[arg-type]
+        engine=EngineIdentity(
+            engine_id=engine_id, served_model_name=identity.pop("served_model_name", "m"), **identity
+        ),  # type: ignore[arg-type]
         settings=EngineSettings(max_num_seqs=max_num_seqs),
         declarations=declarations,
         started_at=now - 10,
@@ -140,7 +142,19 @@ def start_sidecar(spool_dir: Path, *extra: str, executable: Path | None = None) 
     port = free_port()
     exe = executable or VENV_BIN / "modelkv-exporter"
     process = subprocess.Popen(
-        [str(exe), "serve", "--spool-dir", str(spool_dir), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra],
+        [
+            str(exe),
+            "serve",
+            "--spool-dir",
+            str(spool_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -187,5 +201,3 @@ def require_tool(name: str) -> str:
     if path is None:
         pytest.fail(f"{name} is not installed; run the README's test command, which installs it")
     return path
-
-

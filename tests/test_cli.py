@@ -46,7 +46,9 @@ def test_every_setting_has_a_flag_and_variable_of_its_name() -> None:
 )
 def test_bad_settings_are_clear_errors(argv: list[str], env: dict[str, str], message: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "modelkv_exporter", *argv], capture_output=True, text=True,
+        [sys.executable, "-m", "modelkv_exporter", *argv],
+        capture_output=True,
+        text=True,
         env={"PATH": "/usr/bin:/bin", **env},
     )
     assert result.returncode == 2 and message in result.stderr

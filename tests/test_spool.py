@@ -25,7 +25,9 @@ SCHEMA = json.loads((ROOT / "docs" / "snapshot.schema.json").read_text())
 
 
 def document(**changes: object) -> dict:
-    doc = make_snapshot("e", interval=5.0, measured={"process_resident": 10}, baseline={"process_resident": 5}).to_dict()
+    doc = make_snapshot(
+        "e", interval=5.0, measured={"process_resident": 10}, baseline={"process_resident": 5}
+    ).to_dict()
     doc.update(changes)
     return doc
 
@@ -74,11 +76,20 @@ def _declaration_with(**change: object) -> dict:
 BAD_DOCUMENTS: dict[str, tuple[bytes, RejectReason]] = {
     "truncated": (json.dumps(document()).encode()[:-40], RejectReason.INVALID_JSON),
     "not utf-8": (b'{"schema_version": 1, "x": "\xff"}', RejectReason.INVALID_JSON),
-    "NaN": (json.dumps(document()).replace('"started_at":', '"started_at": NaN, "x":').encode(), RejectReason.INVALID_JSON),
+    "NaN": (
+        json.dumps(document()).replace('"started_at":', '"started_at": NaN, "x":').encode(),
+        RejectReason.INVALID_JSON,
+    ),
     "deep nesting": (b"[" * 100_000 + b"]" * 100_000, RejectReason.INVALID_JSON),
-    "huge integer": (json.dumps(document()).replace('"max_num_seqs": 8', '"max_num_seqs": ' + "9" * 5000).encode(), RejectReason.INVALID_JSON),
+    "huge integer": (
+        json.dumps(document()).replace('"max_num_seqs": 8', '"max_num_seqs": ' + "9" * 5000).encode(),
+        RejectReason.INVALID_JSON,
+    ),
     "list root": (b"[]", RejectReason.INVALID_SNAPSHOT),
-    "missing engine": (json.dumps({k: v for k, v in document().items() if k != "engine"}).encode(), RejectReason.INVALID_SNAPSHOT),
+    "missing engine": (
+        json.dumps({k: v for k, v in document().items() if k != "engine"}).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
     "string layers": (json.dumps(_declaration_with(layers="8")).encode(), RejectReason.INVALID_SNAPSHOT),
     "bool layers": (json.dumps(_declaration_with(layers=True)).encode(), RejectReason.INVALID_SNAPSHOT),
     "negative bytes": (json.dumps(_declaration_with(peak_bytes=-1)).encode(), RejectReason.INVALID_SNAPSHOT),
@@ -89,8 +100,14 @@ BAD_DOCUMENTS: dict[str, tuple[bytes, RejectReason]] = {
     "zero max_num_seqs": (json.dumps(document(settings={"max_num_seqs": 0})).encode(), RejectReason.INVALID_SNAPSHOT),
     "float timestamp inf": (json.dumps(document(heartbeat_at=1e300)).encode(), RejectReason.INVALID_SNAPSHOT),
     "empty engine id": (json.dumps(document(engine={"engine_id": ""})).encode(), RejectReason.INVALID_SNAPSHOT),
-    "odd source name": (json.dumps(document(measured={"current": {"sampled_at": 1, "values": {'a"}': 1}}})).encode(), RejectReason.INVALID_SNAPSHOT),
-    "negative measurement": (json.dumps(document(measured={"current": {"sampled_at": 1, "values": {"torch_allocated": -5}}})).encode(), RejectReason.INVALID_SNAPSHOT),
+    "odd source name": (
+        json.dumps(document(measured={"current": {"sampled_at": 1, "values": {'a"}': 1}}})).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
+    "negative measurement": (
+        json.dumps(document(measured={"current": {"sampled_at": 1, "values": {"torch_allocated": -5}}})).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
     "duplicate declaration": (
         json.dumps(document(declarations=[document()["declarations"][0]] * 2)).encode(),
         RejectReason.INVALID_SNAPSHOT,
@@ -189,7 +206,7 @@ def test_a_file_the_sidecar_user_cannot_read_is_counted_unreadable() -> None:
             "import os, sys; from modelkv_exporter.spool import SpoolReader;"
             "os.setgid(65534); os.setuid(65534);"
             "r = SpoolReader(__import__('pathlib').Path(sys.argv[1])); s = r.scan();"
-            "print(sorted(x.engine.engine_id for _, x in s.snapshots), dict(r.rejections))"
+            "print(sorted(x.engine.engine_id for _, x in s.snapshots), dict(+r.rejections))"
         )
         result = subprocess.run(
             [sys.executable, "-c", code, str(spool)], capture_output=True, text=True, cwd=str(ROOT), check=True

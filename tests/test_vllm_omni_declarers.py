@@ -7,11 +7,6 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 from transformers import DynamicCache, Qwen2Config
-
-from modelkv_exporter import publish
-from modelkv_exporter.demo.owners import cache_bytes
-from tests.conftest import Sidecar
-
 from vllm_omni.model_executor.models.ming_flash_omni.talker_module import MingAudioGenerator  # noqa: E402
 from vllm_omni.model_executor.models.qwen3_tts.segmented_graph_wrapper import CUDAGraphDecoderWrapper  # noqa: E402
 from vllm_omni.model_executor.models.qwen3_tts.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (  # noqa: E402
@@ -21,13 +16,19 @@ from vllm_omni.model_executor.models.qwen3_tts.tokenizer_12hz.modeling_qwen3_tts
     Qwen3TTSTokenizerV2Decoder,
 )
 
+from modelkv_exporter import publish
+from modelkv_exporter.demo.owners import cache_bytes
+from tests.conftest import Sidecar
+
 CODEC_ROW = 2 * 8 * 16 * 64 * 71 * 4
 MING_ROW = 2 * 24 * 2 * 64 * 2048 * 2
 
 
 def ming_generator() -> MingAudioGenerator:
     generator = object.__new__(MingAudioGenerator)
-    generator._llm_config = Qwen2Config(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896, head_dim=64)
+    generator._llm_config = Qwen2Config(
+        num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896, head_dim=64
+    )
     generator._model = nn.Linear(2, 2).to(torch.bfloat16)
     return generator
 
@@ -89,7 +90,9 @@ def test_qwen3_tts_stateless_declares_nothing_and_async_chunk_declares_three(sid
         ("async", "codec_decoder_working_copy"): CODEC_ROW * 8,
         ("async", "codec_decoder_graph_pool"): pool_bytes,
     }
-    engines = {e["snapshot"]["engine"]["engine_id"]: e["snapshot"] for e in sidecar.get("/api/v1/engines").json()["engines"]}
+    engines = {
+        e["snapshot"]["engine"]["engine_id"]: e["snapshot"] for e in sidecar.get("/api/v1/engines").json()["engines"]
+    }
     assert engines["eager"]["declarations"] == []
     reasons = {d["name"]: d["rows_reason"] for d in engines["async"]["declarations"]}
     assert "retained caches" in reasons["codec_decoder_graph_pool"]

@@ -9,6 +9,7 @@ measured resident memory until told to stop, when it marks its snapshot ended.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.context
 import multiprocessing.synchronize
 import signal
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ from torch import nn
 
 from modelkv_exporter.demo import owners
 from modelkv_exporter.memory import sample_host_memory
-from modelkv_exporter.publishing import build_snapshot
 from modelkv_exporter.publisher import SnapshotPublisher
+from modelkv_exporter.publishing import build_snapshot
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,28 @@ class DemoEngine:
 
 DEMO_ENGINES: tuple[DemoEngine, ...] = (
     DemoEngine("qwen3-tts-s0-r0", "qwen3-tts", "Qwen3TTSTalkerForConditionalGeneration", 0, "talker", 8, ()),
-    DemoEngine("qwen3-tts-s1-r0", "qwen3-tts", "Qwen3TTSCode2Wav", 1, "code2wav", 8, (("tokenizer.decoder", "CodecDecoder"),)),
-    DemoEngine("mimo-audio-s0-r0", "mimo-audio", "MiMoAudioForConditionalGeneration", 0, "llm", 16, (("local_transformer", "LocalTransformer"),)),
+    DemoEngine(
+        "qwen3-tts-s1-r0", "qwen3-tts", "Qwen3TTSCode2Wav", 1, "code2wav", 8, (("tokenizer.decoder", "CodecDecoder"),)
+    ),
+    DemoEngine(
+        "mimo-audio-s0-r0",
+        "mimo-audio",
+        "MiMoAudioForConditionalGeneration",
+        0,
+        "llm",
+        16,
+        (("local_transformer", "LocalTransformer"),),
+    ),
     DemoEngine("minicpm-o-s0-r0", "minicpm-o-4.5", "MiniCPMO", 0, "thinker", 4, (("apm", "WhisperStreamingEncoder"),)),
-    DemoEngine("ming-flash-omni-s1-r0", "ming-flash-omni", "MingFlashOmniTalker", 1, "talker", 4, (("talker.audio_generator", "TalkerGenerator"),)),
+    DemoEngine(
+        "ming-flash-omni-s1-r0",
+        "ming-flash-omni",
+        "MingFlashOmniTalker",
+        1,
+        "talker",
+        4,
+        (("talker.audio_generator", "TalkerGenerator"),),
+    ),
 )
 
 
@@ -88,7 +107,9 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
     publisher.end()
 
 
-def start_engines(spool_dir: str, interval: float) -> tuple[list[multiprocessing.Process], multiprocessing.synchronize.Event]:
+def start_engines(
+    spool_dir: str, interval: float
+) -> tuple[list[multiprocessing.context.SpawnProcess], multiprocessing.synchronize.Event]:
     """Start every demo engine in its own spawned process; returns them and their stop event."""
     context = multiprocessing.get_context("spawn")
     stop = context.Event()

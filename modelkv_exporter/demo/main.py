@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import multiprocessing.context
 import tempfile
 import threading
 import time
@@ -18,7 +18,7 @@ from modelkv_exporter.spool import SpoolReader, snapshot_file_name
 STARTUP_TIMEOUT_SECONDS = 180.0
 
 
-def _wait_for_snapshots(spool_dir: Path, processes: list[multiprocessing.Process]) -> SpoolReader:
+def _wait_for_snapshots(spool_dir: Path, processes: list[multiprocessing.context.SpawnProcess]) -> SpoolReader:
     reader = SpoolReader(spool_dir)
     expected = {snapshot_file_name(engine.engine_id) for engine in DEMO_ENGINES}
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
@@ -26,7 +26,8 @@ def _wait_for_snapshots(spool_dir: Path, processes: list[multiprocessing.Process
         ready = {
             entry.file_name
             for entry, snapshot in reader.scan().snapshots
-            if snapshot.measured.current and snapshot.measured.current.sampled_at > snapshot.measured.baseline.sampled_at  # type: ignore[union-attr]
+            if snapshot.measured.current
+            and snapshot.measured.current.sampled_at > snapshot.measured.baseline.sampled_at  # type: ignore[union-attr]
         }
         if expected <= ready:
             return reader
@@ -55,12 +56,16 @@ def run_demo(args: argparse.Namespace) -> int:
     temporary = None if args.spool_dir else tempfile.TemporaryDirectory(prefix="modelkv-demo-")
     spool_dir = Path(args.spool_dir or temporary.name)  # type: ignore[union-attr]
     spool_dir.mkdir(parents=True, exist_ok=True)
-    print(f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}", flush=True)
+    print(
+        f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}", flush=True
+    )
     processes, stop = start_engines(str(spool_dir), args.heartbeat_interval)
     try:
         reader = _wait_for_snapshots(spool_dir, processes)
         print(_summary(reader), flush=True)
-        app = create_app(SidecarConfig(spool_dir, stale_after=args.stale_after, max_snapshot_bytes=args.max_snapshot_bytes))
+        app = create_app(
+            SidecarConfig(spool_dir, stale_after=args.stale_after, max_snapshot_bytes=args.max_snapshot_bytes)
+        )
         server = uvicorn.Server(
             uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
         )

@@ -7,9 +7,19 @@ process really holds what it declares and the tests can weigh the tensors.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
-from transformers import Cache, DynamicCache, EncoderDecoderCache, PretrainedConfig, Qwen2Config, StaticCache
+from transformers import (
+    Cache,
+    DynamicCache,
+    EncoderDecoderCache,
+    PretrainedConfig,
+    Qwen2Config,
+    StaticCache,
+    WhisperConfig,
+)
 
 from modelkv_exporter.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDriver, spec_from_hf_config
 
@@ -26,7 +36,9 @@ def cache_bytes(cache: Cache) -> int:
     return total
 
 
-def _fill(cache: Cache, *, layers: int, rows: int, kv_heads: int, tokens: int, head_dim: int, dtype: torch.dtype) -> Cache:
+def _fill(
+    cache: Cache, *, layers: int, rows: int, kv_heads: int, tokens: int, head_dim: int, dtype: torch.dtype
+) -> Cache:
     """Write ``tokens`` positions of ``rows`` batch rows into every layer (materialises lazy layers)."""
     states = torch.zeros(rows, kv_heads, tokens, head_dim, dtype=dtype)
     for layer in range(layers):
@@ -73,38 +85,62 @@ class CodecDecoder(DemoOwner):
 
     def __init__(self) -> None:
         config = Qwen2Config(
-            num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16, hidden_size=1024,
-            head_dim=64, sliding_window=72, use_sliding_window=True, layer_types=["sliding_attention"] * 8,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            hidden_size=1024,
+            sliding_window=72,
+            use_sliding_window=True,
+            layer_types=["sliding_attention"] * 8,
         )
         super().__init__(config, torch.float32)
 
     def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
         window = self.config.sliding_window
-        common = dict(
+        common: dict[str, Any] = dict(
             dtype=self.dtype,
             physical_capacity_positions=window - 1,
             capacity_source=f"sliding_window({window}) - 1",
         )
         return [
             spec_from_hf_config(
-                self.config, name="codec_decoder_request", scope=ModelLocalKVScope.REQUEST,
-                rows=RowDriver.MAX_NUM_SEQS, allocation_note="retained across chunks of one request", **common,
+                self.config,
+                name="codec_decoder_request",
+                scope=ModelLocalKVScope.REQUEST,
+                rows=RowDriver.MAX_NUM_SEQS,
+                allocation_note="retained across chunks of one request",
+                **common,
             ),
             spec_from_hf_config(
-                self.config, name="codec_decoder_working_copy", scope=ModelLocalKVScope.INVOCATION,
-                rows=RowDriver.MAX_NUM_SEQS, allocation_note="deep-copied from the retained cache each chunk", **common,
+                self.config,
+                name="codec_decoder_working_copy",
+                scope=ModelLocalKVScope.INVOCATION,
+                rows=RowDriver.MAX_NUM_SEQS,
+                allocation_note="deep-copied from the retained cache each chunk",
+                **common,
             ),
             spec_from_hf_config(
-                self.config, name="codec_decoder_graph_pool", scope=ModelLocalKVScope.MODEL,
-                rows=RowDriver.FIXED, rows_fixed=sum(self.CAPTURED_BATCH_SIZES),
-                rows_reason=f"one dummy cache kept per captured batch size {self.CAPTURED_BATCH_SIZES}", **common,
+                self.config,
+                name="codec_decoder_graph_pool",
+                scope=ModelLocalKVScope.MODEL,
+                rows=RowDriver.FIXED,
+                rows_fixed=sum(self.CAPTURED_BATCH_SIZES),
+                rows_reason=f"one dummy cache kept per captured batch size {self.CAPTURED_BATCH_SIZES}",
+                **common,
             ),
         ]
 
     def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
         cache = DynamicCache(config=self.config)
-        return _fill(cache, layers=spec.layers, rows=rows, kv_heads=spec.kv_heads,
-                     tokens=self.config.sliding_window * 2, head_dim=spec.head_dim, dtype=spec.dtype)
+        return _fill(
+            cache,
+            layers=spec.layers,
+            rows=rows,
+            kv_heads=spec.kv_heads,
+            tokens=self.config.sliding_window * 2,
+            head_dim=spec.head_dim,
+            dtype=spec.dtype,
+        )
 
 
 class LocalTransformer(DemoOwner):
@@ -125,47 +161,76 @@ class LocalTransformer(DemoOwner):
 
     def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
         bound = f"group_size({self.GROUP_SIZE}) + max(delay_pattern)({max(self.DELAY_PATTERN)})"
-        common = dict(dtype=self.dtype, physical_capacity_positions=self.decode_steps, capacity_source=bound)
+        common: dict[str, Any] = dict(
+            dtype=self.dtype, physical_capacity_positions=self.decode_steps, capacity_source=bound
+        )
         return [
             spec_from_hf_config(
-                self.config, name="local_transformer", scope=ModelLocalKVScope.INVOCATION,
-                rows=RowDriver.MAX_NUM_SEQS, allocation_note="one batched allocation per eager call", **common,
+                self.config,
+                name="local_transformer",
+                scope=ModelLocalKVScope.INVOCATION,
+                rows=RowDriver.MAX_NUM_SEQS,
+                allocation_note="one batched allocation per eager call",
+                **common,
             ),
             spec_from_hf_config(
-                self.config, name="local_transformer_graph_pool", scope=ModelLocalKVScope.MODEL,
-                rows=RowDriver.FIXED, rows_fixed=sum(self.CAPTURED_BATCH_SIZES),
-                rows_reason=f"sum of captured batch sizes {self.CAPTURED_BATCH_SIZES}", **common,
+                self.config,
+                name="local_transformer_graph_pool",
+                scope=ModelLocalKVScope.MODEL,
+                rows=RowDriver.FIXED,
+                rows_fixed=sum(self.CAPTURED_BATCH_SIZES),
+                rows_reason=f"sum of captured batch sizes {self.CAPTURED_BATCH_SIZES}",
+                **common,
             ),
         ]
 
     def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
         cache = StaticCache(config=self.config, max_cache_len=spec.physical_capacity_positions)
-        return _fill(cache, layers=spec.layers, rows=rows, kv_heads=spec.kv_heads,
-                     tokens=1, head_dim=spec.head_dim, dtype=spec.dtype)
+        return _fill(
+            cache,
+            layers=spec.layers,
+            rows=rows,
+            kv_heads=spec.kv_heads,
+            tokens=1,
+            head_dim=spec.head_dim,
+            dtype=spec.dtype,
+        )
 
 
 class WhisperStreamingEncoder(DemoOwner):
     """MiniCPM-o's streaming Whisper encoder: self-attention KV of an EncoderDecoderCache, bfloat16."""
 
     def __init__(self) -> None:
-        config = PretrainedConfig(encoder_layers=24, d_model=1024, encoder_attention_heads=16, max_source_positions=1500)
+        config = WhisperConfig(encoder_layers=24, d_model=1024, encoder_attention_heads=16, max_source_positions=1500)
         super().__init__(config, torch.bfloat16)
 
     def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
         positions = self.config.max_source_positions
         return [
             spec_from_hf_config(
-                self.config, name="whisper_encoder_self_attn", dtype=self.dtype,
-                physical_capacity_positions=positions, capacity_source=f"embed_positions rows = {positions}",
-                scope=ModelLocalKVScope.SESSION, rows=RowDriver.FIXED, rows_fixed=1,
+                self.config,
+                name="whisper_encoder_self_attn",
+                dtype=self.dtype,
+                physical_capacity_positions=positions,
+                capacity_source=f"embed_positions rows = {positions}",
+                scope=ModelLocalKVScope.SESSION,
+                rows=RowDriver.FIXED,
+                rows_fixed=1,
                 rows_reason="one streaming session per worker (duplex_max_sessions = 1)",
             )
         ]
 
     def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        _fill(cache.self_attention_cache, layers=spec.layers, rows=rows, kv_heads=spec.kv_heads,
-              tokens=spec.physical_capacity_positions, head_dim=spec.head_dim, dtype=spec.dtype)
+        _fill(
+            cache.self_attention_cache,
+            layers=spec.layers,
+            rows=rows,
+            kv_heads=spec.kv_heads,
+            tokens=spec.physical_capacity_positions,
+            head_dim=spec.head_dim,
+            dtype=spec.dtype,
+        )
         return cache
 
 
@@ -175,16 +240,20 @@ class TalkerGenerator(DemoOwner):
     STATIC_CACHE_LEN = 2048
 
     def __init__(self) -> None:
-        config = Qwen2Config(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896, head_dim=64)
+        config = Qwen2Config(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896)
         super().__init__(config, torch.bfloat16)
 
     def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
         return [
             spec_from_hf_config(
-                self.config, name="talker_llm_static_cache", dtype=self.dtype,
+                self.config,
+                name="talker_llm_static_cache",
+                dtype=self.dtype,
                 physical_capacity_positions=self.STATIC_CACHE_LEN,
                 capacity_source=f"hardcoded max_cache_len={self.STATIC_CACHE_LEN} in _init_kv_cache",
-                scope=ModelLocalKVScope.INVOCATION, rows=RowDriver.FIXED, rows_fixed=1,
+                scope=ModelLocalKVScope.INVOCATION,
+                rows=RowDriver.FIXED,
+                rows_fixed=1,
                 rows_reason="forward() handles one request and runs the AR loop inline",
                 allocation_note="full extent on first write per layer; rebuilt per text segment",
             )
@@ -192,5 +261,12 @@ class TalkerGenerator(DemoOwner):
 
     def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
         cache = StaticCache(config=self.config, max_cache_len=spec.physical_capacity_positions)
-        return _fill(cache, layers=spec.layers, rows=rows, kv_heads=spec.kv_heads,
-                     tokens=1, head_dim=spec.head_dim, dtype=spec.dtype)
+        return _fill(
+            cache,
+            layers=spec.layers,
+            rows=rows,
+            kv_heads=spec.kv_heads,
+            tokens=1,
+            head_dim=spec.head_dim,
+            dtype=spec.dtype,
+        )
