@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from modelkv_exporter.snapshot import Measured, MemorySample, Snapshot
-from modelkv_exporter.spool import write_snapshot
+from modelkv_exporter.spool import snapshot_file_name, write_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,9 @@ class SnapshotPublisher:
             self._thread = None
 
     def end(self) -> Path:
-        """Stop beating and mark the snapshot ended, so the sidecar stops exporting it."""
+        """Stop beating and mark the snapshot ended, so the sidecar stops exporting it. Idempotent."""
         self.stop()
+        if self._snapshot.ended:
+            return self.spool_dir / snapshot_file_name(self._snapshot.engine.engine_id)
+
         return self.update(lambda s: replace(s, ended=True))
