@@ -1,4 +1,4 @@
-"""The ``modelkv-exporter`` command: ``serve`` the sidecar, or run the ``demo``."""
+"""The ``modelkv-exporter`` command: ``serve`` the sidecar, run the ``demo``, ``inspect`` or ``plan`` a spool."""
 
 from __future__ import annotations
 
@@ -38,6 +38,35 @@ def demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _spool_of(args: argparse.Namespace) -> Path:
+    directory = args.directory or args.spool_dir
+    if not directory:
+        raise SystemExit(f"modelkv-exporter {args.command}: give DIR, --spool-dir or MODELKV_SPOOL_DIR")
+    return Path(directory)
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """Print every engine's declarations in full, and every rejected file."""
+    import time
+
+    from modelkv_exporter.report import inspect_report
+    from modelkv_exporter.spool import SpoolReader
+
+    scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
+    sys.stdout.write(inspect_report(scan, time.time(), args.stale_after))
+    return 0 if scan.ok else 1
+
+
+def plan(args: argparse.Namespace) -> int:
+    """Print each engine's declared peak at --max-num-seqs and the largest that fits --budget."""
+    from modelkv_exporter.report import plan_report
+    from modelkv_exporter.spool import SpoolReader
+
+    scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
+    sys.stdout.write(plan_report(scan, args.max_num_seqs, args.budget or None))
+    return 0 if scan.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, built from the settings table."""
     parser = argparse.ArgumentParser(prog="modelkv-exporter", description=__doc__)
@@ -46,8 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, help_text in (
         ("serve", serve, "serve /metrics for a spool directory (the sidecar)"),
         ("demo", demo, "run demo engines with real transformers caches and serve them"),
+        ("inspect", inspect, "print every engine's declarations in a spool directory"),
+        ("plan", plan, "declared peak at another max_num_seqs, and the largest that fits a budget"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
+        if name in ("inspect", "plan"):
+            sub.add_argument("directory", nargs="?", metavar="DIR", help="the spool directory")
         add_settings(sub, name)
         sub.set_defaults(handler=handler)
     return parser
@@ -56,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and of ``python -m modelkv_exporter``."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(args, "log_level", "warning").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:

@@ -21,14 +21,13 @@ from typing import Any
 from modelkv_exporter.engine_memory import Sampler, physical_device_id, sampler_for
 from modelkv_exporter.publisher import SnapshotPublisher
 from modelkv_exporter.publishing import build_snapshot
+from modelkv_exporter.settings import DEFAULT_SAMPLE_INTERVAL, sample_interval
 from modelkv_exporter.spool import snapshot_file_name
 
 logger = logging.getLogger("vllm.modelkv_exporter")
 """Under vLLM's logger tree, so these lines follow vLLM's format and VLLM_LOGGING_LEVEL."""
 
 ATTRIBUTE = "_modelkv_hook"
-DEFAULT_SAMPLE_INTERVAL = 5.0
-MIN_SAMPLE_INTERVAL = 1.0
 
 
 @dataclass
@@ -50,7 +49,7 @@ class HookConfig:
         raw = env.get("MODELKV_SAMPLE_INTERVAL")
         if raw:
             try:
-                interval = max(MIN_SAMPLE_INTERVAL, float(raw))
+                interval = sample_interval(raw)
             except ValueError:
                 logger.warning("modelkv: MODELKV_SAMPLE_INTERVAL=%r is not a number; using %s", raw, interval)
         return cls(Path(spool), interval, env.get("MODELKV_ENGINE_ID") or None)
@@ -91,6 +90,12 @@ def _first(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
 def identity_of(worker: Any) -> dict[str, Any]:
     """The engine's identity and settings as ``build_snapshot`` keyword arguments."""
     config = worker.vllm_config
@@ -106,7 +111,7 @@ def identity_of(worker: Any) -> dict[str, Any]:
         "model": _first(getattr(model_config, "model", None)),
         "served_model_name": _first(getattr(model_config, "served_model_name", None)),
         "architecture": architecture,
-        "stage_id": int(stage_id) if isinstance(stage_id, int) or str(stage_id).isdigit() else None,
+        "stage_id": _as_int(stage_id),
         "stage_name": None if stage_name is None else str(stage_name),
         "replica": os.environ.get("VLLM_OMNI_REPLICA_ID"),
         "tp_rank": _rank("tp"),

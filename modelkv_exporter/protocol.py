@@ -232,19 +232,64 @@ def _unwrap_to_module(model: object) -> object:
     return current
 
 
-def _owners(root: object) -> list[tuple[str, HasModelLocalKV]]:
-    owners: list[tuple[str, HasModelLocalKV]] = []
-    seen: set[int] = set()
-    if isinstance(root, HasModelLocalKV):
-        owners.append(("", root))
-        seen.add(id(root))
-    named_modules = getattr(root, "named_modules", None)
-    if callable(named_modules):
-        for path, module in named_modules():
-            if id(module) in seen or not isinstance(module, HasModelLocalKV):
+_METHOD = "model_local_kv_specs"
+
+
+def _owns(obj: object, by_type: dict[type, bool]) -> bool:
+    """``isinstance(obj, HasModelLocalKV)`` at dictionary speed: the answer is cached per class.
+
+    A runtime-checkable Protocol check costs about 12 us; on a 10,000-module model
+    that alone is over 100 ms. An instance that carries the method itself (not its
+    class) is still found through its ``__dict__``.
+    """
+    kind = type(obj)
+    owns = by_type.get(kind)
+    if owns is None:
+        owns = by_type[kind] = hasattr(kind, _METHOD)
+    return owns or _METHOD in getattr(obj, "__dict__", ())
+
+
+def _module_owners(root: torch.nn.Module, by_type: dict[type, bool]) -> list[tuple[str, object]]:
+    """Owners below ``root`` in ``named_modules()`` order, paths and de-duplication included.
+
+    One loop over a stack of child iterators instead of torch's nested generators,
+    and a path string only per module, not per level: about 4 ms for 10,000 modules
+    where ``named_modules()`` plus Protocol checks take over 100 ms.
+    """
+    owners: list[tuple[str, object]] = []
+    seen = {id(root)}
+    children = [iter(root._modules.items())]
+    prefixes = [""]
+    while children:
+        for name, child in children[-1]:
+            if child is None or id(child) in seen:
                 continue
-            seen.add(id(module))
-            owners.append((path, module))
+            seen.add(id(child))
+            if _owns(child, by_type):
+                owners.append((prefixes[-1] + name, child))
+            if child._modules:
+                children.append(iter(child._modules.items()))
+                prefixes.append(prefixes[-1] + name + ".")
+                break
+        else:
+            children.pop()
+            prefixes.pop()
+    return owners
+
+
+def _owners(root: object) -> list[tuple[str, HasModelLocalKV]]:
+    by_type: dict[type, bool] = {}
+    found: list[tuple[str, object]] = [("", root)] if _owns(root, by_type) else []
+    if isinstance(root, torch.nn.Module):
+        found += _module_owners(root, by_type)
+    else:
+        named_modules = getattr(root, "named_modules", None)
+        seen = {id(root)}
+        for path, module in named_modules() if callable(named_modules) else ():
+            if id(module) not in seen and _owns(module, by_type):
+                seen.add(id(module))
+                found.append((path, module))
+    owners: list[tuple[str, HasModelLocalKV]] = found  # type: ignore[assignment]
     return owners
 
 

@@ -50,7 +50,10 @@ def log_level(text: str) -> str:
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its flag, variable, parser, meaning, and default per command (None = required)."""
+    """One setting: its flag, variable, parser, meaning, and default per command.
+
+    A default of None makes the setting required for that command; "" makes it optional and unset.
+    """
 
     dest: str
     parse: Callable[[str], Any]
@@ -68,12 +71,32 @@ class Setting:
         return "MODELKV_" + self.dest.upper()
 
 
+DEFAULT_SAMPLE_INTERVAL = 5.0
+MIN_SAMPLE_INTERVAL = 1.0
+
+
+def sample_interval(text: str) -> float:
+    """Seconds between samples, at least 1."""
+    return max(MIN_SAMPLE_INTERVAL, float(text))
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: 1073741824, 512MiB, 2GiB."""
+    from modelkv_exporter.capacity import parse_bytes
+
+    return parse_bytes(text)
+
+
+ENGINE = "engine"
+"""Settings of the in-engine hook: environment variables only (the engine owns the command line)."""
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "spool_dir",
         str,
-        "Directory of engine snapshots (the pod's shared emptyDir). The demo makes a temporary one when unset.",
-        {"serve": None, "demo": ""},
+        "Directory of engine snapshots (the pod's shared emptyDir). Setting it in the engine's environment turns "
+        "the vLLM plugin on. The demo makes a temporary one when unset; inspect and plan also take it as DIR.",
+        {"serve": None, "demo": "", "inspect": "", "plan": "", ENGINE: ""},
     ),
     Setting("host", str, "Address the HTTP server binds.", {"serve": "0.0.0.0", "demo": "127.0.0.1"}),
     Setting("port", port_number, "TCP port of the HTTP server.", {"serve": 9400, "demo": 9400}),
@@ -81,13 +104,22 @@ SETTINGS: tuple[Setting, ...] = (
         "stale_after",
         non_negative_float,
         "Seconds without a heartbeat after which an engine is stale (at least 3 of its heartbeat intervals).",
-        {"serve": DEFAULT_STALE_AFTER_SECONDS, "demo": DEFAULT_STALE_AFTER_SECONDS},
+        {
+            "serve": DEFAULT_STALE_AFTER_SECONDS,
+            "demo": DEFAULT_STALE_AFTER_SECONDS,
+            "inspect": DEFAULT_STALE_AFTER_SECONDS,
+        },
     ),
     Setting(
         "max_snapshot_bytes",
         positive_int,
         "Snapshot files larger than this are rejected unread.",
-        {"serve": DEFAULT_MAX_SNAPSHOT_BYTES, "demo": DEFAULT_MAX_SNAPSHOT_BYTES},
+        {
+            "serve": DEFAULT_MAX_SNAPSHOT_BYTES,
+            "demo": DEFAULT_MAX_SNAPSHOT_BYTES,
+            "inspect": DEFAULT_MAX_SNAPSHOT_BYTES,
+            "plan": DEFAULT_MAX_SNAPSHOT_BYTES,
+        },
     ),
     Setting(
         "log_level", log_level, "Log level: critical, error, warning, info or debug.", {"serve": "info", "demo": "info"}
@@ -99,6 +131,26 @@ SETTINGS: tuple[Setting, ...] = (
         "Stop the demo after this many seconds (0 runs until interrupted).",
         {"demo": 0.0},
     ),
+    Setting("max_num_seqs", positive_int, "The max_num_seqs to plan for.", {"plan": None}),
+    Setting(
+        "budget",
+        byte_size,
+        "Bytes the declared peak may take (1073741824, 512MiB, 2GiB); plan then prints the largest max_num_seqs that fits.",
+        {"plan": ""},
+    ),
+    Setting(
+        "sample_interval",
+        sample_interval,
+        "Seconds between the engine's memory samples and heartbeats (at least 1).",
+        {ENGINE: DEFAULT_SAMPLE_INTERVAL},
+    ),
+    Setting(
+        "engine_id",
+        str,
+        "Prefix of the engine ids the plugin publishes under (default: the served model name); "
+        "set it when two engines in one pod serve the same model name.",
+        {ENGINE: ""},
+    ),
 )
 
 
@@ -108,7 +160,8 @@ def add_settings(parser: argparse.ArgumentParser, command: str, environ: Mapping
     for setting in SETTINGS:
         if command not in setting.defaults:
             continue
-        default = setting.defaults[command]
+        declared = setting.defaults[command]
+        default = None if declared == "" else declared
         raw = environ.get(setting.env)
         if raw is not None:
             try:
@@ -127,6 +180,6 @@ def add_settings(parser: argparse.ArgumentParser, command: str, environ: Mapping
             dest=setting.dest,
             type=parse,
             default=default,
-            required=default is None,
+            required=declared is None and default is None,
             help=f"{setting.help} [env {setting.env}; default {default!r}]",
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import random
 from types import ModuleType, SimpleNamespace
 
 import pytest
@@ -185,3 +186,39 @@ def test_an_unresolvable_spec_is_skipped_not_raised(caplog: pytest.LogCaptureFix
     got = resolve_declarations([protocol.OwnedSpec("", "X", bad), protocol.OwnedSpec("", "X", good)], 2)
     assert [d.name for d in got] == ["good"]
     assert "cannot resolve" in caplog.text
+
+
+def random_tree(rng: random.Random, mod: ModuleType) -> nn.Module:
+    """A random module tree with owners, plain modules, None slots and modules shared between parents."""
+    pool: list[nn.Module] = []
+    root = nn.Module()
+    frontier = [root]
+    for i in range(rng.randint(1, 120)):
+        parent = rng.choice(frontier)
+        roll = rng.random()
+        if roll < 0.15 and pool:
+            child = rng.choice(pool)
+            if any(child is m for m in parent.modules()) or any(parent is m for m in child.modules()):
+                continue
+        elif roll < 0.35:
+            child = Owner(mod, f"c{i}")
+        elif roll < 0.40:
+            child = nn.Module()
+            child.model_local_kv_specs = lambda i=i: [spec(mod, name=f"inst{i}")]  # instance-level declarer
+        else:
+            child = nn.Sequential()
+        parent.add_module(f"m{i}", child)
+        if roll < 0.42:
+            parent.add_module(f"none{i}", None)
+        pool.append(child)
+        frontier.append(child)
+    return root
+
+
+def test_the_fast_walk_matches_named_modules_on_random_trees() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        model = random_tree(rng, omni)
+        ours = [(p, s.name) for p, s in protocol.collect_model_local_kv_specs(model)]
+        theirs = [(p, s.name) for p, s in omni.collect_model_local_kv_specs(model)]
+        assert ours == theirs

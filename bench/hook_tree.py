@@ -1,0 +1,76 @@
+"""How long the in-engine hook spends on a big model: collecting, resolving and snapshotting.
+
+A 10,000-module tree (the size of a large omni model's module graph) with three
+declarers deep inside, timed side by side, interleaved, against vLLM-Omni's own
+``collect_model_local_kv_specs`` on the same tree (which only collects).
+
+    python bench/hook_tree.py [--modules 10000] [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+from torch import nn
+
+from modelkv_exporter.demo.owners import CodecDecoder, TalkerGenerator
+from modelkv_exporter.protocol import collect_owned_specs
+from modelkv_exporter.publishing import build_snapshot
+
+
+def big_tree(modules: int) -> nn.Module:
+    """``modules`` leaf modules in 100-wide blocks, with declarers hidden among them."""
+    root = nn.Module()
+    blocks = nn.ModuleList()
+    per_block = 100
+    for start in range(0, modules, per_block):
+        blocks.append(nn.ModuleList(nn.Identity() for _ in range(min(per_block, modules - start))))
+    root.blocks = blocks
+    blocks[len(blocks) // 2].append(CodecDecoder())
+    blocks[-1].append(TalkerGenerator())
+    root.talker = nn.Sequential(nn.Identity(), CodecDecoder())
+    return root
+
+
+def timed(function: Callable[[], object], rounds: int) -> list[float]:
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        function()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--modules", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+
+    from vllm_omni.model_executor.models.model_local_kv import collect_model_local_kv_specs as omni_collect
+
+    model = big_tree(args.modules)
+    count = sum(1 for _ in model.modules())
+    runs: dict[str, list[float]] = {"ours: collect": [], "ours: collect+resolve+snapshot": [], "vllm-omni: collect": []}
+    for _ in range(args.rounds):
+        runs["ours: collect"] += timed(lambda: collect_owned_specs(model), 1)
+        runs["ours: collect+resolve+snapshot"] += timed(
+            lambda: build_snapshot(model, max_num_seqs=8, engine_id="bench"), 1
+        )
+        runs["vllm-omni: collect"] += timed(lambda: omni_collect(model), 1)
+    assert len(collect_owned_specs(model)) == len(omni_collect(model)) == 7
+    print(f"module tree: {count} modules, 7 declarations, {args.rounds} interleaved rounds")
+    print(f"{'what':34} {'median ms':>10} {'p90 ms':>8} {'min ms':>8}")
+    for name, samples in runs.items():
+        p90 = statistics.quantiles(samples, n=10)[-1]
+        print(f"{name:34} {statistics.median(samples):>10.2f} {p90:>8.2f} {min(samples):>8.2f}")
+    ours = statistics.median(runs["ours: collect"])
+    theirs = statistics.median(runs["vllm-omni: collect"])
+    print(f"ratio ours/vllm-omni (collect): {ours / theirs:.2f}")
+
+
+if __name__ == "__main__":
+    main()
