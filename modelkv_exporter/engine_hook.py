@@ -153,7 +153,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
     publisher.start_heartbeat(config.sample_interval, sampler)
     setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler))
-    atexit.register(publisher.end)
+    atexit.register(_end_at_exit, publisher)
     publisher.beat(sampler())
     logger.info(
         "modelkv: %s publishes %d declaration(s) to %s",
@@ -161,6 +161,13 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
         len(snapshot.declarations),
         publisher.spool_dir / snapshot_file_name(engine_id),
     )
+
+
+def _end_at_exit(publisher: SnapshotPublisher) -> None:
+    try:
+        publisher.end()
+    except Exception as error:
+        logger.warning("modelkv: cannot mark %s ended at exit: %s", publisher.spool_dir, error)
 
 
 def after_kv_init(worker: Any, config: HookConfig) -> None:

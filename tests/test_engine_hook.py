@@ -214,3 +214,13 @@ def test_register_is_cheap_and_patches_the_worker_only_when_imported() -> None:
         "cpu-inherits True",
         "finders-after 0",
     ]
+
+
+def test_an_unexpected_vllm_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    vllm_plugin.patch_worker(SimpleNamespace(), config)  # type: ignore[arg-type]
+    assert "cannot hook vLLM's Worker" in caplog.text
+    module = SimpleNamespace(Worker=type("Worker", (), {"load_model": lambda self: "ok"}))
+    vllm_plugin.patch_worker(module, config)  # type: ignore[arg-type]
+    assert module.Worker().load_model() == "ok", "a Worker with fewer methods is hooked where it can be"
+    assert getattr(module.Worker.load_model, vllm_plugin.MARKER)
