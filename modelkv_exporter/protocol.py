@@ -253,27 +253,32 @@ def _module_owners(root: torch.nn.Module, by_type: dict[type, bool]) -> list[tup
     """Owners below ``root`` in ``named_modules()`` order, paths and de-duplication included.
 
     One loop over a stack of child iterators instead of torch's nested generators,
-    and a path string only per module, not per level: about 4 ms for 10,000 modules
-    where ``named_modules()`` plus Protocol checks take over 100 ms.
+    with the per-class owner check inline and a path string built only for owners:
+    a few milliseconds for 10,000 modules where ``named_modules()`` plus Protocol
+    checks take over 100 ms.
     """
     owners: list[tuple[str, object]] = []
     seen = {id(root)}
     children = [iter(root._modules.items())]
-    prefixes = [""]
+    names: list[str] = []
     while children:
         for name, child in children[-1]:
             if child is None or id(child) in seen:
                 continue
             seen.add(id(child))
-            if _owns(child, by_type):
-                owners.append((prefixes[-1] + name, child))
+            owns = by_type.get(type(child))
+            if owns is None:
+                owns = by_type[type(child)] = hasattr(type(child), _METHOD)
+            if owns or _METHOD in child.__dict__:
+                owners.append((".".join([*names, name]), child))
             if child._modules:
                 children.append(iter(child._modules.items()))
-                prefixes.append(prefixes[-1] + name + ".")
+                names.append(name)
                 break
         else:
             children.pop()
-            prefixes.pop()
+            if names:
+                names.pop()
     return owners
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -108,6 +108,10 @@ class Measured:
     baseline: MemorySample | None = None
 
 
+def _sample_dict(sample: MemorySample | None) -> dict[str, Any] | None:
+    return None if sample is None else {"sampled_at": sample.sampled_at, "values": dict(sample.values)}
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """One engine process's complete published state."""
@@ -138,10 +142,27 @@ class Snapshot:
         return replace(self, heartbeat_at=now, measured=measured or self.measured)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form documented in docs/snapshot-format.md."""
-        body = asdict(self)
-        body["declarations"] = list(body["declarations"])
-        return {"schema_version": body.pop("schema_version"), **body}
+        """The JSON-ready form documented in docs/snapshot-format.md.
+
+        Built field by field from each dataclass's ``__dict__``: every value is
+        immutable, and ``dataclasses.asdict`` (which deep-copies every leaf) made a
+        heartbeat of 100 declarations cost 4 ms.
+        """
+        return {
+            "schema_version": self.schema_version,
+            "engine": dict(vars(self.engine)),
+            "settings": dict(vars(self.settings)),
+            "declarations": [dict(vars(d)) for d in self.declarations],
+            "started_at": self.started_at,
+            "heartbeat_at": self.heartbeat_at,
+            "measured": {
+                "current": _sample_dict(self.measured.current),
+                "baseline": _sample_dict(self.measured.baseline),
+            },
+            "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
+            "ended": self.ended,
+            "writer": self.writer,
+        }
 
     def to_json(self) -> bytes:
         """Compact UTF-8 JSON; non-finite floats are refused rather than written."""

@@ -25,6 +25,9 @@ SIDECAR_MODULES = [
     "modelkv_exporter.spool",
     "modelkv_exporter.publisher",
     "modelkv_exporter.memory",
+    "modelkv_exporter.capacity",
+    "modelkv_exporter.report",
+    "modelkv_exporter.vllm_plugin",
 ]
 
 

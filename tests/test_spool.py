@@ -250,3 +250,15 @@ def test_a_writer_killed_mid_write_never_produces_a_torn_read(spool: Path) -> No
     assert sum(reader.rejections.values()) == 0
     leftovers = [p.name for p in spool.iterdir() if p.name.startswith(".")]
     assert all(name.endswith(".tmp") for name in leftovers), "only temp files a killed writer left behind"
+
+
+def test_to_dict_has_every_field_of_every_dataclass() -> None:
+    from dataclasses import asdict, fields
+
+    from modelkv_exporter.snapshot import Snapshot
+
+    snapshot = make_snapshot("e", measured={"a": 1}, baseline={"b": 2}, stage_name="s")
+    expected = asdict(snapshot)
+    expected["declarations"] = list(expected["declarations"])
+    assert snapshot.to_dict() == expected
+    assert list(snapshot.to_dict()) == [f.name for f in fields(Snapshot)][-1:] + [f.name for f in fields(Snapshot)][:-1]

@@ -143,7 +143,23 @@ class CodecDecoder(DemoOwner):
         )
 
 
-class LocalTransformer(DemoOwner):
+class StaticCacheOwner(DemoOwner):
+    """An owner whose caches are StaticCaches of exactly the declared capacity (allocated on first write)."""
+
+    def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
+        cache = StaticCache(config=self.config, max_cache_len=spec.physical_capacity_positions)
+        return _fill(
+            cache,
+            layers=spec.layers,
+            rows=rows,
+            kv_heads=spec.kv_heads,
+            tokens=1,
+            head_dim=spec.head_dim,
+            dtype=spec.dtype,
+        )
+
+
+class LocalTransformer(StaticCacheOwner):
     """MiMo-Audio's local transformer: a StaticCache bounded by the decode loop, bfloat16."""
 
     GROUP_SIZE = 4
@@ -184,18 +200,6 @@ class LocalTransformer(DemoOwner):
             ),
         ]
 
-    def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
-        cache = StaticCache(config=self.config, max_cache_len=spec.physical_capacity_positions)
-        return _fill(
-            cache,
-            layers=spec.layers,
-            rows=rows,
-            kv_heads=spec.kv_heads,
-            tokens=1,
-            head_dim=spec.head_dim,
-            dtype=spec.dtype,
-        )
-
 
 class WhisperStreamingEncoder(DemoOwner):
     """MiniCPM-o's streaming Whisper encoder: self-attention KV of an EncoderDecoderCache, bfloat16."""
@@ -234,7 +238,7 @@ class WhisperStreamingEncoder(DemoOwner):
         return cache
 
 
-class TalkerGenerator(DemoOwner):
+class TalkerGenerator(StaticCacheOwner):
     """Ming-flash-omni's talker: a StaticCache of a hard-coded 2048 positions, one row, bfloat16."""
 
     STATIC_CACHE_LEN = 2048
@@ -258,15 +262,3 @@ class TalkerGenerator(DemoOwner):
                 allocation_note="full extent on first write per layer; rebuilt per text segment",
             )
         ]
-
-    def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
-        cache = StaticCache(config=self.config, max_cache_len=spec.physical_capacity_positions)
-        return _fill(
-            cache,
-            layers=spec.layers,
-            rows=rows,
-            kv_heads=spec.kv_heads,
-            tokens=1,
-            head_dim=spec.head_dim,
-            dtype=spec.dtype,
-        )
