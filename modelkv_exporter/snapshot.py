@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -136,10 +136,6 @@ class Snapshot:
     def per_sequence_bytes(self) -> int:
         """Bytes one more in-flight sequence adds: rows per MAX_NUM_SEQS declaration."""
         return sum(d.bytes_per_row for d in self.declarations if d.rows == "max_num_seqs")
-
-    def beat(self, now: float, measured: Measured | None = None) -> Snapshot:
-        """A copy with a new heartbeat time and, when given, a new measured section."""
-        return replace(self, heartbeat_at=now, measured=measured or self.measured)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form documented in docs/snapshot-format.md.
