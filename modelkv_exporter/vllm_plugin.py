@@ -27,6 +27,7 @@ TARGET = "vllm.v1.worker.gpu_worker"
 MARKER = "__modelkv_wrapped__"
 _registered = False
 _failed: set[str] = set()
+_hooked_bases: set[type] = set()
 
 
 def register() -> None:
@@ -84,7 +85,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return None
 
 
-def _guarded(step: str, function: Callable[..., None], *args: Any) -> None:
+def _guarded(step: str, function: Callable[..., object], *args: Any) -> None:
     try:
         function(*args)
     except Exception:
@@ -97,6 +98,8 @@ def _after(original: Callable[..., Any], step: Callable[..., None], config: Any)
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
+        if step.__name__ == "after_load_model":
+            patch_subclass(type(self), config)
         _guarded(step.__name__, step, self, config)
         return result
 
@@ -114,26 +117,45 @@ def _before(original: Callable[..., Any], step: Callable[..., None], config: Any
     return wrapper
 
 
+def _plan() -> tuple[tuple[str, Callable[..., Callable[..., Any]], Callable[..., None]], ...]:
+    from modelkv_exporter import engine_hook as hook
+
+    return (
+        ("load_model", _after, hook.after_load_model),
+        ("initialize_from_config", _after, hook.after_kv_init),
+        ("compile_or_warm_up_model", _after, hook.after_warm_up),
+        ("shutdown", _before, hook.before_shutdown),
+    )
+
+
+def _wrap_methods(cls: type, config: Any, own_only: bool) -> list[str]:
+    wrapped = []
+    for name, wrap, step in _plan():
+        original = cls.__dict__.get(name) if own_only else getattr(cls, name, None)
+        if original is None or getattr(original, MARKER, False):
+            continue
+        setattr(cls, name, wrap(original, step, config))
+        wrapped.append(name)
+    return wrapped
+
+
+def patch_subclass(cls: type, config: Any) -> None:
+    """Wrap the lifecycle methods a Worker subclass overrides (vLLM's CPUWorker, vLLM-Omni's workers).
+
+    Called when the hook first sees a worker, so an override that does not call
+    ``super()`` still reaches the hook; the steps are idempotent for overrides that do.
+    """
+    for klass in cls.__mro__:
+        if klass in _hooked_bases:
+            break
+        _guarded("patch_subclass", _wrap_methods, klass, config, True)
+
+
 def patch_worker(module: ModuleType, config: Any) -> None:
     """Wrap the worker's lifecycle methods once; a method this vLLM lacks is skipped."""
     try:
-        from modelkv_exporter import engine_hook as hook
-
-        worker = module.Worker
-        plan = (
-            ("load_model", _after, hook.after_load_model),
-            ("initialize_from_config", _after, hook.after_kv_init),
-            ("compile_or_warm_up_model", _after, hook.after_warm_up),
-            ("shutdown", _before, hook.before_shutdown),
-        )
-        wrapped = []
-        for name, wrap, step in plan:
-            original = getattr(worker, name, None)
-            if original is None or getattr(original, MARKER, False):
-                continue
-            setattr(worker, name, wrap(original, step, config))
-            wrapped.append(name)
-        if wrapped:
+        _hooked_bases.add(module.Worker)
+        if _wrap_methods(module.Worker, config, False):
             logger.info("modelkv: publishing model-local KV declarations to %s", config.spool_dir)
     except Exception:
         logger.warning("modelkv: cannot hook vLLM's Worker; the engine runs without it", exc_info=True)

@@ -224,3 +224,35 @@ def test_an_unexpected_vllm_is_logged_not_raised(caplog: pytest.LogCaptureFixtur
     vllm_plugin.patch_worker(module, config)  # type: ignore[arg-type]
     assert module.Worker().load_model() == "ok", "a Worker with fewer methods is hooked where it can be"
     assert getattr(module.Worker.load_model, vllm_plugin.MARKER)
+
+
+def test_subclass_overrides_without_super_still_reach_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelkv_exporter import engine_hook
+
+    seen: list[str] = []
+    for step in ("after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"):
+
+        def record(worker: Any, config: Any, step: str = step) -> None:
+            seen.append(step)
+
+        record.__name__ = step
+        monkeypatch.setattr(engine_hook, step, record)
+
+    class Base(Worker):
+        def compile_or_warm_up_model(self) -> None:
+            self.calls.append(("warm", (), {}))
+
+    class CPUWorkerLike(Base):
+        def compile_or_warm_up_model(self) -> None:  # like vLLM's CPUWorker: no super()
+            self.calls.append(("cpu-warm", (), {}))
+
+    module = SimpleNamespace(Worker=Base)
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    vllm_plugin.patch_worker(module, config)  # type: ignore[arg-type]
+    worker = CPUWorkerLike()
+    worker.load_model()
+    worker.initialize_from_config("kv")
+    worker.compile_or_warm_up_model()
+    worker.shutdown()
+    assert seen == ["after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"]
+    assert [c[0] for c in worker.calls] == ["load_model", "initialize_from_config", "cpu-warm", "shutdown"]
