@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry
 
 from modelkv_exporter import __version__
-from modelkv_exporter.collector import DEFAULT_STALE_AFTER_SECONDS, SpoolCollector, is_stale
+from modelkv_exporter.collector import DEFAULT_STALE_AFTER_SECONDS, SpoolCollector, engine_state
 from modelkv_exporter.exposition import render
 from modelkv_exporter.snapshot import SCHEMA_VERSION
 from modelkv_exporter.spool import DEFAULT_MAX_SNAPSHOT_BYTES, SpoolReader
@@ -39,7 +38,7 @@ def engines_document(collector: SpoolCollector) -> dict[str, Any]:
             assert entry.error is not None
             rejected.append({"file": entry.file_name, "reason": entry.error.reason.value, "detail": entry.error.detail})
             continue
-        state = "ended" if snapshot.ended else "stale" if is_stale(snapshot, now, collector.stale_after) else "exported"
+        state = engine_state(snapshot, now, collector.stale_after)
         engines.append({"file": entry.file_name, "state": state, "snapshot": snapshot.to_dict()})
     return {
         "spool_dir": str(collector.reader.directory),
@@ -64,8 +63,6 @@ def create_app(config: SidecarConfig) -> FastAPI:
         redoc_url=None,
         redirect_slashes=False,
     )
-    app.state.collector = collector
-    app.state.registry = registry
 
     @app.get("/metrics", include_in_schema=True)
     def metrics(request: Request) -> Response:
@@ -80,10 +77,11 @@ def create_app(config: SidecarConfig) -> FastAPI:
 
     @app.get("/readyz", response_class=PlainTextResponse)
     def readyz() -> PlainTextResponse:
-        """Readiness: the spool directory can be listed."""
-        if os.access(config.spool_dir, os.R_OK | os.X_OK) and config.spool_dir.is_dir():
+        """Readiness: the spool directory can be listed (the scan behind modelkv_exporter_spool_scan_success)."""
+        scan = reader.scan()
+        if scan.ok:
             return PlainTextResponse("ok\n")
-        return PlainTextResponse(f"spool directory {config.spool_dir} is not readable\n", status_code=503)
+        return PlainTextResponse(f"spool not readable: {scan.error}\n", status_code=503)
 
     @app.get("/api/v1/engines")
     def engines() -> JSONResponse:

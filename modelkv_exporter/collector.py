@@ -44,6 +44,13 @@ def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
     return now - snapshot.heartbeat_at > max(stale_after, 3 * interval)
 
 
+def engine_state(snapshot: Snapshot, now: float, stale_after: float) -> str:
+    """``ended``, ``stale`` or ``exported``: the one place an engine's state is decided."""
+    if snapshot.ended:
+        return "ended"
+    return "stale" if is_stale(snapshot, now, stale_after) else "exported"
+
+
 class SpoolCollector:
     """A ``prometheus_client`` collector that exports the spool's snapshots."""
 
@@ -81,12 +88,11 @@ class SpoolCollector:
             snapshot = entry.snapshot
             if snapshot is None:
                 states["rejected"] += 1
-            elif snapshot.ended:
-                states["ended"] += 1
-            else:
-                stale = is_stale(snapshot, now, self.stale_after)
-                states["stale" if stale else "exported"] += 1
-                self._engine(snapshot, now, stale, add, info)
+                continue
+            state = engine_state(snapshot, now, self.stale_after)
+            states[state] += 1
+            if state != "ended":
+                self._engine(snapshot, now, state == "stale", add, info)
 
         info("modelkv_exporter_build_info", [__version__, str(SCHEMA_VERSION)])
         add("modelkv_exporter_spool_scan_success", [], 1.0 if scan.ok else 0.0)

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 
 from modelkv_exporter.capacity import declared_peak_at, largest_fitting
-from modelkv_exporter.collector import ROOT_OWNER, is_stale
+from modelkv_exporter.collector import ROOT_OWNER, engine_state
 from modelkv_exporter.snapshot import Snapshot
 from modelkv_exporter.spool import SpoolScan
 
@@ -50,10 +50,8 @@ def _engine_heading(snapshot: Snapshot, state: str) -> str:
     return ", ".join(bits)
 
 
-def _state(snapshot: Snapshot, now: float, stale_after: float) -> str:
-    if snapshot.ended:
-        return "ended"
-    return "stale" if is_stale(snapshot, now, stale_after) else "live"
+_SHOWN_STATE = {"exported": "live", "stale": "stale", "ended": "ended"}
+"""How inspect names engine_state's states for people."""
 
 
 def inspect_report(scan: SpoolScan, now: float, stale_after: float) -> str:
@@ -64,7 +62,7 @@ def inspect_report(scan: SpoolScan, now: float, stale_after: float) -> str:
     headers = ["owner", "class", "cache", "scope", "rows", "n", "dtype", "layers x kv_heads x head_dim", "positions",
                "per row", "peak", "capacity source", "rows reason", "note"]  # fmt: skip
     for _, snapshot in scan.snapshots:
-        parts.append(_engine_heading(snapshot, _state(snapshot, now, stale_after)))
+        parts.append(_engine_heading(snapshot, _SHOWN_STATE[engine_state(snapshot, now, stale_after)]))
         rows = [
             [
                 d.owner or ROOT_OWNER, d.owner_class, d.name, d.scope, d.rows, str(d.row_count), d.dtype,
