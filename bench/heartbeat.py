@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from modelkv_exporter.engine_memory import host_sampler  # noqa: E402
+from modelkv_exporter.memory import sample_host_memory  # noqa: E402
 from modelkv_exporter.publisher import SnapshotPublisher  # noqa: E402
 from tests.conftest import make_declaration, make_snapshot  # noqa: E402
 
@@ -42,7 +42,7 @@ def main() -> None:
                 beats, writes = [], []
                 for _ in range(args.beats):
                     started = time.perf_counter()
-                    publisher.beat(host_sampler())
+                    publisher.beat(sample_host_memory())
                     beats.append(time.perf_counter() - started)
                     started = time.perf_counter()
                     plain.write_bytes(publisher.snapshot.to_json())

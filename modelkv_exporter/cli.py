@@ -14,15 +14,10 @@ from modelkv_exporter.settings import add_settings
 
 def serve(args: argparse.Namespace) -> int:
     """Run the sidecar HTTP server over ``--spool-dir``."""
-    import uvicorn
+    from modelkv_exporter.server import sidecar_server
 
-    from modelkv_exporter.app import SidecarConfig, create_app
-
-    app = create_app(
-        SidecarConfig(Path(args.spool_dir), stale_after=args.stale_after, max_snapshot_bytes=args.max_snapshot_bytes)
-    )
     logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", args.spool_dir, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, server_header=False)
+    sidecar_server(Path(args.spool_dir), args).run()
     return 0
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from modelkv_exporter.memory import process_resident_bytes
+from modelkv_exporter.memory import process_resident_bytes, sample_host_memory
 from modelkv_exporter.snapshot import MemorySample
 
 logger = logging.getLogger("vllm.modelkv_exporter")
@@ -89,12 +89,6 @@ def cuda_sampler(cuda: Any, device: Any, nvml: Any | None, nvml_device: str | in
     return sample
 
 
-def host_sampler() -> MemorySample:
-    """A CPU engine keeps weights and KV in host memory: its RSS is the honest device figure."""
-    rss = process_resident_bytes()
-    return MemorySample(sampled_at=time.time(), values={} if rss is None else {"process_resident": rss})
-
-
 def sampler_for(device: Any) -> Sampler:
     """The right sampler for a worker's ``torch.device``."""
     if getattr(device, "type", None) == "cuda":
@@ -102,7 +96,7 @@ def sampler_for(device: Any) -> Sampler:
 
         nvml = load_nvml()
         return cuda_sampler(torch.cuda, device, nvml, physical_device_id(device) if nvml else None)
-    return host_sampler
+    return sample_host_memory  # a CPU engine keeps weights and KV in host memory: RSS is its device figure
 
 
 def physical_device_id(device: Any) -> str | int | None:

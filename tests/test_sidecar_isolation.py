@@ -28,6 +28,7 @@ SIDECAR_MODULES = [
     "modelkv_exporter.capacity",
     "modelkv_exporter.report",
     "modelkv_exporter.vllm_plugin",
+    "modelkv_exporter.server",
 ]
 
 

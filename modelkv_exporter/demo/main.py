@@ -9,10 +9,10 @@ import threading
 import time
 from pathlib import Path
 
-import uvicorn
-
-from modelkv_exporter.app import SidecarConfig, create_app
+from modelkv_exporter.collector import ROOT_OWNER
 from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
+from modelkv_exporter.report import human_bytes, table
+from modelkv_exporter.server import sidecar_server
 from modelkv_exporter.spool import SpoolReader, snapshot_file_name
 
 STARTUP_TIMEOUT_SECONDS = 180.0
@@ -39,16 +39,16 @@ def _wait_for_snapshots(spool_dir: Path, processes: list[multiprocessing.context
 
 
 def _summary(reader: SpoolReader) -> str:
-    lines = [f"{'engine':24} {'stage':9} {'owner':24} {'cache':30} {'rows':>4} {'declared peak':>14}"]
+    rows = []
     for _, snapshot in reader.scan().snapshots:
-        stage = snapshot.engine.stage_label
+        who = [snapshot.engine.engine_id, snapshot.engine.stage_label]
         if not snapshot.declarations:
-            lines.append(f"{snapshot.engine.engine_id:24} {stage:9} {'(no declarations)':24}")
-        for d in snapshot.declarations:
-            lines.append(
-                f"{snapshot.engine.engine_id:24} {stage:9} {d.owner:24} {d.name:30} {d.row_count:>4} {d.peak_bytes / 2**20:>10.1f} MiB"
-            )
-    return "\n".join(lines)
+            rows.append([*who, "(no declarations)", "", "", ""])
+        rows += [
+            [*who, d.owner or ROOT_OWNER, d.name, str(d.row_count), human_bytes(d.peak_bytes)]
+            for d in snapshot.declarations
+        ]
+    return table(["engine", "stage", "owner", "cache", "rows", "declared peak"], rows)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -63,12 +63,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         reader = _wait_for_snapshots(spool_dir, processes)
         print(_summary(reader), flush=True)
-        app = create_app(
-            SidecarConfig(spool_dir, stale_after=args.stale_after, max_snapshot_bytes=args.max_snapshot_bytes)
-        )
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
-        )
+        server = sidecar_server(spool_dir, args)
         base = f"http://{args.host}:{args.port}"
         print(
             f"\nServing on {base}\n"
