@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from modelkv_exporter.engine_memory import Sampler, physical_device_id, sampler_for
-from modelkv_exporter.publisher import SnapshotPublisher
+from modelkv_exporter.publisher import SnapshotPublisher, with_baseline
 from modelkv_exporter.publishing import build_snapshot
 from modelkv_exporter.settings import DEFAULT_SAMPLE_INTERVAL, sample_interval
+from modelkv_exporter.snapshot import Snapshot
 from modelkv_exporter.spool import snapshot_file_name
 
 logger = logging.getLogger("vllm.modelkv_exporter")
@@ -178,15 +179,14 @@ def after_kv_init(worker: Any, config: HookConfig) -> None:
     blocks = getattr(worker.cache_config, "num_gpu_blocks", None)
     tensors = getattr(getattr(worker.model_runner, "kv_cache_config", None), "kv_cache_tensors", None)
     kv_bytes = sum(int(t.size) for t in tensors) if tensors else None
-    hook.publisher.update(
-        lambda s: replace(
-            s,
-            settings=replace(
-                s.settings, paged_kv_blocks=None if blocks is None else int(blocks), paged_kv_bytes=kv_bytes
-            ),
-        )
-    )
-    hook.publisher.set_baseline(hook.sampler())
+    kv_blocks = None if blocks is None else int(blocks)
+    sample = hook.sampler()
+
+    def record(snapshot: Snapshot) -> Snapshot:
+        settings = replace(snapshot.settings, paged_kv_blocks=kv_blocks, paged_kv_bytes=kv_bytes)
+        return with_baseline(replace(snapshot, settings=settings), sample)
+
+    hook.publisher.update(record)
 
 
 def after_warm_up(worker: Any, config: HookConfig) -> None:
@@ -199,5 +199,5 @@ def after_warm_up(worker: Any, config: HookConfig) -> None:
 def before_shutdown(worker: Any, config: HookConfig) -> None:
     """Mark the snapshot ended so the sidecar stops exporting it."""
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
-    if hook is not None and not hook.publisher.snapshot.ended:
+    if hook is not None:
         hook.publisher.end()

@@ -21,6 +21,11 @@ logger = logging.getLogger(__name__)
 Sampler = Callable[[], MemorySample | None]
 
 
+def with_baseline(snapshot: Snapshot, sample: MemorySample) -> Snapshot:
+    """``snapshot`` with ``sample`` as both its baseline and its current measurement."""
+    return replace(snapshot, measured=Measured(current=sample, baseline=sample))
+
+
 class SnapshotPublisher:
     """Owns one engine's snapshot and rewrites it atomically on every change.
 
@@ -65,7 +70,7 @@ class SnapshotPublisher:
 
     def set_baseline(self, sample: MemorySample) -> Path:
         """Record ``sample`` as the post-initialisation baseline (and as current)."""
-        return self.update(lambda s: replace(s, measured=Measured(current=sample, baseline=sample)))
+        return self.update(lambda s: with_baseline(s, sample))
 
     def start_heartbeat(self, interval: float, sampler: Sampler | None = None) -> None:
         """Beat every ``interval`` seconds in a daemon thread until ``stop``/``end``."""

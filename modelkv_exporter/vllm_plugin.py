@@ -94,13 +94,17 @@ def _guarded(step: str, function: Callable[..., object], *args: Any) -> None:
             logger.warning("modelkv: %s failed; the engine continues without it", step, exc_info=True)
 
 
+def _run_step(step: Callable[..., None], worker: Any, config: Any) -> None:
+    if type(worker) not in _hooked_bases:
+        patch_subclass(type(worker), config)
+    _guarded(step.__name__, step, worker, config)
+
+
 def _after(original: Callable[..., Any], step: Callable[..., None], config: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        if step.__name__ == "after_load_model":
-            patch_subclass(type(self), config)
-        _guarded(step.__name__, step, self, config)
+        _run_step(step, self, config)
         return result
 
     setattr(wrapper, MARKER, True)
@@ -110,7 +114,7 @@ def _after(original: Callable[..., Any], step: Callable[..., None], config: Any)
 def _before(original: Callable[..., Any], step: Callable[..., None], config: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _guarded(step.__name__, step, self, config)
+        _run_step(step, self, config)
         return original(self, *args, **kwargs)
 
     setattr(wrapper, MARKER, True)
@@ -142,13 +146,15 @@ def _wrap_methods(cls: type, config: Any, own_only: bool) -> list[str]:
 def patch_subclass(cls: type, config: Any) -> None:
     """Wrap the lifecycle methods a Worker subclass overrides (vLLM's CPUWorker, vLLM-Omni's workers).
 
-    Called when the hook first sees a worker, so an override that does not call
-    ``super()`` still reaches the hook; the steps are idempotent for overrides that do.
+    Called when the hook first sees a worker of a class, so an override that does
+    not call ``super()`` still reaches the hook; the steps are idempotent for
+    overrides that do. Each class is handled once.
     """
     for klass in cls.__mro__:
         if klass in _hooked_bases:
             break
         _guarded("patch_subclass", _wrap_methods, klass, config, True)
+        _hooked_bases.add(klass)
 
 
 def patch_worker(module: ModuleType, config: Any) -> None:
