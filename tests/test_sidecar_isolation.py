@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -55,7 +56,9 @@ def test_a_clean_venv_without_extras_installs_and_serves(tmp_path: Path) -> None
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    subprocess.run([python, "-m", "pip", "install", "-q", str(ROOT)], check=True, capture_output=True)
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__"))
+    subprocess.run([python, "-m", "pip", "install", "-q", str(source)], check=True, capture_output=True)
     listed = subprocess.run(
         [python, "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True, text=True
     ).stdout
