@@ -10,9 +10,9 @@ import pytest
 from tests.conftest import ROOT, VENV_BIN
 
 CHECKS = {
-    "ruff check": [str(VENV_BIN / "ruff"), "check", "modelkv_exporter", "tests", "bench"],
-    "ruff format": [str(VENV_BIN / "ruff"), "format", "--check", "modelkv_exporter", "tests", "bench"],
-    "mypy": [sys.executable, "-m", "mypy", "modelkv_exporter"],
+    "ruff check": [str(VENV_BIN / "ruff"), "check", "modelkv_exporter", "tests", "bench", "dashboards"],
+    "ruff format": [str(VENV_BIN / "ruff"), "format", "--check", "modelkv_exporter", "tests", "bench", "dashboards"],
+    "mypy": [sys.executable, "-m", "mypy", "modelkv_exporter", "dashboards"],
 }
 
 
