@@ -31,8 +31,11 @@ $(VENV)/.test-installed: pyproject.toml requirements/test.txt | $(PY)
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
 	touch $@ $(VENV)/.demo-installed
 
+# Debian packages the tests run against: Prometheus and promtool, and headless Chromium for the landing page.
 system-deps:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
+		|| ! command -v chromium-headless-shell >/dev/null; then \
 		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			prometheus chromium-headless-shell fonts-dejavu-core; \
 	fi

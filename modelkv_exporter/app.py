@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry
 
 from modelkv_exporter import __version__
 from modelkv_exporter.collector import DEFAULT_STALE_AFTER_SECONDS, SpoolCollector, engine_state
 from modelkv_exporter.exposition import render
+from modelkv_exporter.landing import CONTENT_SECURITY_POLICY, render_landing
 from modelkv_exporter.snapshot import SCHEMA_VERSION
 from modelkv_exporter.spool import DEFAULT_MAX_SNAPSHOT_BYTES, SpoolReader
 
@@ -63,6 +64,19 @@ def create_app(config: SidecarConfig) -> FastAPI:
         redoc_url=None,
         redirect_slashes=False,
     )
+
+    @app.get("/", response_class=HTMLResponse)
+    def landing() -> HTMLResponse:
+        """A self-contained HTML page: engines, their declarations, rejected files, links."""
+        page = render_landing(
+            reader.scan(),
+            now=collector.clock(),
+            stale_after=collector.stale_after,
+            spool_dir=str(reader.directory),
+            version=__version__,
+        )
+        headers = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff"}
+        return HTMLResponse(page, headers=headers)
 
     @app.get("/metrics", include_in_schema=True)
     def metrics(request: Request) -> Response:

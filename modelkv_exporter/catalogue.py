@@ -71,6 +71,9 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement("process_resident", "resident host memory of the engine process (a CPU engine's device memory)", True),
 )
 
+GROWTH_SOURCES: tuple[str, ...] = ("process_gpu", "torch_reserved", "process_resident")
+"""Sources an engine's memory growth is measured from, most complete first; the rules and the landing page agree."""
+
 _D, _E, _M, _X = "Declarations", "Engines", "Measured memory", "Exporter health"
 
 _METRICS: list[Metric] = [

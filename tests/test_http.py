@@ -15,7 +15,16 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.spool import write_snapshot
-from tests.conftest import Sidecar, free_port, make_declaration, make_snapshot, require_tool, stop_process, wait_http
+from tests.conftest import (
+    Sidecar,
+    make_declaration,
+    make_snapshot,
+    query,
+    require_tool,
+    running_prometheus,
+    scrape_config,
+    stop_process,
+)
 from tests.test_spool import BAD_DOCUMENTS
 
 
@@ -55,7 +64,7 @@ def test_routes_are_explicit_read_only_and_never_redirect(sidecar: Sidecar) -> N
     assert sidecar.get("/healthz").text == "ok\n"
     assert sidecar.get("/readyz").status_code == 200
     before = sorted(p.name for p in sidecar.spool_dir.iterdir())
-    for path in ("/metrics", "/healthz", "/readyz", "/api/v1/engines"):
+    for path in ("/", "/metrics", "/healthz", "/readyz", "/api/v1/engines"):
         for method in ("POST", "PUT", "DELETE", "PATCH"):
             assert httpx.request(method, sidecar.url + path, content=b"{}").status_code == 405, (method, path)
     assert sidecar.get("/docs").status_code == 404, "no page that pulls external assets"
@@ -125,37 +134,9 @@ def test_promtool_accepts_the_exposition(sidecar: Sidecar) -> None:
 
 @pytest.fixture
 def prometheus(sidecar: Sidecar, tmp_path: Path) -> Iterator[str]:
-    binary = require_tool("prometheus")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        f"  - job_name: modelkv\n    static_configs: [{{targets: ['{sidecar.url.removeprefix('http://')}']}}]\n"
-    )
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", timeout=60, process=process)
+    config = scrape_config({"modelkv": sidecar.url})
+    with running_prometheus(tmp_path, config) as url:
         yield url
-    finally:
-        stop_process(process)
-
-
-def query(prometheus: str, promql: str) -> list[dict]:
-    response = httpx.get(prometheus + "/api/v1/query", params={"query": promql}, timeout=10)
-    assert response.status_code == 200, response.text
-    return response.json()["data"]["result"]
 
 
 def test_a_real_prometheus_scrapes_the_declared_values(sidecar: Sidecar, prometheus: str) -> None:
