@@ -10,8 +10,17 @@ import pytest
 from tests.conftest import ROOT, VENV_BIN
 
 CHECKS = {
-    "ruff check": [str(VENV_BIN / "ruff"), "check", "modelkv_exporter", "tests", "bench", "dashboards"],
-    "ruff format": [str(VENV_BIN / "ruff"), "format", "--check", "modelkv_exporter", "tests", "bench", "dashboards"],
+    "ruff check": [str(VENV_BIN / "ruff"), "check", "modelkv_exporter", "tests", "bench", "dashboards", "scripts"],
+    "ruff format": [
+        str(VENV_BIN / "ruff"),
+        "format",
+        "--check",
+        "modelkv_exporter",
+        "tests",
+        "bench",
+        "dashboards",
+        "scripts",
+    ],
     "mypy": [sys.executable, "-m", "mypy", "modelkv_exporter", "dashboards"],
 }
 

@@ -65,3 +65,24 @@ def test_every_panel_query_uses_known_metrics_and_the_variables() -> None:
         names = metric_names(expression.expr)
         assert names and all(known_metric(n) for n in names), expression.origin
         assert '$job"' in expression.expr, f"{expression.origin} ignores $job"
+
+
+layout = pytest.importorskip("dashboards.layout")
+
+
+def test_the_layout_picture_draws_declared_dashed_and_every_panel() -> None:
+    (overview,) = dashboard_documents().values()
+    points = [(0.0, 1.0), (2.0, 3.0)]
+    data = {
+        "Declared peak against measured growth": layout.PanelData(
+            lines=[layout.Line("declared e", "A", points), layout.Line("measured e", "B", points)]
+        ),
+        "Declarations": layout.PanelData(columns=["engine"], rows=[["<e>"]]),
+    }
+    html = layout.layout_html(overview, data)
+    assert html.count("<polyline") == 2 and html.count('stroke-dasharray="6 4"') == 1
+    assert "&lt;e&gt;" in html and "<e>" not in html
+    for panel in panels(overview):
+        assert panel["title"] in html
+    assert layout.legend_text("{{engine}} ({{source}})", {"engine": "e", "source": "s"}) == "e (s)"
+    assert layout.format_value(1.5 * 1024**3, "bytes") == "1.50 GiB" and layout.format_value(0.0021, "s") == "2.1 ms"
