@@ -67,6 +67,7 @@ def run_demo(args: argparse.Namespace) -> int:
         base = f"http://{args.host}:{args.port}"
         print(
             f"\nServing on {base}\n"
+            f"  page:     {base}/\n"
             f"  metrics:  {base}/metrics\n"
             f"  engines:  {base}/api/v1/engines\n"
             f"  try:      curl -s {base}/metrics | grep '^modelkv_declared_peak_bytes'\n"
