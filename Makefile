@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/modelkv-exporter demo
 
-test: system-deps $(VENV)/.test-installed
+test: system-deps $(VENV)/.test-installed tests/k8s/node_modules/.package-lock.json
 	$(PY) -m pytest -q
 
 docs: $(VENV)/.demo-installed
@@ -32,10 +32,14 @@ $(VENV)/.test-installed: pyproject.toml requirements/test.txt | $(PY)
 	touch $@ $(VENV)/.demo-installed
 
 # Debian packages the tests run against: Prometheus and promtool, and headless Chromium for the landing page.
+# Node.js and npm run the Kubernetes custom-resource checks (tests/k8s).
 system-deps:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
-		|| ! command -v chromium-headless-shell >/dev/null; then \
+		|| ! command -v chromium-headless-shell >/dev/null || ! command -v npm >/dev/null; then \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-			prometheus chromium-headless-shell fonts-dejavu-core; \
+			prometheus chromium-headless-shell fonts-dejavu-core $$(command -v npm >/dev/null || echo nodejs npm); \
 	fi
+
+tests/k8s/node_modules/.package-lock.json: tests/k8s/package-lock.json
+	npm ci --prefix tests/k8s --silent --no-audit --no-fund

@@ -10,7 +10,16 @@ import pytest
 from tests.conftest import ROOT, VENV_BIN
 
 CHECKS = {
-    "ruff check": [str(VENV_BIN / "ruff"), "check", "modelkv_exporter", "tests", "bench", "dashboards", "scripts"],
+    "ruff check": [
+        str(VENV_BIN / "ruff"),
+        "check",
+        "modelkv_exporter",
+        "tests",
+        "bench",
+        "dashboards",
+        "scripts",
+        "deploy",
+    ],
     "ruff format": [
         str(VENV_BIN / "ruff"),
         "format",
@@ -21,7 +30,7 @@ CHECKS = {
         "dashboards",
         "scripts",
     ],
-    "mypy": [sys.executable, "-m", "mypy", "modelkv_exporter", "dashboards"],
+    "mypy": [sys.executable, "-m", "mypy", "modelkv_exporter", "dashboards", "deploy/kubernetes/generate_manifests.py"],
 }
 
 
