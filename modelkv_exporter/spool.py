@@ -57,6 +57,27 @@ def write_snapshot(spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> Pat
     return target
 
 
+def remove_orphaned_temp_files(spool_dir: str | os.PathLike[str], engine_id: str) -> int:
+    """Delete temp files an earlier writer of ``engine_id`` left when it was killed mid-write; returns how many.
+
+    Called once when a publisher starts, so a crash-looping engine does not fill a small spool.
+    """
+    own = re.compile(rf"\.{re.escape(Path(snapshot_file_name(engine_id)).stem)}\.[a-z0-9_]{{8}}\.tmp")
+    removed = 0
+    try:
+        names = os.listdir(spool_dir)
+    except OSError:
+        return 0
+    for name in names:
+        if own.fullmatch(name):
+            try:
+                os.unlink(os.path.join(spool_dir, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 def _fsync_directory(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -151,7 +172,7 @@ class SpoolReader:
     max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
     rejections: collections.Counter[str] = field(default_factory=collections.Counter)
     _cache: dict[str, tuple[_FileKey, SpoolEntry]] = field(default_factory=dict)
-    _duplicates: set[str] = field(default_factory=set)
+    _duplicates: set[tuple[str, _FileKey]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def scan(self) -> SpoolScan:
@@ -208,8 +229,9 @@ class SpoolReader:
             for entry in claimants:
                 if entry is not winner:
                     losers[entry.file_name] = winner.file_name
-        self.rejections[RejectReason.DUPLICATE_ENGINE.value] += len(losers.keys() - self._duplicates)
-        self._duplicates = set(losers)
+        versions = {(name, self._cache[name][0]) for name in losers if name in self._cache}
+        self.rejections[RejectReason.DUPLICATE_ENGINE.value] += len(versions - self._duplicates)
+        self._duplicates = versions
         return tuple(
             SpoolEntry(
                 e.file_name,
