@@ -8,12 +8,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from prometheus_client import CollectorRegistry
 
 from modelkv_exporter import __version__
 from modelkv_exporter.collector import DEFAULT_STALE_AFTER_SECONDS, SpoolCollector, engine_state
-from modelkv_exporter.exposition import render
+from modelkv_exporter.exposition import accepts_gzip, wants_openmetrics
 from modelkv_exporter.landing import CONTENT_SECURITY_POLICY, render_landing
+from modelkv_exporter.render_cache import ExpositionCache
 from modelkv_exporter.snapshot import SCHEMA_VERSION
 from modelkv_exporter.spool import DEFAULT_MAX_SNAPSHOT_BYTES, SpoolReader
 
@@ -51,11 +51,15 @@ def engines_document(collector: SpoolCollector) -> dict[str, Any]:
 
 
 def create_app(config: SidecarConfig) -> FastAPI:
-    """Build the sidecar app. Nothing is registered globally; each app has its own registry."""
+    """Build the sidecar app. Nothing is registered globally; each app has its own collector and cache.
+
+    Handlers run on the event loop, not in a thread pool: a scrape of an unchanged spool costs a
+    directory listing and a join of cached bytes, and no worker threads means no per-thread
+    malloc arenas, so RSS stays flat under concurrent scrapes.
+    """
     reader = SpoolReader(config.spool_dir, max_bytes=config.max_snapshot_bytes)
     collector = SpoolCollector(reader, stale_after=config.stale_after)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    exposition = ExpositionCache(collector)
 
     app = FastAPI(
         title="modelkv-exporter",
@@ -64,9 +68,10 @@ def create_app(config: SidecarConfig) -> FastAPI:
         redoc_url=None,
         redirect_slashes=False,
     )
+    app.state.reader = reader
 
     @app.get("/", response_class=HTMLResponse)
-    def landing() -> HTMLResponse:
+    async def landing() -> HTMLResponse:
         """A self-contained HTML page: engines, their declarations, rejected files, links."""
         page = render_landing(
             reader.scan(),
@@ -79,18 +84,24 @@ def create_app(config: SidecarConfig) -> FastAPI:
         return HTMLResponse(page, headers=headers)
 
     @app.get("/metrics", include_in_schema=True)
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
         """Prometheus metrics (text format, or OpenMetrics when asked; gzip when accepted)."""
-        rendered = render(registry, request.headers.get("accept"), request.headers.get("accept-encoding"))
-        return Response(content=rendered.body, headers=rendered.headers)
+        body = exposition.render(
+            openmetrics=wants_openmetrics(request.headers.get("accept")),
+            compress=accepts_gzip(request.headers.get("accept-encoding")),
+        )
+        headers = {"Content-Type": body.content_type, "Vary": "Accept, Accept-Encoding"}
+        if body.gzipped:
+            headers["Content-Encoding"] = "gzip"
+        return Response(content=body.data, headers=headers)
 
     @app.get("/healthz", response_class=PlainTextResponse)
-    def healthz() -> str:
+    async def healthz() -> str:
         """Liveness: the process answers."""
         return "ok\n"
 
     @app.get("/readyz", response_class=PlainTextResponse)
-    def readyz() -> PlainTextResponse:
+    async def readyz() -> PlainTextResponse:
         """Readiness: the spool directory can be listed (the scan behind modelkv_exporter_spool_scan_success)."""
         scan = reader.scan()
         if scan.ok:
@@ -98,7 +109,7 @@ def create_app(config: SidecarConfig) -> FastAPI:
         return PlainTextResponse(f"spool not readable: {scan.error}\n", status_code=503)
 
     @app.get("/api/v1/engines")
-    def engines() -> JSONResponse:
+    async def engines() -> JSONResponse:
         """Every snapshot in the spool as JSON, with its state, and the rejected files."""
         return JSONResponse(engines_document(collector))
 

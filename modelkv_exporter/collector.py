@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from prometheus_client.metrics_core import Metric as Family
@@ -42,6 +42,33 @@ def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
     if interval is None:
         return False
     return now - snapshot.heartbeat_at > max(stale_after, 3 * interval)
+
+
+def engine_labels(snapshot: Snapshot) -> list[str]:
+    """The engine, model and stage label values of a snapshot."""
+    who = snapshot.engine
+    return [label(who.engine_id, 256), label(who.model_label, 256), label(who.stage_label)]
+
+
+def snapshot_age(snapshot: Snapshot, now: float) -> float:
+    """Seconds since the snapshot's heartbeat, never negative."""
+    return max(0.0, now - snapshot.heartbeat_at)
+
+
+Add = Callable[[str, list[str], float], None]
+Info = Callable[[str, list[str]], None]
+
+
+def exporter_samples(
+    scan_ok: bool, states: Mapping[str, int], rejections: Mapping[str, int], add: Add, info: Info
+) -> None:
+    """The exporter's own samples, but for the collect duration."""
+    info("modelkv_exporter_build_info", [__version__, str(SCHEMA_VERSION)])
+    add("modelkv_exporter_spool_scan_success", [], 1.0 if scan_ok else 0.0)
+    for state, count in states.items():
+        add("modelkv_exporter_spool_files", [state], count)
+    for reason in RejectReason:
+        add("modelkv_exporter_snapshot_rejections_total", [reason.value], rejections.get(reason.value, 0))
 
 
 def engine_state(snapshot: Snapshot, now: float, stale_after: float) -> str:
@@ -92,27 +119,18 @@ class SpoolCollector:
             state = engine_state(snapshot, now, self.stale_after)
             states[state] += 1
             if state != "ended":
-                self._engine(snapshot, now, state == "stale", add, info)
+                self.engine_samples(snapshot, state == "stale", add, info)
+                add("modelkv_engine_snapshot_age_seconds", engine_labels(snapshot), snapshot_age(snapshot, now))
 
-        info("modelkv_exporter_build_info", [__version__, str(SCHEMA_VERSION)])
-        add("modelkv_exporter_spool_scan_success", [], 1.0 if scan.ok else 0.0)
-        for state, count in states.items():
-            add("modelkv_exporter_spool_files", [state], count)
-        for reason in RejectReason:
-            add("modelkv_exporter_snapshot_rejections_total", [reason.value], self.reader.rejections[reason.value])
+        exporter_samples(scan.ok, states, self.reader.rejections, add, info)
         add("modelkv_exporter_collect_duration_seconds", [], time.perf_counter() - started)
         return (family for family in families.values() if family.samples)
 
-    def _engine(
-        self,
-        snapshot: Snapshot,
-        now: float,
-        stale: bool,
-        add: Callable[[str, list[str], float], None],
-        info: Callable[[str, list[str]], None],
-    ) -> None:
+    @staticmethod
+    def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> None:
+        """Every sample of one engine that depends only on its snapshot and staleness (not on the clock)."""
         who = snapshot.engine
-        engine = [label(who.engine_id, 256), label(who.model_label, 256), label(who.stage_label)]
+        engine = engine_labels(snapshot)
         info(
             "modelkv_engine_info",
             [
@@ -125,7 +143,6 @@ class SpoolCollector:
             ],
         )
         add("modelkv_engine_up", engine, 0.0 if stale else 1.0)
-        add("modelkv_engine_snapshot_age_seconds", engine, max(0.0, now - snapshot.heartbeat_at))
         add("modelkv_engine_start_time_seconds", engine, snapshot.started_at)
         if stale:
             return

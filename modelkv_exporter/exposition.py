@@ -1,44 +1,30 @@
-"""Render a registry for one HTTP request: text format or OpenMetrics by ``Accept``, gzip by ``Accept-Encoding``."""
+"""Content negotiation for /metrics: OpenMetrics by ``Accept``, gzip by ``Accept-Encoding``."""
 
 from __future__ import annotations
 
-import gzip
-from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A response body and the headers that describe it."""
-
-    body: bytes
-    headers: dict[str, str]
+def _items(header: str | None) -> list[tuple[str, str]]:
+    items = []
+    for item in (header or "").split(","):
+        token, _, params = item.strip().partition(";")
+        items.append((token.strip().lower(), params.strip().lower()))
+    return items
 
 
 def accepts_gzip(accept_encoding: str | None) -> bool:
     """True when ``Accept-Encoding`` lists gzip with a non-zero quality."""
-    for item in (accept_encoding or "").split(","):
-        token, _, params = item.strip().partition(";")
-        if token.strip().lower() not in ("gzip", "x-gzip"):
+    for token, params in _items(accept_encoding):
+        if token not in ("gzip", "x-gzip"):
             continue
-        quality = params.strip().lower()
-        if quality.startswith("q="):
+        if params.startswith("q="):
             try:
-                return float(quality[2:]) > 0
+                return float(params[2:]) > 0
             except ValueError:
                 return False
         return True
     return False
 
 
-def render(registry: CollectorRegistry, accept: str | None, accept_encoding: str | None) -> Rendered:
-    """Collect ``registry`` once and encode it the way the client asked."""
-    encoder, content_type = choose_encoder(accept or "")
-    body = encoder(registry)
-    headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
-    if accepts_gzip(accept_encoding):
-        body = gzip.compress(body, compresslevel=6)
-        headers["Content-Encoding"] = "gzip"
-    return Rendered(body, headers)
+def wants_openmetrics(accept: str | None) -> bool:
+    """True when ``Accept`` lists the OpenMetrics text format (as Prometheus sends it), else the 0.0.4 text format."""
+    return any(token == "application/openmetrics-text" for token, _ in _items(accept))

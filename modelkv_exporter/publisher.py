@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from modelkv_exporter.snapshot import Measured, MemorySample, Snapshot
-from modelkv_exporter.spool import snapshot_file_name, write_snapshot
+from modelkv_exporter.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class SnapshotPublisher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        remove_orphaned_temp_files(self.spool_dir, snapshot.engine.engine_id)
 
     @property
     def snapshot(self) -> Snapshot:
