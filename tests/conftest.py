@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,8 @@ from modelkv_exporter.snapshot import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+FULL_SCALE = os.environ.get("MODELKV_TEST_SCALE") == "full"
+"""bench/reliability.sh sets MODELKV_TEST_SCALE=full: the reliability tests then run at the issue's full size."""
 VENV_BIN = Path(sys.executable).parent
 
 

@@ -1,22 +1,32 @@
 """Property-based hostile input: whatever a file holds, the reader answers with a snapshot or a
-SnapshotError, and whatever it accepts renders to a valid exposition."""
+SnapshotError, whatever it accepts renders to a valid exposition, and the app answers 200 beside it.
+
+The spool test draws spools of 10 hostile documents each, beside one valid snapshot that must
+stay exported, and checks every rejected file is counted by reason: 200 spools (2 000
+documents) in the tests, 1 000 spools (10 000 documents) under bench/reliability.sh.
+"""
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
+from modelkv_exporter.app import SidecarConfig, create_app
 from modelkv_exporter.collector import SpoolCollector
 from modelkv_exporter.snapshot_parse import SnapshotError, parse_snapshot
 from modelkv_exporter.spool import SpoolReader, write_snapshot
-from tests.conftest import make_declaration, make_snapshot
+from tests.conftest import FULL_SCALE, make_declaration, make_snapshot
 
 VALID = make_snapshot(
     "e", declarations=(make_declaration("a"), make_declaration("b", rows="fixed", rows_fixed=2)),
@@ -106,3 +116,60 @@ def test_the_reader_answers_every_input_with_a_snapshot_or_a_reason(data: bytes)
         (Path(spool) / "other.json").write_bytes(data)
         text = render(Path(spool))
     assert 'engine="' in text
+
+
+SPOOL_EXAMPLES = FULL_SCALE and 1000 or 200
+DOCUMENTS_PER_SPOOL = 10
+GOOD = make_snapshot("good-engine", heartbeat_at=2_000_000_000.0)
+
+
+@pytest.fixture(scope="module")
+def app_spool(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TestClient]:
+    spool = tmp_path_factory.mktemp("fuzz-spool")
+    return spool, TestClient(create_app(SidecarConfig(spool)))
+
+
+@settings(max_examples=SPOOL_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.lists(
+        mutated() | hostile_labels() | st.binary(max_size=400),
+        min_size=DOCUMENTS_PER_SPOOL,
+        max_size=DOCUMENTS_PER_SPOOL,
+    )
+)
+def test_a_spool_of_hostile_documents_never_fails_a_request_and_loses_nothing(
+    app_spool: tuple[Path, TestClient], documents: list[bytes]
+) -> None:
+    spool, client = app_spool
+    for old in spool.iterdir():
+        old.unlink()
+    write_snapshot(spool, GOOD)
+    for i, data in enumerate(documents):
+        (spool / f"doc-{i}.json").write_bytes(data)
+    before = Counter(client.app.state.reader.rejections)  # type: ignore[attr-defined]
+    responses = {
+        "text": client.get("/metrics"),
+        "gzip": client.get("/metrics", headers={"Accept-Encoding": "gzip"}),
+        "openmetrics": client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}),
+        "page": client.get("/"),
+        "api": client.get("/api/v1/engines"),
+    }
+    assert {name: r.status_code for name, r in responses.items()} == dict.fromkeys(responses, 200)
+    families = {f.name: f for f in text_string_to_metric_families(responses["text"].text)}
+    list(parse_openmetrics(responses["openmetrics"].text))
+    assert _stable(responses["gzip"].text) == _stable(responses["text"].text)
+    engines = {s.labels["engine"] for s in families["modelkv_engine_up"].samples}
+    assert "good-engine" in engines, "a valid snapshot beside hostile ones is still exported"
+
+    api = responses["api"].json()
+    rejected = Counter(r["reason"] for r in api["rejected"])
+    counted = Counter(client.app.state.reader.rejections) - before  # type: ignore[attr-defined]
+    assert counted == rejected, "every rejected file is counted once, by its reason"
+    files = {s.labels["state"]: s.value for s in families["modelkv_exporter_spool_files"].samples}
+    assert files["rejected"] == sum(rejected.values())
+    assert sum(files.values()) == DOCUMENTS_PER_SPOOL + 1, "every file is exported, stale, ended or rejected"
+
+
+def _stable(text: str) -> list[str]:
+    moving = ("modelkv_exporter_collect_duration_seconds ", "modelkv_engine_snapshot_age_seconds{")
+    return sorted(line for line in text.split("\n") if not line.startswith(moving))
