@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from modelkv_exporter import __version__
@@ -50,7 +51,52 @@ def engines_document(collector: SpoolCollector) -> dict[str, Any]:
     }
 
 
-def create_app(config: SidecarConfig) -> FastAPI:
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class SidecarApp:
+    """The ASGI app uvicorn serves: ``GET /metrics`` answered straight from the exposition cache, the rest by FastAPI.
+
+    A scrape of an unchanged spool then costs a directory stat and the send of cached bytes;
+    FastAPI's routing and response classes would cost more than the rendering itself. Other
+    methods on /metrics go to FastAPI, which answers 405.
+    """
+
+    def __init__(self, api: FastAPI, exposition: ExpositionCache) -> None:
+        self.api = api
+        self.exposition = exposition
+
+    @property
+    def state(self) -> Any:
+        """The FastAPI app's state (the spool reader, for tests and tools)."""
+        return self.api.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/metrics" or scope["method"] != "GET":
+            await self.api(scope, receive, send)
+            return
+        accept = accept_encoding = None
+        for name, value in scope["headers"]:
+            if name == b"accept":
+                accept = value.decode("latin-1")
+            elif name == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
+        body = self.exposition.render(openmetrics=wants_openmetrics(accept), compress=accepts_gzip(accept_encoding))
+        headers = [
+            (b"content-type", body.content_type.encode()),
+            (b"content-length", str(len(body)).encode()),
+            (b"vary", b"Accept, Accept-Encoding"),
+        ]
+        if body.gzipped:
+            headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for i, part in enumerate(body.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < len(body.parts) - 1})
+
+
+def create_app(config: SidecarConfig) -> SidecarApp:
     """Build the sidecar app. Nothing is registered globally; each app has its own collector and cache.
 
     Handlers run on the event loop, not in a thread pool: a scrape of an unchanged spool costs a
@@ -84,16 +130,9 @@ def create_app(config: SidecarConfig) -> FastAPI:
         return HTMLResponse(page, headers=headers)
 
     @app.get("/metrics", include_in_schema=True)
-    async def metrics(request: Request) -> Response:
-        """Prometheus metrics (text format, or OpenMetrics when asked; gzip when accepted)."""
-        body = exposition.render(
-            openmetrics=wants_openmetrics(request.headers.get("accept")),
-            compress=accepts_gzip(request.headers.get("accept-encoding")),
-        )
-        headers = {"Content-Type": body.content_type, "Vary": "Accept, Accept-Encoding"}
-        if body.gzipped:
-            headers["Content-Encoding"] = "gzip"
-        return Response(content=body.data, headers=headers)
+    async def metrics() -> Response:
+        """Prometheus metrics; answered by ``SidecarApp`` before routing, declared here for 405s and the schema."""
+        raise AssertionError("GET /metrics is served by SidecarApp")
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:
@@ -113,4 +152,4 @@ def create_app(config: SidecarConfig) -> FastAPI:
         """Every snapshot in the spool as JSON, with its state, and the rejected files."""
         return JSONResponse(engines_document(collector))
 
-    return app
+    return SidecarApp(app, exposition)

@@ -55,6 +55,8 @@ DYNAMIC = (
 )
 STATIC = tuple(name for name in CATALOGUE if name not in DYNAMIC)
 GZIP_LEVEL = 6
+JOIN_BELOW_BYTES = 256 * 1024
+"""Smaller bodies go out in one piece: a copy costs less than another send."""
 
 
 def _escape_label(value: str) -> str:
@@ -120,9 +122,25 @@ class _Joined:
     data: bytes
     crc: int
     deflated: bytes | None = None
+    live_key: tuple[tuple[int, bool], ...] = ()
+    pins: tuple[object, ...] = ()
 
 
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+
+
+def stored_blocks(data: bytes) -> bytes:
+    """``data`` as uncompressed ("stored") deflate blocks, the last one final (RFC 1951, 3.2.4).
+
+    The tail is a few KiB that change on every scrape; storing it costs nothing, where
+    setting up a compressor costs more than the rest of the scrape.
+    """
+    pieces = []
+    chunks = [data[i : i + 0xFFFF] for i in range(0, len(data), 0xFFFF)] or [b""]
+    for i, chunk in enumerate(chunks):
+        size = len(chunk)
+        pieces.append(struct.pack("<BHH", 1 if i == len(chunks) - 1 else 0, size, size ^ 0xFFFF) + chunk)
+    return b"".join(pieces)
 
 
 def deflate_piece(data: bytes, final: bool) -> bytes:
@@ -133,11 +151,19 @@ def deflate_piece(data: bytes, final: bool) -> bytes:
 
 @dataclass(frozen=True)
 class Body:
-    """A rendered /metrics body and its content type."""
+    """A rendered /metrics body, in pieces a server can send without joining, and its content type."""
 
-    data: bytes
+    parts: tuple[bytes, ...]
     content_type: str
     gzipped: bool
+
+    @property
+    def data(self) -> bytes:
+        """The whole body in one piece."""
+        return b"".join(self.parts)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.parts))
 
 
 class ExpositionCache:
@@ -147,7 +173,8 @@ class ExpositionCache:
         self.collector = collector
         self.clock = clock or collector.clock
         self._lock = threading.Lock()
-        self._engines: dict[tuple[int, bool], tuple[Snapshot, Lines]] = {}
+        self._engines: dict[tuple[int, bool], tuple[Snapshot, Lines, str]] = {}
+        self._exporter_lines: tuple[object, str] = ((), "")
         self._blocks: dict[str, _Block] = {}
         self._joined: dict[bool, _Joined] = {}
         self.renders = 0
@@ -170,30 +197,35 @@ class ExpositionCache:
                     live.append((entry, state == "stale"))
             static = self._static(live, openmetrics, compress)
             tail = self._dynamic(live, scan.ok, states, started, openmetrics)
-        if compress:
-            assert static.deflated is not None
-            size = (len(static.data) + len(tail)) & 0xFFFFFFFF
-            trailer = struct.pack("<II", zlib.crc32(tail, static.crc), size)
-            data = b"".join((GZIP_HEADER, static.deflated, deflate_piece(tail, final=True), trailer))
-        else:
-            data = static.data + tail
-        return Body(data, OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE, compress)
+        content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
+        if not compress:
+            if len(static.data) < JOIN_BELOW_BYTES:
+                return Body((static.data + tail,), content_type, False)
+            return Body((static.data, tail), content_type, False)
+        assert static.deflated is not None
+        trailer = struct.pack("<II", zlib.crc32(tail, static.crc), (len(static.data) + len(tail)) & 0xFFFFFFFF)
+        return Body((GZIP_HEADER, static.deflated, stored_blocks(tail), trailer), content_type, True)
 
     def _static(self, live: list[tuple[SpoolEntry, bool]], openmetrics: bool, compress: bool) -> _Joined:
+        live_key = tuple((id(entry.snapshot), stale) for entry, stale in live)
+        joined = self._joined.get(openmetrics)
+        if joined is not None and joined.live_key == live_key and (joined.deflated is not None or not compress):
+            return joined
         # Keys are object ids; the cache holds every object it keys on, so no id is reused while cached.
-        engines: dict[tuple[int, bool], tuple[Snapshot, Lines]] = {}
+        engines: dict[tuple[int, bool], tuple[Snapshot, Lines, str]] = {}
         for entry, stale in live:
             assert entry.snapshot is not None
             key = (id(entry.snapshot), stale)
             cached = self._engines.get(key)
             if cached is None:
-                cached = (entry.snapshot, render_engine(entry, stale))
+                age = sample_line(CATALOGUE["modelkv_engine_snapshot_age_seconds"], engine_labels(entry.snapshot), 0.0)
+                cached = (entry.snapshot, render_engine(entry, stale), age[: age.rindex(" ") + 1])
                 self.renders += 1
             engines[key] = cached
         self._engines = engines
         blocks = []
         for name in STATIC:
-            holds = tuple(lines for _, lines in engines.values() if name in lines)
+            holds = tuple(lines for _, lines, _ in engines.values() if name in lines)
             block_key = tuple(map(id, holds))
             if not block_key:
                 self._blocks.pop(name, None)
@@ -216,6 +248,7 @@ class ExpositionCache:
             data = b"".join(b.openmetrics if openmetrics else b.text for b in blocks)
             joined = _Joined(tuple(blocks), data, zlib.crc32(data))
             self._joined[openmetrics] = joined
+        joined.live_key, joined.pins = live_key, tuple(entry.snapshot for entry, _ in live)
         if compress and joined.deflated is None:
             for block in blocks:
                 if openmetrics not in block.deflated:
@@ -232,20 +265,29 @@ class ExpositionCache:
         openmetrics: bool,
     ) -> bytes:
         now = self.clock()
-        lines: defaultdict[str, list[str]] = defaultdict(list)
-
-        def add(name: str, values: list[str], value: float) -> None:
-            lines[name].append(sample_line(CATALOGUE[name], values, value))
-
-        def info(name: str, values: list[str]) -> None:
-            add(name, values, 1.0)
-
-        for entry, _ in live:
+        ages = []
+        for entry, stale in live:
             assert entry.snapshot is not None
-            add("modelkv_engine_snapshot_age_seconds", engine_labels(entry.snapshot), snapshot_age(entry.snapshot, now))
-        exporter_samples(scan_ok, states, self.collector.reader.rejections, add, info)
-        add("modelkv_exporter_collect_duration_seconds", [], time.perf_counter() - started)
-        text = "".join(
-            family_header(CATALOGUE[name], openmetrics) + "".join(lines[name]) for name in DYNAMIC if lines[name]
+            prefix = self._engines[(id(entry.snapshot), stale)][2]
+            ages.append(f"{prefix}{floatToGoString(snapshot_age(entry.snapshot, now))}\n")
+        text = (
+            family_header(CATALOGUE["modelkv_engine_snapshot_age_seconds"], openmetrics) + "".join(ages) if ages else ""
         )
+        rejections = self.collector.reader.rejections
+        key = (openmetrics, scan_ok, tuple(states.values()), tuple(sorted(rejections.items())))
+        if self._exporter_lines[0] != key:
+            lines: defaultdict[str, list[str]] = defaultdict(list)
+
+            def add(name: str, values: list[str], value: float) -> None:
+                lines[name].append(sample_line(CATALOGUE[name], values, value))
+
+            def info(name: str, values: list[str]) -> None:
+                add(name, values, 1.0)
+
+            exporter_samples(scan_ok, states, rejections, add, info)
+            block = "".join(family_header(CATALOGUE[name], openmetrics) + "".join(lines[name]) for name in lines)
+            self._exporter_lines = (key, block)
+        duration = CATALOGUE["modelkv_exporter_collect_duration_seconds"]
+        text += self._exporter_lines[1] + family_header(duration, openmetrics)
+        text += sample_line(duration, [], time.perf_counter() - started)
         return (text + ("# EOF\n" if openmetrics else "")).encode()

@@ -15,6 +15,7 @@ import re
 import stat
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,6 +159,9 @@ class SpoolScan:
 
 
 _FileKey = tuple[int, int, int, int]
+FULL_SCAN_EVERY_SECONDS = 1.0
+SETTLE_NS = 50_000_000
+"""Directory timestamps are as coarse as the kernel's tick (1 to 10 ms); 50 ms is well past it."""
 
 
 @dataclass
@@ -173,24 +177,51 @@ class SpoolReader:
     rejections: collections.Counter[str] = field(default_factory=collections.Counter)
     _cache: dict[str, tuple[_FileKey, SpoolEntry]] = field(default_factory=dict)
     _duplicates: set[tuple[str, _FileKey]] = field(default_factory=set)
+    full_scan_every: float = FULL_SCAN_EVERY_SECONDS
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _last: tuple[tuple[int, int, int], float, SpoolScan] | None = None
 
     def scan(self) -> SpoolScan:
-        """Read the directory now and return every snapshot file's current state."""
+        """The spool's current state: every snapshot file, as of now.
+
+        A writer replaces a snapshot by renaming into the directory, which updates the
+        directory's mtime. When the directory's stat is unchanged, its mtime was already older
+        than the file system's timestamp granularity (``SETTLE_NS``) at the last full scan, and
+        that scan is under ``full_scan_every`` seconds old, the last scan is returned without
+        listing. The periodic full scan bounds how long a file changed in place (not by rename,
+        so not by our writers) can go unseen.
+        """
         with self._lock:
+            now = time.monotonic()
             try:
-                listing = sorted(os.scandir(self.directory), key=lambda e: e.name)
+                info = os.stat(self.directory)
             except OSError as error:
                 self._cache.clear()
+                self._last = None
                 return SpoolScan(error=f"{self.directory}: {error.strerror or error}")
-            fresh: dict[str, tuple[_FileKey, SpoolEntry]] = {}
-            for dir_entry in listing:
-                name = dir_entry.name
-                if name.startswith(".") or not name.endswith(SUFFIX):
-                    continue
-                fresh[name] = self._entry(dir_entry)
-            self._cache = fresh
-            return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]))
+            key = (info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+            last = self._last
+            if last is not None and last[0] == key and now - last[1] < self.full_scan_every:
+                return last[2]
+            scan = self._full_scan()
+            settled = time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) > SETTLE_NS
+            self._last = (key, now, scan) if settled and scan.ok else None
+            return scan
+
+    def _full_scan(self) -> SpoolScan:
+        try:
+            listing = sorted(os.scandir(self.directory), key=lambda e: e.name)
+        except OSError as error:
+            self._cache.clear()
+            return SpoolScan(error=f"{self.directory}: {error.strerror or error}")
+        fresh: dict[str, tuple[_FileKey, SpoolEntry]] = {}
+        for dir_entry in listing:
+            name = dir_entry.name
+            if name.startswith(".") or not name.endswith(SUFFIX):
+                continue
+            fresh[name] = self._entry(dir_entry)
+        self._cache = fresh
+        return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]))
 
     def _entry(self, dir_entry: os.DirEntry[str]) -> tuple[_FileKey, SpoolEntry]:
         try:

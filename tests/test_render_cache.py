@@ -112,3 +112,23 @@ def test_many_rewrites_never_serve_an_old_version(spool: Path) -> None:
         text = cache.render(openmetrics=False, compress=i % 2 == 1).data
         text = gzip.decompress(text) if i % 2 else text
         assert f'modelkv_engine_max_num_seqs{{engine="a",model="m",stage=""}} {float(1 + i % 7)}' in text.decode()
+
+
+def test_formats_never_serve_each_others_old_version(spool: Path) -> None:
+    _, cache = pair(spool)
+    for i in range(200):
+        write_snapshot(spool, make_snapshot("a", max_num_seqs=1 + i % 5, heartbeat_at=NOW))
+        openmetrics = bool(i % 3)
+        text = cache.render(openmetrics=openmetrics, compress=bool(i % 2)).data
+        text = gzip.decompress(text) if i % 2 else text
+        assert f'modelkv_engine_max_num_seqs{{engine="a",model="m",stage=""}} {float(1 + i % 5)}' in text.decode()
+
+
+def test_stored_blocks_inflate_at_every_size() -> None:
+    from modelkv_exporter.render_cache import deflate_piece, stored_blocks
+
+    for size in (0, 1, 0xFFFF, 0xFFFF + 1, 200_000):
+        data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        stream = deflate_piece(b"head ", final=False) + stored_blocks(data)
+        inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        assert inflater.decompress(stream) == b"head " + data and inflater.eof
