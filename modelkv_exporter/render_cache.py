@@ -69,9 +69,9 @@ def _escape_help(text: str, openmetrics: bool) -> str:
 
 
 def sample_line(metric: Metric, values: Sequence[str], value: float) -> str:
-    """One exposition line, as prometheus_client writes it in both formats."""
+    """One exposition line, as prometheus_client writes it in both formats (labels sorted by name)."""
     if metric.labels:
-        pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in zip(metric.labels, values, strict=True))
+        pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(zip(metric.labels, values, strict=True)))
         return f"{metric.name}{{{pairs}}} {floatToGoString(value)}\n"
     return f"{metric.name} {floatToGoString(value)}\n"
 
@@ -122,6 +122,7 @@ class _Joined:
     data: bytes
     crc: int
     deflated: bytes | None = None
+    """The gzip header and every block's deflate data: the body's start when gzip is asked."""
     live_key: tuple[tuple[int, bool], ...] = ()
     pins: tuple[object, ...] = ()
 
@@ -204,7 +205,10 @@ class ExpositionCache:
             return Body((static.data, tail), content_type, False)
         assert static.deflated is not None
         trailer = struct.pack("<II", zlib.crc32(tail, static.crc), (len(static.data) + len(tail)) & 0xFFFFFFFF)
-        return Body((GZIP_HEADER, static.deflated, stored_blocks(tail), trailer), content_type, True)
+        end = stored_blocks(tail) + trailer
+        if len(static.deflated) < JOIN_BELOW_BYTES:
+            return Body((static.deflated + end,), content_type, True)
+        return Body((static.deflated, end), content_type, True)
 
     def _static(self, live: list[tuple[SpoolEntry, bool]], openmetrics: bool, compress: bool) -> _Joined:
         live_key = tuple((id(entry.snapshot), stale) for entry, stale in live)
@@ -253,7 +257,7 @@ class ExpositionCache:
             for block in blocks:
                 if openmetrics not in block.deflated:
                     block.deflated[openmetrics] = deflate_piece(block.openmetrics if openmetrics else block.text, False)
-            joined.deflated = b"".join(block.deflated[openmetrics] for block in blocks)
+            joined.deflated = GZIP_HEADER + b"".join(block.deflated[openmetrics] for block in blocks)
         return joined
 
     def _dynamic(
