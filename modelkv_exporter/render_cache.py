@@ -88,26 +88,36 @@ def family_header(metric: Metric, openmetrics: bool) -> str:
 Lines = dict[str, str]
 
 
-def render_engine(entry: SpoolEntry, stale: bool) -> Lines:
+class LineSink:
+    """Collects the ``add``/``info`` calls of the collector's sample functions as exposition lines, by family."""
+
+    def __init__(self) -> None:
+        self.lines: defaultdict[str, list[str]] = defaultdict(list)
+
+    def add(self, name: str, values: list[str], value: float) -> None:
+        """One sample of family ``name``."""
+        self.lines[name].append(sample_line(CATALOGUE[name], values, value))
+
+    def info(self, name: str, values: list[str]) -> None:
+        """One info sample (value 1)."""
+        self.add(name, values, 1.0)
+
+
+def render_engine(snapshot: Snapshot, stale: bool) -> Lines:
     """An engine's static sample lines, by family."""
-    assert entry.snapshot is not None
-    lines: defaultdict[str, list[str]] = defaultdict(list)
+    sink = LineSink()
+    SpoolCollector.engine_samples(snapshot, stale, sink.add, sink.info)
+    return {name: "".join(chunk) for name, chunk in sink.lines.items()}
 
-    def add(name: str, values: list[str], value: float) -> None:
-        lines[name].append(sample_line(CATALOGUE[name], values, value))
 
-    def info(name: str, values: list[str]) -> None:
-        add(name, values, 1.0)
-
-    SpoolCollector.engine_samples(entry.snapshot, stale, add, info)
-    return {name: "".join(chunk) for name, chunk in lines.items()}
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 @dataclass
 class _Block:
-    """One static family as last built: which engine versions it holds, its text and gzip forms."""
+    """One static family as last built: the engines' lines it was joined from, its text and gzip forms."""
 
-    key: tuple[int, ...]
     holds: tuple[Lines, ...]
     text: bytes
     openmetrics: bytes
@@ -223,23 +233,21 @@ class ExpositionCache:
             cached = self._engines.get(key)
             if cached is None:
                 age = sample_line(CATALOGUE["modelkv_engine_snapshot_age_seconds"], engine_labels(entry.snapshot), 0.0)
-                cached = (entry.snapshot, render_engine(entry, stale), age[: age.rindex(" ") + 1])
+                cached = (entry.snapshot, render_engine(entry.snapshot, stale), age[: age.rindex(" ") + 1])
                 self.renders += 1
             engines[key] = cached
         self._engines = engines
         blocks = []
         for name in STATIC:
             holds = tuple(lines for _, lines, _ in engines.values() if name in lines)
-            block_key = tuple(map(id, holds))
-            if not block_key:
+            if not holds:
                 self._blocks.pop(name, None)
                 continue
             block = self._blocks.get(name)
-            if block is None or block.key != block_key:
+            if block is None or not _same(block.holds, holds):
                 text = "".join(lines[name] for lines in holds)
                 metric = CATALOGUE[name]
                 block = _Block(
-                    block_key,
                     holds,
                     (family_header(metric, False) + text).encode(),
                     (family_header(metric, True) + text).encode(),
@@ -248,7 +256,7 @@ class ExpositionCache:
                 self._blocks[name] = block
             blocks.append(block)
         joined = self._joined.get(openmetrics)
-        if joined is None or list(map(id, joined.holds)) != list(map(id, blocks)):
+        if joined is None or not _same(joined.holds, tuple(blocks)):
             data = b"".join(b.openmetrics if openmetrics else b.text for b in blocks)
             joined = _Joined(tuple(blocks), data, zlib.crc32(data))
             self._joined[openmetrics] = joined
@@ -280,16 +288,11 @@ class ExpositionCache:
         rejections = self.collector.reader.rejections
         key = (openmetrics, scan_ok, tuple(states.values()), tuple(sorted(rejections.items())))
         if self._exporter_lines[0] != key:
-            lines: defaultdict[str, list[str]] = defaultdict(list)
-
-            def add(name: str, values: list[str], value: float) -> None:
-                lines[name].append(sample_line(CATALOGUE[name], values, value))
-
-            def info(name: str, values: list[str]) -> None:
-                add(name, values, 1.0)
-
-            exporter_samples(scan_ok, states, rejections, add, info)
-            block = "".join(family_header(CATALOGUE[name], openmetrics) + "".join(lines[name]) for name in lines)
+            sink = LineSink()
+            exporter_samples(scan_ok, states, rejections, sink.add, sink.info)
+            block = "".join(
+                family_header(CATALOGUE[name], openmetrics) + "".join(chunk) for name, chunk in sink.lines.items()
+            )
             self._exporter_lines = (key, block)
         duration = CATALOGUE["modelkv_exporter_collect_duration_seconds"]
         text += self._exporter_lines[1] + family_header(duration, openmetrics)
