@@ -53,33 +53,27 @@ class SimulatedGpuEngine:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sample(self) -> MemorySample:
-        """What torch.cuda and NVML would report now."""
+        """What torch.cuda and NVML would report now (one heartbeat: the device fills a little more)."""
         with self.lock:
             self.beats += 1
-            device_used = min(self.device_used + self.beats * self.device_rise_per_beat, DEVICE_TOTAL)
-            growth = self.growth
-        return MemorySample(
-            time.time(),
-            {
-                "process_gpu": 22 * GIB + growth,
-                "torch_reserved": 20 * GIB + growth,
-                "torch_allocated": 19 * GIB + growth,
-                "torch_peak_allocated": 19 * GIB + max(growth, 0),
-                "device_used": device_used,
-                "device_total": DEVICE_TOTAL,
-            },
-        )
+            return self._measure(self.growth, self.beats)
 
     def baseline(self) -> MemorySample:
-        """The post-initialisation sample: no growth yet."""
+        """The post-initialisation sample: no growth yet, no beat counted."""
         with self.lock:
-            saved, self.growth = self.growth, 0
-            saved_beats = self.beats
-        try:
-            return self.sample()
-        finally:
-            with self.lock:
-                self.growth, self.beats = saved, saved_beats
+            return self._measure(0, self.beats)
+
+    def _measure(self, growth: int, beats: int) -> MemorySample:
+        device_used = min(self.device_used + beats * self.device_rise_per_beat, DEVICE_TOTAL)
+        values = {
+            "process_gpu": 22 * GIB + growth,
+            "torch_reserved": 20 * GIB + growth,
+            "torch_allocated": 19 * GIB + growth,
+            "torch_peak_allocated": 19 * GIB + max(growth, 0),
+            "device_used": device_used,
+            "device_total": DEVICE_TOTAL,
+        }
+        return MemorySample(time.time(), values)
 
 
 def declared_peak() -> int:
