@@ -44,6 +44,11 @@ def query(expr: str, legend: str = "", ref_id: str = "A", *, table_format: bool 
     return target.range().legend_format(legend or "__auto")
 
 
+def per_engine(metric: str, legend: str, ref_id: str = "A") -> prometheus.Dataquery:
+    """A range query of ``metric`` filtered by the job, model, stage and engine variables."""
+    return query(f"{metric}{{{ENGINE_SELECTOR}}}", legend, ref_id)
+
+
 def graph(title: str, description: str, unit: str, *targets: prometheus.Dataquery) -> timeseries.Panel:
     """A time series panel with a table legend and a shared tooltip."""
     panel = (
@@ -96,8 +101,8 @@ def declared_against_measured() -> timeseries.Panel:
         "Dashed: the engine's declared peak (all its model-local caches at max_num_seqs). "
         "Solid: its measured memory minus the post-initialisation baseline. Solid above dashed is undeclared memory.",
         "bytes",
-        query(f"modelkv_engine:declared_peak_bytes:sum{{{ENGINE_SELECTOR}}}", "declared {{engine}}", "A"),
-        query(f"modelkv_engine:memory_growth_bytes{{{ENGINE_SELECTOR}}}", "measured {{engine}} ({{source}})", "B"),
+        per_engine("modelkv_engine:declared_peak_bytes:sum", "declared {{engine}}", "A"),
+        per_engine("modelkv_engine:memory_growth_bytes", "measured {{engine}} ({{source}})", "B"),
     ).override_by_query("A", dashed)
 
 
@@ -107,7 +112,7 @@ def undeclared_growth() -> timeseries.Panel:
             "Undeclared memory growth",
             "Measured growth beyond the declared peak (never negative). The line marks the alert threshold.",
             "bytes",
-            query(f"modelkv_engine:undeclared_memory_bytes{{{ENGINE_SELECTOR}}}", "{{engine}} ({{source}})"),
+            per_engine("modelkv_engine:undeclared_memory_bytes", "{{engine}} ({{source}})"),
         )
         .thresholds(thresholds((None, "green"), (UNDECLARED_ALERT_BYTES, "red")))
         .thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphTresholdsStyleMode.LINE))
@@ -120,8 +125,8 @@ def device_headroom() -> timeseries.Panel:
         "Free device memory, and the declared peak the engine's caches have not allocated yet. "
         "Pending above free will not fit at max_num_seqs.",
         "bytes",
-        query(f"modelkv_engine:device_free_bytes{{{ENGINE_SELECTOR}}}", "free {{engine}}", "A"),
-        query(f"modelkv_engine:declared_peak_pending_bytes{{{ENGINE_SELECTOR}}}", "pending {{engine}}", "B"),
+        per_engine("modelkv_engine:device_free_bytes", "free {{engine}}", "A"),
+        per_engine("modelkv_engine:declared_peak_pending_bytes", "pending {{engine}}", "B"),
     )
 
 
@@ -130,8 +135,8 @@ def safe_max_num_seqs() -> timeseries.Panel:
         "Safe max_num_seqs",
         "The largest max_num_seqs whose declared peak fits the device's free memory, against the configured one.",
         "none",
-        query(f"modelkv_engine:max_num_seqs_fitting_device{{{ENGINE_SELECTOR}}}", "fits {{engine}}", "A"),
-        query(f"modelkv_engine_max_num_seqs{{{ENGINE_SELECTOR}}}", "configured {{engine}}", "B"),
+        per_engine("modelkv_engine:max_num_seqs_fitting_device", "fits {{engine}}", "A"),
+        per_engine("modelkv_engine_max_num_seqs", "configured {{engine}}", "B"),
     ).decimals(0)
 
 
@@ -142,7 +147,7 @@ def measured_memory() -> timeseries.Panel:
         "What each engine measures about its memory; a source it cannot measure is absent.",
         "bytes",
         *[
-            query(f"modelkv_memory_{source}_bytes{{{ENGINE_SELECTOR}}}", f"{source} {{{{engine}}}}", chr(65 + i))
+            per_engine(f"modelkv_memory_{source}_bytes", f"{source} {{{{engine}}}}", chr(65 + i))
             for i, source in enumerate(sources)
         ],
     )
@@ -153,7 +158,7 @@ def paged_kv() -> timeseries.Panel:
         "Paged KV cache",
         "Bytes of vLLM's own paged KV cache per engine, for scale against the model-local caches.",
         "bytes",
-        query(f"modelkv_engine_paged_kv_bytes{{{ENGINE_SELECTOR}}}", "{{engine}}"),
+        per_engine("modelkv_engine_paged_kv_bytes", "{{engine}}"),
     )
 
 
@@ -203,7 +208,7 @@ def up() -> timeseries.Panel:
         "none",
         query('up{job=~"$job"}', "exporter {{instance}}", "A"),
         query('modelkv_exporter_spool_scan_success{job=~"$job"}', "spool {{instance}}", "B"),
-        query(f"modelkv_engine_up{{{ENGINE_SELECTOR}}}", "engine {{engine}}", "C"),
+        per_engine("modelkv_engine_up", "engine {{engine}}", "C"),
     ).max(1)
 
 
@@ -212,7 +217,7 @@ def snapshot_age() -> timeseries.Panel:
         "Snapshot age",
         "Seconds since each engine's last heartbeat.",
         "s",
-        query(f"modelkv_engine_snapshot_age_seconds{{{ENGINE_SELECTOR}}}", "{{engine}}"),
+        per_engine("modelkv_engine_snapshot_age_seconds", "{{engine}}"),
     )
 
 
