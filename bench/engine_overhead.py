@@ -71,7 +71,7 @@ def run(model: Path, prompts: int, tokens: int, with_plugin: bool, spool: Path) 
 
 
 def main() -> None:
-    from tests.engine.tiny_model import make_tiny_qwen2
+    from tests.engine.fixtures.tiny_model import make_tiny_qwen2
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)

@@ -19,9 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from modelkv_exporter.memory import sample_host_memory  # noqa: E402
-from modelkv_exporter.publisher import SnapshotPublisher  # noqa: E402
-from tests.conftest import make_declaration, make_snapshot  # noqa: E402
+from modelkv_exporter.engine.heartbeat import SnapshotPublisher  # noqa: E402
+from modelkv_exporter.engine.samplers import sample_host_memory  # noqa: E402
+from tests.support.snapshots import (
+    make_declaration,
+    make_snapshot,  # noqa: E402
+)
 
 
 def main() -> None:

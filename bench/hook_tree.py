@@ -18,8 +18,8 @@ from collections.abc import Callable
 from torch import nn
 
 from modelkv_exporter.demo.owners import CodecDecoder, TalkerGenerator
+from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.protocol import collect_owned_specs
-from modelkv_exporter.publishing import build_snapshot
 
 
 def big_tree(modules: int) -> nn.Module:

@@ -33,9 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from modelkv_exporter.snapshot import MemorySample  # noqa: E402
-from modelkv_exporter.spool import write_snapshot  # noqa: E402
-from tests.conftest import free_port, make_declaration, make_snapshot, stop_process, wait_http  # noqa: E402
+from modelkv_exporter.contract.snapshot import MemorySample  # noqa: E402
+from modelkv_exporter.contract.spool import write_snapshot  # noqa: E402
+from tests.support.processes import free_port, stop_process, wait_http  # noqa: E402
+from tests.support.snapshots import make_declaration, make_snapshot  # noqa: E402
 
 ENGINES = 4
 SERIES_PER_DECLARATION = 5

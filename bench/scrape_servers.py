@@ -39,11 +39,12 @@ def ceiling(port: int, body_file: str) -> None:
 def client_python(port: int, spool: str) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from modelkv_exporter.collector import SpoolCollector
-    from modelkv_exporter.spool import SpoolReader
+    from modelkv_exporter.contract.scan import SpoolReader
+    from modelkv_exporter.sidecar.collector import SpoolCollector
+    from modelkv_exporter.sidecar.source import SpoolSource
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpoolCollector(SpoolReader(Path(spool))))
+    registry.register(SpoolCollector(SpoolSource(SpoolReader(Path(spool)))))
     start_http_server(port, addr="127.0.0.1", registry=registry)
     threading.Event().wait()
 
@@ -54,12 +55,13 @@ def per_scrape(port: int, spool: str) -> None:
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import choose_encoder
 
-    from modelkv_exporter.collector import SpoolCollector
-    from modelkv_exporter.exposition import accepts_gzip
-    from modelkv_exporter.spool import SpoolReader
+    from modelkv_exporter.contract.scan import SpoolReader
+    from modelkv_exporter.sidecar.collector import SpoolCollector
+    from modelkv_exporter.sidecar.exposition.negotiation import accepts_gzip
+    from modelkv_exporter.sidecar.source import SpoolSource
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpoolCollector(SpoolReader(Path(spool))))
+    registry.register(SpoolCollector(SpoolSource(SpoolReader(Path(spool)))))
     app = FastAPI()
 
     @app.get("/metrics")

@@ -24,9 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 from dashboards.layout import Line, PanelData, format_value, layout_html, legend_text, page_size  # noqa: E402
 from modelkv_exporter.demo.engines import start_engines  # noqa: E402
-from tests.conftest import chromium_run, query, running_prometheus, scrape_config, start_sidecar  # noqa: E402
-from tests.promql import RULES_FILE, substitute  # noqa: E402
-from tests.scenario import GIB, declared_peak, start_scenario  # noqa: E402
+from tests.support.browser import chromium_run  # noqa: E402
+from tests.support.processes import start_sidecar  # noqa: E402
+from tests.support.prometheus import query, running_prometheus, scrape_config  # noqa: E402
+from tests.support.promql import RULES_FILE, substitute  # noqa: E402
+from tests.support.scenario import GIB, declared_peak, start_scenario  # noqa: E402
 
 IMAGES = ROOT / "docs" / "images"
 RUN_SECONDS = 100

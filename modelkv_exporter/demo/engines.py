@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from modelkv_exporter.demo import owners
-from modelkv_exporter.memory import sample_host_memory
-from modelkv_exporter.publisher import SnapshotPublisher
-from modelkv_exporter.publishing import build_snapshot
+from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+from modelkv_exporter.engine.publish import build_snapshot
+from modelkv_exporter.engine.samplers import sample_host_memory
 
 
 @dataclass(frozen=True)

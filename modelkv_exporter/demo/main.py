@@ -9,11 +9,14 @@ import threading
 import time
 from pathlib import Path
 
-from modelkv_exporter.collector import ROOT_OWNER
+from modelkv_exporter.cli.reports import table
+from modelkv_exporter.contract.scan import SpoolReader
+from modelkv_exporter.contract.sizes import human_bytes
+from modelkv_exporter.contract.spool import snapshot_file_name
+from modelkv_exporter.contract.vocabulary import ROOT_OWNER
 from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
-from modelkv_exporter.report import human_bytes, table
-from modelkv_exporter.server import sidecar_server
-from modelkv_exporter.spool import SpoolReader, snapshot_file_name
+from modelkv_exporter.sidecar.http.app import SidecarConfig
+from modelkv_exporter.sidecar.http.server import build_server
 
 STARTUP_TIMEOUT_SECONDS = 180.0
 
@@ -63,7 +66,8 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         reader = _wait_for_snapshots(spool_dir, processes)
         print(_summary(reader), flush=True)
-        server = sidecar_server(spool_dir, args)
+        config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes)
+        server = build_server(config, host=args.host, port=args.port, log_level=args.log_level)
         base = f"http://{args.host}:{args.port}"
         print(
             f"\nServing on {base}\n"

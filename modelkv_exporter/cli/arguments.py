@@ -1,0 +1,52 @@
+"""Command-line flags from the settings table, with defaults from ``MODELKV_`` variables.
+
+A command reads and checks only its own variables, after it was chosen, and names itself in
+any complaint: a bad variable of one command never stops another.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from modelkv_exporter.contract.settings import Setting, from_environ, settings_of
+
+
+def _parser_for(setting: Setting) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            return setting.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
+def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add every setting of ``command`` to ``parser``; ``apply_environment`` fills the rest after parsing."""
+    for setting in settings_of(command):
+        declared = setting.defaults[command]
+        shown = "required" if declared is None else "unset" if declared == "" else repr(declared)
+        parser.add_argument(
+            setting.flag,
+            dest=setting.dest,
+            type=_parser_for(setting),
+            default=None,
+            help=f"{setting.help} [env {setting.env}; default {shown}]",
+        )
+
+
+def apply_environment(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, command: str, environ: Mapping[str, str]
+) -> None:
+    """Fill each setting not given as a flag from its variable or default; a bad or missing value ends the command."""
+    values, problems = from_environ(command, environ)
+    for setting in settings_of(command):
+        if getattr(args, setting.dest, None) is not None:
+            continue
+        if setting.dest in problems:
+            parser.error(problems[setting.dest])
+        setattr(args, setting.dest, values[setting.dest])
+        if setting.defaults[command] is None and values[setting.dest] is None:
+            parser.error(f"{setting.flag} (or {setting.env}) is required")

@@ -1,0 +1,106 @@
+"""The ``modelkv-exporter`` command: ``serve`` the sidecar, run the ``demo``, ``inspect`` or ``plan`` a spool."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from modelkv_exporter import __version__
+from modelkv_exporter.cli.arguments import add_settings, apply_environment
+
+DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines publish into a spool directory."
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the sidecar HTTP server over ``--spool-dir``."""
+    from modelkv_exporter.sidecar.http.app import SidecarConfig
+    from modelkv_exporter.sidecar.http.server import build_server
+
+    logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", args.spool_dir, args.host, args.port)
+    config = SidecarConfig(Path(args.spool_dir), args.stale_after, args.max_snapshot_bytes)
+    build_server(config, host=args.host, port=args.port, log_level=args.log_level).run()
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Run the demo (needs the ``torch`` extra)."""
+    try:
+        from modelkv_exporter.demo.main import run_demo
+    except ImportError as error:
+        print(
+            f"the demo needs torch and transformers: pip install 'modelkv-exporter[torch]' ({error})", file=sys.stderr
+        )
+        return 2
+    return run_demo(args)
+
+
+def _spool_of(args: argparse.Namespace) -> Path:
+    directory = args.directory or args.spool_dir
+    if not directory:
+        raise SystemExit(f"modelkv-exporter {args.command}: give DIR, --spool-dir or MODELKV_SPOOL_DIR")
+    return Path(directory)
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """Print every engine's declarations in full, and every rejected file."""
+    import time
+
+    from modelkv_exporter.cli.reports import inspect_report
+    from modelkv_exporter.contract.scan import SpoolReader
+    from modelkv_exporter.contract.state import classify
+
+    scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
+    sys.stdout.write(inspect_report(classify(scan, time.time(), args.stale_after)))
+    return 0 if scan.ok else 1
+
+
+def plan(args: argparse.Namespace) -> int:
+    """Print each engine's declared peak at --max-num-seqs and the largest that fits --budget."""
+    from modelkv_exporter.cli.reports import plan_report
+    from modelkv_exporter.contract.scan import SpoolReader
+
+    scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
+    sys.stdout.write(plan_report(scan, args.max_num_seqs, args.budget or None))
+    return 0 if scan.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, built from the settings table."""
+    parser = argparse.ArgumentParser(prog="modelkv-exporter", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, handler, help_text in (
+        ("serve", serve, "serve /metrics for a spool directory (the sidecar)"),
+        ("demo", demo, "run demo engines with real transformers caches and serve them"),
+        ("inspect", inspect, "print every engine's declarations in a spool directory"),
+        ("plan", plan, "declared peak at another max_num_seqs, and the largest that fits a budget"),
+    ):
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        if name in ("inspect", "plan"):
+            sub.add_argument("directory", nargs="?", metavar="DIR", help="the spool directory")
+        add_settings(sub, name)
+        sub.set_defaults(handler=handler, subparser=sub)
+    return parser
+
+
+def parse_arguments(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
+    """The command and its settings from ``argv``, then ``environ`` for every setting not given as a flag."""
+    args = build_parser().parse_args(argv)
+    apply_environment(args.subparser, args, args.command, environ)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script and of ``python -m modelkv_exporter``."""
+    args = parse_arguments(argv, os.environ)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "warning").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        return 0

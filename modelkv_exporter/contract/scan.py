@@ -1,0 +1,218 @@
+"""Reading the spool: every snapshot file parsed once per change, every bad file rejected with a reason.
+
+The reader parses only files whose inode, size or times changed since the last scan, never
+follows links, never opens anything but a regular file, and never blocks on FIFOs. Each
+version of a file it parses gets a number of its own (``SpoolEntry.version``), so a consumer
+can cache whatever it derives from an entry by ``(file_name, version)``.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelkv_exporter.contract.decode import RejectReason, SnapshotError, parse_snapshot
+from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.spool import SUFFIX, snapshot_file_name
+
+DEFAULT_MAX_SNAPSHOT_BYTES = 8 * 1024 * 1024
+FULL_SCAN_EVERY_SECONDS = 1.0
+SETTLE_NS = 50_000_000
+"""Directory timestamps are as coarse as the kernel's tick (1 to 10 ms); 50 ms is well past it."""
+
+
+def read_snapshot_file(path: str | os.PathLike[str], max_bytes: int) -> Snapshot:
+    """Read and parse one snapshot file without following links or blocking."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if os.path.islink(path):
+            raise SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link") from None
+        raise SnapshotError(RejectReason.UNREADABLE, error.strerror or str(error)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SnapshotError(RejectReason.NOT_REGULAR_FILE, "is not a regular file")
+        if info.st_size > max_bytes:
+            raise SnapshotError(RejectReason.TOO_LARGE, f"{info.st_size} bytes > limit {max_bytes}")
+        chunks: list[bytes] = []
+        remaining = max_bytes + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    except OSError as error:
+        raise SnapshotError(RejectReason.UNREADABLE, error.strerror or str(error)) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise SnapshotError(RejectReason.TOO_LARGE, f"grew past limit {max_bytes} while read")
+    try:
+        return parse_snapshot(data)
+    except SnapshotError:
+        raise
+    except Exception as error:  # a backstop: nothing in a file may escape as another type
+        raise SnapshotError(RejectReason.INVALID_SNAPSHOT, f"{type(error).__name__}: {error}") from None
+
+
+@dataclass(frozen=True)
+class SpoolEntry:
+    """One spool file as last read: a snapshot or the reason it was rejected.
+
+    ``version`` numbers each read of a file within one reader: an entry with the same file
+    name and version holds the same snapshot.
+    """
+
+    file_name: str
+    mtime: float
+    snapshot: Snapshot | None = None
+    error: SnapshotError | None = None
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class SpoolScan:
+    """The spool as seen by one scan. ``error`` is set when the directory could not be listed."""
+
+    entries: tuple[SpoolEntry, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the directory itself could be listed."""
+        return self.error is None
+
+    @property
+    def snapshots(self) -> list[tuple[SpoolEntry, Snapshot]]:
+        """Entries holding a usable snapshot, in file-name order."""
+        return [(entry, entry.snapshot) for entry in self.entries if entry.snapshot is not None]
+
+
+_FileKey = tuple[int, int, int, int]
+
+
+@dataclass
+class SpoolReader:
+    """Scans a spool directory, re-parsing only files that changed since the last scan.
+
+    ``rejections`` counts each rejected file version once, by reason, for the life of the
+    reader (it becomes a counter metric). Thread-safe. ``monotonic`` and ``wall_ns`` are the
+    clocks of the unchanged-directory shortcut, injectable for tests.
+    """
+
+    directory: Path
+    max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+    full_scan_every: float = FULL_SCAN_EVERY_SECONDS
+    monotonic: Callable[[], float] = time.monotonic
+    wall_ns: Callable[[], int] = time.time_ns
+    rejections: collections.Counter[str] = field(default_factory=collections.Counter)
+    _cache: dict[str, tuple[_FileKey, SpoolEntry]] = field(default_factory=dict)
+    _duplicates: set[tuple[str, _FileKey]] = field(default_factory=set)
+    _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _last: tuple[tuple[int, int, int], float, SpoolScan] | None = None
+
+    def scan(self) -> SpoolScan:
+        """The spool's current state: every snapshot file, as of now.
+
+        A writer replaces a snapshot by renaming into the directory, which updates the
+        directory's mtime. When the directory's stat is unchanged, its mtime was already older
+        than the file system's timestamp granularity (``SETTLE_NS``) at the last full scan, and
+        that scan is under ``full_scan_every`` seconds old, the last scan is returned without
+        listing. The periodic full scan bounds how long a file changed in place (not by rename,
+        so not by our writers) can go unseen.
+        """
+        with self._lock:
+            now = self.monotonic()
+            try:
+                info = os.stat(self.directory)
+            except OSError as error:
+                self._cache.clear()
+                self._last = None
+                return SpoolScan(error=f"{self.directory}: {error.strerror or error}")
+            key = (info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+            last = self._last
+            if last is not None and last[0] == key and now - last[1] < self.full_scan_every:
+                return last[2]
+            scan = self._full_scan()
+            settled = self.wall_ns() - max(info.st_mtime_ns, info.st_ctime_ns) > SETTLE_NS
+            self._last = (key, now, scan) if settled and scan.ok else None
+            return scan
+
+    def _full_scan(self) -> SpoolScan:
+        try:
+            listing = sorted(os.scandir(self.directory), key=lambda e: e.name)
+        except OSError as error:
+            self._cache.clear()
+            return SpoolScan(error=f"{self.directory}: {error.strerror or error}")
+        fresh: dict[str, tuple[_FileKey, SpoolEntry]] = {}
+        for dir_entry in listing:
+            name = dir_entry.name
+            if name.startswith(".") or not name.endswith(SUFFIX):
+                continue
+            fresh[name] = self._entry(dir_entry)
+        self._cache = fresh
+        return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]))
+
+    def _entry(self, dir_entry: os.DirEntry[str]) -> tuple[_FileKey, SpoolEntry]:
+        try:
+            info = dir_entry.stat(follow_symlinks=False)
+        except OSError as error:
+            return (0, 0, 0, 0), self._reject(dir_entry.name, 0.0, SnapshotError(RejectReason.UNREADABLE, str(error)))
+        key = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        cached = self._cache.get(dir_entry.name)
+        if cached is not None and cached[0] == key:
+            return cached
+        if stat.S_ISLNK(info.st_mode):
+            link = SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link")
+            return key, self._reject(dir_entry.name, info.st_mtime, link)
+        try:
+            snapshot = read_snapshot_file(dir_entry.path, self.max_bytes)
+        except SnapshotError as error:
+            return key, self._reject(dir_entry.name, info.st_mtime, error)
+        return key, SpoolEntry(dir_entry.name, info.st_mtime, snapshot=snapshot, version=next(self._versions))
+
+    def _reject(self, name: str, mtime: float, error: SnapshotError) -> SpoolEntry:
+        self.rejections[error.reason.value] += 1
+        return SpoolEntry(name, mtime, error=error, version=next(self._versions))
+
+    def _resolve_duplicates(self, entries: list[SpoolEntry]) -> tuple[SpoolEntry, ...]:
+        """Keep one file per engine id: the one named for it, else the latest heartbeat."""
+        by_engine: dict[str, list[SpoolEntry]] = collections.defaultdict(list)
+        for entry in entries:
+            if entry.snapshot is not None:
+                by_engine[entry.snapshot.engine.engine_id].append(entry)
+        losers: dict[str, str] = {}
+        for engine_id, claimants in by_engine.items():
+            if len(claimants) < 2:
+                continue
+            own = snapshot_file_name(engine_id)
+            winner = max(claimants, key=lambda e: (e.file_name == own, e.snapshot.heartbeat_at, e.file_name))  # type: ignore[union-attr]
+            for entry in claimants:
+                if entry is not winner:
+                    losers[entry.file_name] = winner.file_name
+        versions = {(name, self._cache[name][0]) for name in losers if name in self._cache}
+        self.rejections[RejectReason.DUPLICATE_ENGINE.value] += len(versions - self._duplicates)
+        self._duplicates = versions
+        return tuple(
+            SpoolEntry(
+                e.file_name,
+                e.mtime,
+                error=SnapshotError(RejectReason.DUPLICATE_ENGINE, f"same engine id as {losers[e.file_name]}"),
+                version=e.version,
+            )
+            if e.file_name in losers
+            else e
+            for e in entries
+        )

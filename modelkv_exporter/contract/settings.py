@@ -1,0 +1,177 @@
+"""Every setting in one table: each is a CLI flag and a ``MODELKV_`` environment variable.
+
+The CLI builds its parsers from this table, the engine hook reads its variables through it,
+and ``docs/configuration.md`` is generated from it, so flags, variables and docs cannot
+drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES
+from modelkv_exporter.contract.sizes import parse_bytes
+from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} is not >= 1")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 to 65535 (0 picks a free one)."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{value} is not a port")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A number >= 0."""
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"{text} is not >= 0")
+    return value
+
+
+def log_level(text: str) -> str:
+    """One of Python's logging level names."""
+    value = text.lower()
+    if value not in ("critical", "error", "warning", "info", "debug"):
+        raise ValueError(f"{text} is not a log level")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its flag, variable, parser, meaning, and default per command.
+
+    A default of None makes the setting required for that command; "" makes it optional and unset.
+    """
+
+    dest: str
+    parse: Callable[[str], Any]
+    help: str
+    defaults: Mapping[str, Any]
+
+    @property
+    def flag(self) -> str:
+        """``--spool-dir`` for ``spool_dir``."""
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        """``MODELKV_SPOOL_DIR`` for ``spool_dir``."""
+        return "MODELKV_" + self.dest.upper()
+
+
+DEFAULT_SAMPLE_INTERVAL = 5.0
+MIN_SAMPLE_INTERVAL = 1.0
+
+
+def sample_interval(text: str) -> float:
+    """Seconds between samples, at least 1."""
+    return max(MIN_SAMPLE_INTERVAL, float(text))
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: 1073741824, 512MiB, 2GiB."""
+    return parse_bytes(text)
+
+
+ENGINE = "engine"
+"""Settings of the in-engine hook: environment variables only (the engine owns the command line)."""
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "spool_dir",
+        str,
+        "Directory of engine snapshots (the pod's shared emptyDir). Setting it in the engine's environment turns "
+        "the vLLM plugin on. The demo makes a temporary one when unset; inspect and plan also take it as DIR.",
+        {"serve": None, "demo": "", "inspect": "", "plan": "", ENGINE: ""},
+    ),
+    Setting("host", str, "Address the HTTP server binds.", {"serve": "0.0.0.0", "demo": "127.0.0.1"}),
+    Setting("port", port_number, "TCP port of the HTTP server.", {"serve": 9400, "demo": 9400}),
+    Setting(
+        "stale_after",
+        non_negative_float,
+        "Seconds without a heartbeat after which an engine is stale (at least 3 of its heartbeat intervals).",
+        {
+            "serve": DEFAULT_STALE_AFTER_SECONDS,
+            "demo": DEFAULT_STALE_AFTER_SECONDS,
+            "inspect": DEFAULT_STALE_AFTER_SECONDS,
+        },
+    ),
+    Setting(
+        "max_snapshot_bytes",
+        positive_int,
+        "Snapshot files larger than this are rejected unread.",
+        {
+            "serve": DEFAULT_MAX_SNAPSHOT_BYTES,
+            "demo": DEFAULT_MAX_SNAPSHOT_BYTES,
+            "inspect": DEFAULT_MAX_SNAPSHOT_BYTES,
+            "plan": DEFAULT_MAX_SNAPSHOT_BYTES,
+        },
+    ),
+    Setting(
+        "log_level", log_level, "Log level: critical, error, warning, info or debug.", {"serve": "info", "demo": "info"}
+    ),
+    Setting("heartbeat_interval", non_negative_float, "Seconds between the demo engines' heartbeats.", {"demo": 5.0}),
+    Setting(
+        "duration",
+        non_negative_float,
+        "Stop the demo after this many seconds (0 runs until interrupted).",
+        {"demo": 0.0},
+    ),
+    Setting("max_num_seqs", positive_int, "The max_num_seqs to plan for.", {"plan": None}),
+    Setting(
+        "budget",
+        byte_size,
+        "Bytes the declared peak may take (1073741824, 512MiB, 2GiB); plan then prints the largest max_num_seqs that fits.",
+        {"plan": ""},
+    ),
+    Setting(
+        "sample_interval",
+        sample_interval,
+        "Seconds between the engine's memory samples and heartbeats (at least 1).",
+        {ENGINE: DEFAULT_SAMPLE_INTERVAL},
+    ),
+    Setting(
+        "engine_id",
+        str,
+        "Prefix of the engine ids the plugin publishes under (default: the served model name); "
+        "set it when two engines in one pod serve the same model name.",
+        {ENGINE: ""},
+    ),
+)
+
+
+def settings_of(command: str) -> tuple[Setting, ...]:
+    """The settings ``command`` takes, in table order."""
+    return tuple(setting for setting in SETTINGS if command in setting.defaults)
+
+
+def from_environ(command: str, environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each setting of ``command`` from its variable, else its default (None when unset).
+
+    Returns the values by ``dest``, and a message by ``dest`` for each malformed variable (whose default is kept).
+    """
+    values: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    for setting in settings_of(command):
+        declared = setting.defaults[command]
+        values[setting.dest] = None if declared in ("", None) else declared
+        raw = environ.get(setting.env)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            values[setting.dest] = setting.parse(raw.strip())
+        except ValueError as error:
+            problems[setting.dest] = f"{setting.env}={raw!r}: {error}"
+    return values, problems

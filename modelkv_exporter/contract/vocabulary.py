@@ -1,0 +1,73 @@
+"""The words engine and sidecar share: cache lifetimes, row drivers, and measured-memory sources.
+
+Declarations, snapshots, metric labels, rules and docs all use these values; nothing else
+spells them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ModelLocalKVScope(str, Enum):
+    """How long one allocation lives. Diagnostic only: it never scales the bytes."""
+
+    INVOCATION = "invocation"
+    """Released when the call returns (a per-step working copy)."""
+
+    REQUEST = "request"
+    """Kept across the steps of one request, released when it finishes."""
+
+    SESSION = "session"
+    """Outlives a request; belongs to a duplex or streaming session."""
+
+    MODEL = "model"
+    """Lives as long as the model (for example captured into a CUDA-graph pool)."""
+
+
+class RowDriver(str, Enum):
+    """What sets how many rows of a cache are live at peak."""
+
+    FIXED = "fixed"
+    """A count the model controls (a captured-bucket sum, a serialized call path)."""
+
+    MAX_NUM_SEQS = "max_num_seqs"
+    """One row per in-flight sequence; only the engine knows the number."""
+
+
+SCOPES: frozenset[str] = frozenset(scope.value for scope in ModelLocalKVScope)
+ROW_DRIVERS: frozenset[str] = frozenset(driver.value for driver in RowDriver)
+
+ROOT_OWNER = "(root)"
+"""How a declaration owned by the model's root module (owner path "") is shown and labelled."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A measured-memory source an engine may report; absent in a snapshot = not measured."""
+
+    source: str
+    meaning: str
+    baseline: bool
+
+
+MEASUREMENTS: tuple[Measurement, ...] = (
+    Measurement("torch_allocated", "bytes in live tensors of the engine process (torch.cuda.memory_allocated)", True),
+    Measurement(
+        "torch_reserved", "bytes the engine process's caching allocator holds (torch.cuda.memory_reserved)", True
+    ),
+    Measurement(
+        "torch_peak_allocated", "peak bytes in live tensors since start (torch.cuda.max_memory_allocated)", False
+    ),
+    Measurement(
+        "device_used", "bytes in use on the whole device, every process (total - free from cudaMemGetInfo)", True
+    ),
+    Measurement("device_total", "total bytes of the device (cudaMemGetInfo)", False),
+    Measurement("process_gpu", "GPU bytes NVML attributes to the engine process", True),
+    Measurement("process_resident", "resident host memory of the engine process (a CPU engine's device memory)", True),
+)
+SOURCES: frozenset[str] = frozenset(m.source for m in MEASUREMENTS)
+
+GROWTH_SOURCES: tuple[str, ...] = ("process_gpu", "torch_reserved", "process_resident")
+"""Sources an engine's memory growth is measured from, most complete first; the rules and the landing page agree."""

@@ -1,0 +1,12 @@
+"""The engine side: declarations of a loaded model into the spool, from inside the engine process.
+
+Builds on ``modelkv_exporter.contract`` and on torch (and vLLM for ``vllm_hook``); never on
+the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (``log``).
+
+- ``protocol``: the declaration protocol (``ModelLocalKVSpec``, ``collect_owned_specs``);
+- ``resolve``: specs, ours or vLLM-Omni's, resolved at ``max_num_seqs`` into snapshot records;
+- ``publish``: ``build_snapshot`` and the one-shot ``publish``;
+- ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current;
+- ``samplers``: measured memory (CUDA allocator, device, NVML, host RSS);
+- ``vllm_hook``: the vLLM general plugin and what it does at each step of a worker's life.
+"""

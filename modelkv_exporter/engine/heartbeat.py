@@ -1,0 +1,109 @@
+"""``SnapshotPublisher``: keeps one live engine's snapshot current in the spool.
+
+Heartbeats, measurements, the end mark. Stdlib only, so any engine (not only vLLM) can use it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from modelkv_exporter.contract.snapshot import Measured, MemorySample, Snapshot
+from modelkv_exporter.contract.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
+from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.samplers import Sampler
+
+logger = get_logger("heartbeat")
+
+
+def with_baseline(snapshot: Snapshot, sample: MemorySample) -> Snapshot:
+    """``snapshot`` with ``sample`` as both its baseline and its current measurement."""
+    return replace(snapshot, measured=Measured(current=sample, baseline=sample))
+
+
+class SnapshotPublisher:
+    """Owns one engine's snapshot and rewrites it atomically on every change.
+
+    ``start_heartbeat`` runs a daemon thread that samples memory and rewrites the
+    file every ``interval`` seconds; a failing write is logged once and retried
+    at the next beat, keeping the last good file in place.
+    """
+
+    def __init__(self, spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> None:
+        self.spool_dir = Path(spool_dir)
+        self._snapshot = snapshot
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+        remove_orphaned_temp_files(self.spool_dir, snapshot.engine.engine_id)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The snapshot as last published (or about to be)."""
+        return self._snapshot
+
+    def write(self) -> Path:
+        """Write the current snapshot now; raises ``OSError`` when the spool refuses."""
+        with self._lock:
+            return write_snapshot(self.spool_dir, self._snapshot)
+
+    def update(self, change: Callable[[Snapshot], Snapshot]) -> Path:
+        """Apply ``change`` to the snapshot, stamp a heartbeat, and write it."""
+        with self._lock:
+            self._snapshot = replace(change(self._snapshot), heartbeat_at=time.time())
+            return write_snapshot(self.spool_dir, self._snapshot)
+
+    def beat(self, sample: MemorySample | None = None) -> Path:
+        """A heartbeat, with a new current memory sample when one is given."""
+
+        def change(snapshot: Snapshot) -> Snapshot:
+            if sample is None:
+                return snapshot
+            return replace(snapshot, measured=replace(snapshot.measured, current=sample))
+
+        return self.update(change)
+
+    def set_baseline(self, sample: MemorySample) -> Path:
+        """Record ``sample`` as the post-initialisation baseline (and as current)."""
+        return self.update(lambda s: with_baseline(s, sample))
+
+    def start_heartbeat(self, interval: float, sampler: Sampler | None = None) -> None:
+        """Beat every ``interval`` seconds in a daemon thread until ``stop``/``end``."""
+        if self._thread is not None:
+            return
+        self._snapshot = replace(self._snapshot, heartbeat_interval_seconds=interval)
+        self._thread = threading.Thread(
+            target=self._run, args=(interval, sampler), name="modelkv-heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, interval: float, sampler: Sampler | None) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.beat(sampler() if sampler else None)
+            except Exception as error:
+                if not self._failing:
+                    logger.warning("modelkv: cannot refresh snapshot in %s: %s", self.spool_dir, error)
+                self._failing = True
+            else:
+                self._failing = False
+
+    def stop(self) -> None:
+        """Stop the heartbeat thread (the file stays as last written)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def end(self) -> Path:
+        """Stop beating and mark the snapshot ended, so the sidecar stops exporting it. Idempotent."""
+        self.stop()
+        if self._snapshot.ended:
+            return self.spool_dir / snapshot_file_name(self._snapshot.engine.engine_id)
+
+        return self.update(lambda s: replace(s, ended=True))

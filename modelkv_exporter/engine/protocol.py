@@ -1,0 +1,307 @@
+"""The model-local KV declaration protocol: our implementation of vLLM-Omni's contract.
+
+Some models keep attention KV in HuggingFace ``transformers`` cache objects instead
+of the engine's paged KV manager. The module that owns such a cache *declares* it:
+geometry, physical capacity, lifetime scope and what sets its row count. This module
+describes; it never allocates.
+
+Names, fields, arithmetic and collector behaviour follow the protocol that ships as
+``vllm_omni.model_executor.models.model_local_kv`` (vLLM-Omni 0.30.0). Everything
+here that consumes specs accepts any object with the same fields, so specs built by
+vLLM-Omni's own module work wherever ours do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from modelkv_exporter.contract import arithmetic
+from modelkv_exporter.contract.vocabulary import ModelLocalKVScope, RowDriver
+from modelkv_exporter.engine.log import get_logger
+
+logger = get_logger("protocol")
+
+__all__ = [
+    "HasModelLocalKV",
+    "ModelLocalKVScope",
+    "ModelLocalKVSpec",
+    "RowDriver",
+    "OwnedSpec",
+    "collect_model_local_kv_specs",
+    "collect_owned_specs",
+    "driver_value",
+    "element_size",
+    "spec_from_hf_config",
+]
+
+
+def element_size(dtype: Any) -> int:
+    """Bytes of one element of ``dtype`` (a ``torch.dtype``)."""
+    size = getattr(dtype, "itemsize", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def driver_value(rows: Any) -> str:
+    """The plain string of a row driver, whichever module's enum (or string) it is."""
+    return str(getattr(rows, "value", rows))
+
+
+@dataclass(frozen=True)
+class ModelLocalKVSpec:
+    """One declared KV allocation: one entry per distinct lifetime, not per cache object."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    physical_capacity_positions: int
+    """Positions the tensor can physically hold (a sliding window holds ``window - 1``)."""
+
+    capacity_source: str
+    """Free text: where the bound comes from. Diagnostic only; never branch on it."""
+
+    scope: ModelLocalKVScope
+    """How long one allocation lives. Diagnostic only; ``rows`` sets the multiplier."""
+
+    rows: RowDriver
+    """What sets how many rows of this shape are live at peak. Required on purpose."""
+
+    rows_fixed: int = 1
+    """The count when ``rows`` is ``FIXED``; ignored otherwise."""
+
+    rows_reason: str = ""
+    """Why ``rows_fixed`` is that number; required when ``rows`` is ``FIXED``."""
+
+    allocation_note: str | None = None
+    """Optional layout detail such as "rebuilt per text segment". Diagnostic only."""
+
+    def __post_init__(self) -> None:
+        if driver_value(self.rows) == RowDriver.FIXED.value:
+            if self.rows_fixed < 1:
+                raise ValueError(f"rows_fixed must be >= 1, got {self.rows_fixed}")
+            if not self.rows_reason.strip():
+                raise ValueError("a FIXED row count needs rows_reason; an unexplained constant cannot be reviewed")
+
+    @property
+    def bytes_per_row(self) -> int:
+        """Bytes for a single batch row of this cache."""
+        return arithmetic.bytes_per_row(
+            layers=self.layers,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            positions=self.physical_capacity_positions,
+            element_size=element_size(self.dtype),
+        )
+
+    def row_count(self, max_num_seqs: int = 1) -> int:
+        """Rows live at peak, given the engine's concurrency."""
+        return arithmetic.row_count(driver_value(self.rows), self.rows_fixed, max_num_seqs)
+
+    def peak_bytes(self, max_num_seqs: int = 1) -> int:
+        """Peak bytes once the engine's concurrency is known."""
+        return self.bytes_per_row * self.row_count(max_num_seqs)
+
+
+def _first_attribute(config: object, candidates: Sequence[str], what: str) -> int:
+    for attr in candidates:
+        value = getattr(config, attr, None)
+        if value is not None:
+            return int(value)
+    raise ValueError(
+        f"Cannot determine {what} from {type(config).__name__}: tried "
+        f"{', '.join(candidates)}. Pass it explicitly to spec_from_hf_config()."
+    )
+
+
+def spec_from_hf_config(
+    config: object,
+    *,
+    name: str,
+    physical_capacity_positions: int,
+    capacity_source: str,
+    scope: ModelLocalKVScope,
+    dtype: torch.dtype,
+    rows: RowDriver,
+    rows_fixed: int = 1,
+    rows_reason: str = "",
+    allocation_note: str | None = None,
+    layers: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+) -> ModelLocalKVSpec:
+    """Build a spec from the HF config the cache is built from.
+
+    Geometry not passed explicitly is looked up on ``config``; a missing attribute
+    raises instead of guessing, since a wrong geometry would under-report.
+    """
+    if layers is None:
+        layers = _first_attribute(config, ("num_hidden_layers", "encoder_layers", "num_layers"), "layer count")
+    if kv_heads is None:
+        kv_heads = _first_attribute(
+            config,
+            ("num_key_value_heads", "num_attention_heads", "encoder_attention_heads"),
+            "kv head count",
+        )
+    if head_dim is None:
+        explicit = getattr(config, "head_dim", None)
+        if explicit is not None:
+            head_dim = int(explicit)
+        else:
+            hidden = _first_attribute(config, ("hidden_size", "d_model"), "hidden size")
+            heads = _first_attribute(
+                config,
+                ("num_attention_heads", "encoder_attention_heads"),
+                "attention head count",
+            )
+            head_dim = hidden // heads
+    return ModelLocalKVSpec(
+        name=name,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        physical_capacity_positions=physical_capacity_positions,
+        capacity_source=capacity_source,
+        scope=scope,
+        rows=rows,
+        rows_fixed=rows_fixed,
+        rows_reason=rows_reason,
+        allocation_note=allocation_note,
+    )
+
+
+@runtime_checkable
+class HasModelLocalKV(Protocol):
+    """Implemented by whichever object owns the cache (usually an inner module)."""
+
+    def model_local_kv_specs(self) -> Sequence[ModelLocalKVSpec]:
+        """Every KV allocation this object owns."""
+        ...
+
+
+def _unwrap_to_module(model: object) -> object:
+    """Follow ``unwrap()`` (vLLM's CUDAGraphWrapper) down to the real module tree."""
+    seen: set[int] = set()
+    current = model
+    while id(current) not in seen:
+        seen.add(id(current))
+        unwrap = getattr(current, "unwrap", None)
+        if not callable(unwrap):
+            return current
+        try:
+            inner = unwrap()
+        except Exception:
+            return current
+        if inner is None or inner is current:
+            return current
+        current = inner
+    return current
+
+
+_METHOD = "model_local_kv_specs"
+
+
+def _owns(obj: object, by_type: dict[type, bool]) -> bool:
+    """``isinstance(obj, HasModelLocalKV)`` at dictionary speed: the answer is cached per class.
+
+    A runtime-checkable Protocol check costs about 12 us; on a 10,000-module model
+    that alone is over 100 ms. An instance that carries the method itself (not its
+    class) is still found through its ``__dict__``.
+    """
+    kind = type(obj)
+    owns = by_type.get(kind)
+    if owns is None:
+        owns = by_type[kind] = hasattr(kind, _METHOD)
+    return owns or _METHOD in getattr(obj, "__dict__", ())
+
+
+def _module_owners(root: torch.nn.Module, by_type: dict[type, bool]) -> list[tuple[str, object]]:
+    """Owners below ``root`` in ``named_modules()`` order, paths and de-duplication included.
+
+    One loop over a stack of child iterators instead of torch's nested generators,
+    with the per-class owner check inline and a path string built only for owners:
+    a few milliseconds for 10,000 modules where ``named_modules()`` plus Protocol
+    checks take over 100 ms.
+    """
+    owners: list[tuple[str, object]] = []
+    seen = {id(root)}
+    children = [iter(root._modules.items())]
+    names: list[str] = []
+    while children:
+        for name, child in children[-1]:
+            if child is None or id(child) in seen:
+                continue
+            seen.add(id(child))
+            owns = by_type.get(type(child))
+            if owns is None:
+                owns = by_type[type(child)] = hasattr(type(child), _METHOD)
+            if owns or _METHOD in child.__dict__:
+                owners.append((".".join([*names, name]), child))
+            if child._modules:
+                children.append(iter(child._modules.items()))
+                names.append(name)
+                break
+        else:
+            children.pop()
+            if names:
+                names.pop()
+    return owners
+
+
+def _owners(root: object) -> list[tuple[str, HasModelLocalKV]]:
+    by_type: dict[type, bool] = {}
+    found: list[tuple[str, object]] = [("", root)] if _owns(root, by_type) else []
+    if isinstance(root, torch.nn.Module):
+        found += _module_owners(root, by_type)
+    else:
+        named_modules = getattr(root, "named_modules", None)
+        seen = {id(root)}
+        for path, module in named_modules() if callable(named_modules) else ():
+            if id(module) not in seen and _owns(module, by_type):
+                seen.add(id(module))
+                found.append((path, module))
+    owners: list[tuple[str, HasModelLocalKV]] = found  # type: ignore[assignment]
+    return owners
+
+
+class OwnedSpec(NamedTuple):
+    """A declaration with where it came from: the owner's module path and class name."""
+
+    owner_path: str
+    owner_class: str
+    spec: Any
+
+
+def collect_owned_specs(model: object) -> list[OwnedSpec]:
+    """Every declaration in a loaded model, with its owner's path and class.
+
+    Walks ``named_modules()`` from the unwrapped root; each owner is asked once.
+    A declarer that raises is logged and skipped: reporting memory must never
+    break model load. A model without declarers gives an empty list.
+    """
+    collected: list[OwnedSpec] = []
+    for path, owner in _owners(_unwrap_to_module(model)):
+        try:
+            specs = owner.model_local_kv_specs()
+        except Exception:
+            logger.warning(
+                "model_local_kv_specs() raised on %s; skipping its declaration",
+                type(owner).__name__,
+                exc_info=True,
+            )
+            continue
+        collected.extend(OwnedSpec(path, type(owner).__name__, spec) for spec in specs)
+    return collected
+
+
+def collect_model_local_kv_specs(model: object) -> list[tuple[str, Any]]:
+    """Every declaration in a loaded model as ``(owner_path, spec)`` pairs (the contract's form)."""
+    return [(owned.owner_path, owned.spec) for owned in collect_owned_specs(model)]

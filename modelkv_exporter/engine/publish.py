@@ -1,0 +1,66 @@
+"""``publish``: declarations of a loaded model into the spool, for any engine and for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from modelkv_exporter import __version__
+from modelkv_exporter.contract.snapshot import EngineIdentity, EngineSettings, Snapshot
+from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.engine.protocol import collect_owned_specs
+from modelkv_exporter.engine.resolve import resolve_declarations
+
+_IDENTITY_FIELDS = frozenset(f.name for f in fields(EngineIdentity)) - {"engine_id"}
+_SETTING_FIELDS = frozenset(f.name for f in fields(EngineSettings)) - {"max_num_seqs"}
+
+
+def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **identity: Any) -> Snapshot:
+    """Collect ``model``'s declarations, resolve them at ``max_num_seqs``, and add identity.
+
+    Keyword arguments name ``EngineIdentity`` fields (``model``, ``stage_name``,
+    ``tp_rank``, ...) or ``EngineSettings`` fields (``gpu_memory_utilization``,
+    ``paged_kv_bytes``, ``paged_kv_blocks``); anything else is a ``TypeError``.
+    """
+    unknown = identity.keys() - _IDENTITY_FIELDS - _SETTING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown snapshot fields: {', '.join(sorted(unknown))}")
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    who = {k: v for k, v in identity.items() if k in _IDENTITY_FIELDS}
+    who.setdefault("pid", os.getpid())
+    who.setdefault("hostname", socket.gethostname())
+    now = time.time()
+    return Snapshot(
+        engine=EngineIdentity(engine_id=engine_id, **who),
+        settings=EngineSettings(
+            max_num_seqs=max_num_seqs,
+            **{k: v for k, v in identity.items() if k in _SETTING_FIELDS},
+        ),
+        declarations=resolve_declarations(collect_owned_specs(model), max_num_seqs),
+        started_at=now,
+        heartbeat_at=now,
+        writer=f"modelkv-exporter/{__version__}",
+    )
+
+
+def publish(
+    model: object,
+    /,
+    *,
+    spool_dir: str | os.PathLike[str],
+    max_num_seqs: int,
+    engine_id: str,
+    **identity: Any,
+) -> Path:
+    """Write ``model``'s resolved declarations as engine ``engine_id``'s snapshot; return its path.
+
+    A one-shot snapshot carries no heartbeat interval, so the sidecar never marks
+    it stale; use ``SnapshotPublisher`` to keep a live engine's snapshot beating.
+    """
+    snapshot = build_snapshot(model, max_num_seqs=max_num_seqs, engine_id=engine_id, **identity)
+    return write_snapshot(spool_dir, snapshot)

@@ -1,0 +1,9 @@
+"""The vLLM general plugin: what runs inside every vLLM process, and what it does to each worker.
+
+- ``plugin``: ``register()``, the ``vllm.general_plugins`` entry point, and the patching of
+  worker classes, with its state kept per registration;
+- ``lifecycle``: the steps run after model load, after KV-cache set-up, after warm-up and
+  before shutdown;
+- ``identity``: who a worker is (model, stage, replica, ranks, device) and its engine id;
+- ``config``: the hook's settings, read from ``MODELKV_`` variables through the settings table.
+"""

@@ -1,0 +1,12 @@
+"""The sidecar: the spool's snapshots as Prometheus metrics, a landing page and a JSON API over HTTP.
+
+Builds on ``modelkv_exporter.contract`` and on prometheus_client, FastAPI and uvicorn; never
+on torch, vLLM or the engine side.
+
+- ``catalogue``: every metric the exporter emits, in one table;
+- ``source``: the spool as the sidecar sees it at an instant (scan + classification);
+- ``labels`` and ``samples``: an engine's snapshot as label values and samples;
+- ``collector``: a prometheus_client collector over the spool (the reference rendering);
+- ``exposition``: /metrics rendered once per spool change, content negotiation, gzip;
+- ``http``: the FastAPI app, its one router, the landing page, the JSON document, the uvicorn server.
+"""

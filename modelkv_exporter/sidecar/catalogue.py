@@ -1,0 +1,206 @@
+"""The metric catalogue: every metric this exporter can emit, in one table.
+
+The collector and the exposition cache build their families from these entries,
+``docs/metrics.md`` is generated from them, and the dashboards and rules are tested against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+from modelkv_exporter.contract.vocabulary import MEASUREMENTS
+
+Kind = Literal["gauge", "counter", "info"]
+Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
+
+ENGINE = ("engine", "model", "stage")
+DECLARATION = (*ENGINE, "owner", "cache", "scope", "rows")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its full exposed name, type, meaning and label names."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+    group: str
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus_client's family classes take (without ``_total``/``_info``)."""
+        if self.kind == "counter":
+            return self.name.removesuffix("_total")
+        if self.kind == "info":
+            return self.name.removesuffix("_info")
+        return self.name
+
+    def family(self) -> Family:
+        """A fresh, empty family for one scrape."""
+        if self.kind == "counter":
+            return CounterMetricFamily(self.family_name, self.help, labels=self.labels)
+        if self.kind == "info":
+            return InfoMetricFamily(self.family_name, self.help, labels=self.labels)
+        return GaugeMetricFamily(self.family_name, self.help, labels=self.labels)
+
+
+_D, _E, _M, _X = "Declarations", "Engines", "Measured memory", "Exporter health"
+
+_METRICS: list[Metric] = [
+    Metric(
+        "modelkv_declared_peak_bytes",
+        "gauge",
+        "Declared peak bytes of one model-local KV cache at the engine's max_num_seqs.",
+        DECLARATION,
+        _D,
+    ),
+    Metric(
+        "modelkv_declared_row_size_bytes",
+        "gauge",
+        "Declared bytes of one batch row of one model-local KV cache.",
+        DECLARATION,
+        _D,
+    ),
+    Metric(
+        "modelkv_declared_rows",
+        "gauge",
+        "Rows of one model-local KV cache live at peak (fixed count or max_num_seqs).",
+        DECLARATION,
+        _D,
+    ),
+    Metric(
+        "modelkv_declared_capacity_positions",
+        "gauge",
+        "Positions one row of a model-local KV cache can physically hold.",
+        DECLARATION,
+        _D,
+    ),
+    Metric(
+        "modelkv_declaration_info",
+        "info",
+        "Geometry, dtype and diagnostic notes of one declaration (strings cut to 128 characters).",
+        ("engine", "owner", "cache", "dtype", "geometry", "capacity_source", "rows_reason", "allocation_note"),
+        _D,
+    ),
+    Metric(
+        "modelkv_engine_info",
+        "info",
+        "Identity of one engine process that publishes declarations.",
+        ("engine", "model", "stage", "architecture", "replica", "ranks", "device", "writer"),
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_declarations",
+        "gauge",
+        "Number of model-local KV caches the engine's model declares (0 when none).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_max_num_seqs",
+        "gauge",
+        "The engine's max_num_seqs, at which MAX_NUM_SEQS declarations are resolved.",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_declared_per_sequence_bytes",
+        "gauge",
+        "Declared bytes one more in-flight sequence adds (row sizes of MAX_NUM_SEQS declarations).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_gpu_memory_utilization_ratio",
+        "gauge",
+        "The engine's gpu_memory_utilization setting (absent when unknown).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_paged_kv_bytes",
+        "gauge",
+        "Bytes of the engine's paged KV cache (absent until known).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_paged_kv_blocks",
+        "gauge",
+        "Blocks of the engine's paged KV cache (absent until known).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_up",
+        "gauge",
+        "1 when the engine's snapshot is fresh, 0 when its heartbeat is stale.",
+        ENGINE,
+        _E,
+    ),
+    Metric("modelkv_engine_snapshot_age_seconds", "gauge", "Seconds since the engine's last heartbeat.", ENGINE, _E),
+    Metric(
+        "modelkv_engine_start_time_seconds", "gauge", "Unix time the engine process started publishing.", ENGINE, _E
+    ),
+    *[Metric(f"modelkv_memory_{m.source}_bytes", "gauge", f"Measured: {m.meaning}.", ENGINE, _M) for m in MEASUREMENTS],
+    *[
+        Metric(
+            f"modelkv_memory_{m.source}_baseline_bytes",
+            "gauge",
+            f"Post-initialisation baseline of modelkv_memory_{m.source}_bytes.",
+            ENGINE,
+            _M,
+        )
+        for m in MEASUREMENTS
+        if m.baseline
+    ],
+    Metric(
+        "modelkv_memory_measurement_available",
+        "gauge",
+        "1 when the engine reports this measured-memory source, 0 when it cannot be measured.",
+        (*ENGINE, "source"),
+        _M,
+    ),
+    Metric(
+        "modelkv_exporter_build_info",
+        "info",
+        "Version of the exporter and the newest snapshot schema it reads.",
+        ("version", "schema_version"),
+        _X,
+    ),
+    Metric(
+        "modelkv_exporter_spool_scan_success",
+        "gauge",
+        "1 when the spool directory could be listed on this scrape, else 0.",
+        (),
+        _X,
+    ),
+    Metric(
+        "modelkv_exporter_spool_files",
+        "gauge",
+        "Snapshot files in the spool by state (exported, stale, ended, rejected).",
+        ("state",),
+        _X,
+    ),
+    Metric(
+        "modelkv_exporter_snapshot_rejections_total",
+        "counter",
+        "Snapshot file versions rejected since the exporter started, by reason.",
+        ("reason",),
+        _X,
+    ),
+    Metric(
+        "modelkv_exporter_collect_duration_seconds",
+        "gauge",
+        "Seconds this scrape spent reading the spool and building metrics.",
+        (),
+        _X,
+    ),
+]
+
+CATALOGUE: dict[str, Metric] = {metric.name: metric for metric in _METRICS}
+MAX_LABELS = 8

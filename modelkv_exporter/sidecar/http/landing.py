@@ -1,0 +1,143 @@
+"""The sidecar's landing page: one self-contained HTML page of the spool, for people.
+
+No scripts and no external assets (the app sends a Content-Security-Policy that
+forbids both), so it works through ``kubectl port-forward`` and in air-gapped
+clusters. Every value from a snapshot is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from html import escape
+
+from modelkv_exporter.contract.sizes import human_bytes
+from modelkv_exporter.contract.snapshot import Declaration, Snapshot
+from modelkv_exporter.contract.state import EngineState, SpoolView
+from modelkv_exporter.contract.vocabulary import GROWTH_SOURCES, ROOT_OWNER
+
+CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
+LINKS = (
+    ("/metrics", "Prometheus metrics"),
+    ("/api/v1/engines", "Snapshots as JSON"),
+    ("/healthz", "Liveness"),
+    ("/readyz", "Readiness"),
+)
+
+_STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:14px 24px}header h1{font-size:18px;margin:0}
+header p{margin:4px 0 0;color:#b9c0cc;font-size:13px}main{padding:8px 24px 32px}
+nav a{margin-right:16px}a{color:#2457c5}h2{font-size:16px;margin:24px 0 8px}h3{font-size:14px;margin:18px 0 6px}
+table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0002;margin-bottom:8px}
+th,td{padding:5px 10px;border-bottom:1px solid #e3e6ea;text-align:left;vertical-align:top}
+th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
+.state{padding:1px 7px;border-radius:9px;font-size:12px}.exported{background:#d7f3df}.stale{background:#fde2c8}
+.ended{background:#e3e6ea}.rejected{background:#f9d0d0}.muted{color:#6b7280}code{font-size:12px}
+"""
+
+
+def _cells(values: Iterable[str], numeric: Sequence[int] = ()) -> str:
+    return "".join(f'<td class="n">{v}</td>' if i in numeric else f"<td>{v}</td>" for i, v in enumerate(values))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join(f"<tr>{_cells(row, numeric)}</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def measured_growth(snapshot: Snapshot) -> tuple[str, int] | None:
+    """The source and bytes of growth since the baseline, from the same sources the rules prefer."""
+    current, baseline = snapshot.measured.current, snapshot.measured.baseline
+    if current is None or baseline is None:
+        return None
+    for source in GROWTH_SOURCES:
+        if source in current.values and source in baseline.values:
+            return source, current.values[source] - baseline.values[source]
+    return None
+
+
+def _signed_bytes(value: int) -> str:
+    return ("−" if value < 0 else "") + human_bytes(abs(value))
+
+
+def _engine_row(snapshot: Snapshot, state: EngineState, now: float) -> list[str]:
+    engine = snapshot.engine
+    growth = measured_growth(snapshot)
+    return [
+        f'<a href="#engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</a>',
+        escape(engine.model_label),
+        escape(engine.stage_label),
+        f'<span class="state {state.value}">{state.value}</span>',
+        str(snapshot.settings.max_num_seqs),
+        str(len(snapshot.declarations)),
+        human_bytes(snapshot.declared_peak_bytes),
+        "—" if growth is None else f"{_signed_bytes(growth[1])} <span class='muted'>{escape(growth[0])}</span>",
+        f"{max(now - snapshot.heartbeat_at, 0):.0f} s",
+    ]
+
+
+def _geometry(d: Declaration) -> str:
+    return escape(f"{d.layers} × {d.kv_heads} × {d.head_dim} × {d.physical_capacity_positions} {d.dtype}")
+
+
+def _declaration_row(d: Declaration) -> list[str]:
+    notes = [n for n in (d.rows_reason, d.allocation_note) if n]
+    return [
+        escape(d.owner or ROOT_OWNER),
+        escape(d.name),
+        escape(d.scope),
+        escape(f"{d.rows} = {d.row_count}"),
+        human_bytes(d.bytes_per_row),
+        human_bytes(d.peak_bytes),
+        _geometry(d),
+        f"<code>{escape(d.capacity_source)}</code>",
+        escape("; ".join(notes)),
+    ]
+
+
+def _engine_section(snapshot: Snapshot) -> str:
+    engine = snapshot.engine
+    title = f'<h3 id="engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</h3>'
+    facts = [
+        ("architecture", engine.architecture),
+        ("ranks", engine.ranks_label),
+        ("device", engine.device),
+        ("writer", snapshot.writer),
+    ]
+    line = " · ".join(f"{k} <code>{escape(str(v))}</code>" for k, v in facts if v)
+    if not snapshot.declarations:
+        return f'{title}<p class="muted">{line}</p><p>No model-local KV caches declared.</p>'
+    headers = ["owner", "cache", "scope", "rows", "per row", "declared peak", "geometry", "capacity", "notes"]
+    rows = [_declaration_row(d) for d in snapshot.declarations]
+    return f'{title}<p class="muted">{line}</p>{_table(headers, rows, numeric=(4, 5))}'
+
+
+def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
+    """The whole page for one view of the spool."""
+    rejected: list[list[str]] = []
+    for entry in view.rejected:
+        assert entry.error is not None
+        reason = f'<span class="state rejected">{escape(entry.error.reason.value)}</span>'
+        rejected.append([escape(entry.file_name), reason, escape(entry.error.detail)])
+    live = [(item.snapshot, item.state) for item in view.usable]
+    summary = ", ".join(f"{n} {state.value}" for state, n in view.counts.items())
+    if view.scan.error:
+        summary = f"<strong>spool not readable: {escape(view.scan.error)}</strong>"
+    nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in LINKS)
+    headers = ["engine", "model", "stage", "state", "max_num_seqs", "caches", "declared peak", "growth", "age"]
+    engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(4, 5, 6, 7, 8))
+    if not live:
+        engines = '<p class="muted">No snapshot in the spool yet.</p>'
+    sections = "".join(_engine_section(s) for s, state in live if state is not EngineState.ENDED)
+    rejected_html = _table(["file", "reason", "detail"], rejected) if rejected else '<p class="muted">None.</p>'
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>modelkv-exporter</title><style>{_STYLE}</style></head><body>"
+        f"<header><h1>modelkv-exporter {escape(version)}</h1>"
+        f"<p>spool <code>{escape(spool_dir)}</code> · {summary}</p></header>"
+        f"<main><nav>{nav}</nav><h2>Engines</h2>{engines}"
+        f"<h2>Declarations</h2>{sections or '<p class=muted>None.</p>'}"
+        f"<h2>Rejected files</h2>{rejected_html}</main></body></html>\n"
+    )

@@ -1,0 +1,97 @@
+"""The samples of one engine's snapshot, and the exporter's own, as calls of ``add`` and ``info``.
+
+The collector (prometheus_client families) and the exposition cache (text lines) both feed
+on these functions, so both render the same samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from modelkv_exporter import __version__
+from modelkv_exporter.contract.decode import RejectReason
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
+from modelkv_exporter.contract.state import EngineState
+from modelkv_exporter.contract.vocabulary import MEASUREMENTS, ROOT_OWNER
+from modelkv_exporter.sidecar.labels import engine_labels, label
+
+Add = Callable[[str, list[str], float], None]
+Info = Callable[[str, list[str]], None]
+
+
+def exporter_samples(
+    scan_ok: bool, states: Mapping[EngineState, int], rejections: Mapping[str, int], add: Add, info: Info
+) -> None:
+    """The exporter's own samples, but for the collect duration."""
+    info("modelkv_exporter_build_info", [__version__, str(SCHEMA_VERSION)])
+    add("modelkv_exporter_spool_scan_success", [], 1.0 if scan_ok else 0.0)
+    for state, count in states.items():
+        add("modelkv_exporter_spool_files", [state.value], count)
+    for reason in RejectReason:
+        add("modelkv_exporter_snapshot_rejections_total", [reason.value], rejections.get(reason.value, 0))
+
+
+def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> None:
+    """Every sample of one engine that depends only on its snapshot and staleness (not on the clock)."""
+    who = snapshot.engine
+    engine = engine_labels(snapshot)
+    info(
+        "modelkv_engine_info",
+        [
+            *engine,
+            label(who.architecture),
+            label(who.replica),
+            who.ranks_label,
+            label(who.device),
+            label(snapshot.writer),
+        ],
+    )
+    add("modelkv_engine_up", engine, 0.0 if stale else 1.0)
+    add("modelkv_engine_start_time_seconds", engine, snapshot.started_at)
+    if stale:
+        return
+
+    settings = snapshot.settings
+    add("modelkv_engine_declarations", engine, len(snapshot.declarations))
+    add("modelkv_engine_max_num_seqs", engine, settings.max_num_seqs)
+    add("modelkv_engine_declared_per_sequence_bytes", engine, snapshot.per_sequence_bytes)
+    optional = (
+        ("modelkv_engine_gpu_memory_utilization_ratio", settings.gpu_memory_utilization),
+        ("modelkv_engine_paged_kv_bytes", settings.paged_kv_bytes),
+        ("modelkv_engine_paged_kv_blocks", settings.paged_kv_blocks),
+    )
+    for name, value in optional:
+        if value is not None:
+            add(name, engine, value)
+
+    for d in snapshot.declarations:
+        owner = label(d.owner or ROOT_OWNER)
+        series = [*engine, owner, label(d.name), d.scope, d.rows]
+        add("modelkv_declared_peak_bytes", series, d.peak_bytes)
+        add("modelkv_declared_row_size_bytes", series, d.bytes_per_row)
+        add("modelkv_declared_rows", series, d.row_count)
+        add("modelkv_declared_capacity_positions", series, d.physical_capacity_positions)
+        info(
+            "modelkv_declaration_info",
+            [
+                engine[0],
+                owner,
+                label(d.name),
+                label(d.dtype),
+                f"{d.layers}x{d.kv_heads}x{d.head_dim}",
+                label(d.capacity_source),
+                label(d.rows_reason),
+                label(d.allocation_note),
+            ],
+        )
+
+    current = snapshot.measured.current
+    baseline = snapshot.measured.baseline
+    for m in MEASUREMENTS:
+        value = None if current is None else current.values.get(m.source)
+        add("modelkv_memory_measurement_available", [*engine, m.source], 0.0 if value is None else 1.0)
+        if value is not None:
+            add(f"modelkv_memory_{m.source}_bytes", engine, value)
+        base = None if baseline is None else baseline.values.get(m.source)
+        if m.baseline and base is not None:
+            add(f"modelkv_memory_{m.source}_baseline_bytes", engine, base)

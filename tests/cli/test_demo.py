@@ -1,0 +1,81 @@
+"""The main job: `modelkv-exporter demo` starts engine processes, serves them, and ends them cleanly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.engine.test_real_caches import KNOWN_ROW_BYTES
+from tests.support import VENV_BIN
+from tests.support.processes import Sidecar, free_port, wait_http
+
+EXPECTED_PEAKS = {
+    ("qwen3-tts-s1-r0", "codec_decoder_request"): KNOWN_ROW_BYTES["codec_decoder_request"] * 8,
+    ("qwen3-tts-s1-r0", "codec_decoder_working_copy"): KNOWN_ROW_BYTES["codec_decoder_working_copy"] * 8,
+    ("qwen3-tts-s1-r0", "codec_decoder_graph_pool"): KNOWN_ROW_BYTES["codec_decoder_graph_pool"] * (1 + 2 + 4),
+    ("mimo-audio-s0-r0", "local_transformer"): KNOWN_ROW_BYTES["local_transformer"] * 16,
+    ("mimo-audio-s0-r0", "local_transformer_graph_pool"): KNOWN_ROW_BYTES["local_transformer_graph_pool"]
+    * (1 + 2 + 4 + 8),
+    ("minicpm-o-s0-r0", "whisper_encoder_self_attn"): KNOWN_ROW_BYTES["whisper_encoder_self_attn"],
+    ("ming-flash-omni-s1-r0", "talker_llm_static_cache"): KNOWN_ROW_BYTES["talker_llm_static_cache"],
+}
+
+
+@pytest.mark.slow
+def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            str(VENV_BIN / "modelkv-exporter"),
+            "demo",
+            "--spool-dir",
+            str(spool),
+            "--port",
+            str(port),
+            "--heartbeat-interval",
+            "1",
+            "--duration",
+            "300",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/healthz", timeout=240, process=process)
+        text = Sidecar(process, url, spool).get("/metrics").text
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        peaks = {
+            (s.labels["engine"], s.labels["cache"]): s.value for s in families["modelkv_declared_peak_bytes"].samples
+        }
+        assert peaks == EXPECTED_PEAKS
+        up = {s.labels["engine"]: s.value for s in families["modelkv_engine_up"].samples}
+        assert up == {
+            e: 1.0
+            for e in (
+                "qwen3-tts-s0-r0",
+                "qwen3-tts-s1-r0",
+                "mimo-audio-s0-r0",
+                "minicpm-o-s0-r0",
+                "ming-flash-omni-s1-r0",
+            )
+        }
+        rss = {s.labels["engine"]: s.value for s in families["modelkv_memory_process_resident_bytes"].samples}
+        base = {s.labels["engine"]: s.value for s in families["modelkv_memory_process_resident_baseline_bytes"].samples}
+        whisper = KNOWN_ROW_BYTES["whisper_encoder_self_attn"]
+        assert rss["minicpm-o-s0-r0"] - base["minicpm-o-s0-r0"] >= 0.9 * whisper, "the allocated caches show in RSS"
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0].decode()
+    assert process.returncode == 0, output
+    assert "Serving on" in output and "engines stopped" in output
+    snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
+    assert len(snapshots) == 5 and all(s["ended"] for s in snapshots)

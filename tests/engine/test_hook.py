@@ -1,0 +1,267 @@
+"""The plugin's mechanics and the memory samplers, without starting an engine.
+
+The CUDA and NVML samplers run their real code against stand-ins that follow the
+``torch.cuda`` and ``pynvml`` interfaces, since neither a GPU nor NVML exists here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from modelkv_exporter.engine import samplers as engine_memory
+from modelkv_exporter.engine.vllm_hook import plugin as vllm_plugin
+from modelkv_exporter.engine.vllm_hook.config import HookConfig
+from modelkv_exporter.engine.vllm_hook.identity import engine_id_for
+from tests.support import ROOT
+
+
+class FakeCuda:
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.fail = fail or set()
+
+    def _value(self, name: str, value: Any) -> Any:
+        if name in self.fail:
+            raise RuntimeError(f"{name} unavailable")
+        return value
+
+    def memory_allocated(self, device: Any) -> int:
+        return self._value("memory_allocated", 100)
+
+    def memory_reserved(self, device: Any) -> int:
+        return self._value("memory_reserved", 200)
+
+    def max_memory_allocated(self, device: Any) -> int:
+        return self._value("max_memory_allocated", 150)
+
+    def mem_get_info(self, device: Any) -> tuple[int, int]:
+        return self._value("mem_get_info", (700, 1000))
+
+
+class FakeNvml:
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, processes: list[Any] | None, fail: bool = False) -> None:
+        self.processes = processes or []
+        self.fail = fail
+        self.asked: list[Any] = []
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        self.asked.append(uuid)
+        return "handle"
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        self.asked.append(index)
+        return "handle"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
+        if self.fail:
+            raise self.NVMLError("Not Supported (MIG)")
+        return self.processes
+
+
+def test_cuda_sampler_reads_allocator_device_and_own_nvml_process() -> None:
+    import os
+
+    nvml = FakeNvml([SimpleNamespace(pid=1, usedGpuMemory=5), SimpleNamespace(pid=os.getpid(), usedGpuMemory=321)])
+    sample = engine_memory.cuda_sampler(FakeCuda(), "cuda:0", nvml, "GPU-abc")()
+    assert {k: v for k, v in sample.values.items() if k != "process_resident"} == {
+        "torch_allocated": 100,
+        "torch_reserved": 200,
+        "torch_peak_allocated": 150,
+        "device_used": 300,
+        "device_total": 1000,
+        "process_gpu": 321,
+    }
+    assert nvml.asked == ["GPU-abc"]
+
+
+@pytest.mark.parametrize(
+    "nvml,nvml_device",
+    [
+        (None, None),
+        (FakeNvml([SimpleNamespace(pid=1, usedGpuMemory=5)]), 0),
+        (FakeNvml([], fail=True), 0),
+        (FakeNvml([SimpleNamespace(pid=-1, usedGpuMemory=None)]), 0),
+    ],
+    ids=["no nvml", "pid not visible (container)", "nvml error (MIG)", "no usage reported"],
+)
+def test_what_nvml_cannot_tell_is_absent_never_zero(nvml: Any, nvml_device: Any) -> None:
+    sample = engine_memory.cuda_sampler(FakeCuda(), "cuda:0", nvml, nvml_device)()
+    assert "process_gpu" not in sample.values
+    assert sample.values["torch_allocated"] == 100
+
+
+def test_a_failing_cuda_reading_drops_only_that_figure() -> None:
+    sample = engine_memory.cuda_sampler(FakeCuda({"mem_get_info", "memory_reserved"}), "cuda:0", None, None)()
+    assert "device_used" not in sample.values and "device_total" not in sample.values
+    assert "torch_reserved" not in sample.values and sample.values["torch_allocated"] == 100
+
+
+def test_nvml_is_unavailable_here_and_says_so() -> None:
+    assert engine_memory.load_nvml() is None
+    sample = engine_memory.sampler_for(SimpleNamespace(type="cpu"))()
+    assert set(sample.values) == {"process_resident"} and sample.values["process_resident"] > 0
+
+
+@pytest.mark.parametrize(
+    "visible,index,expected",
+    [("", 1, 1), ("3,5", 1, 5), ("GPU-aa,GPU-bb", 0, "GPU-aa"), ("3", 2, None), ("", None, None)],
+)
+def test_physical_device_follows_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch, visible: str, index: int | None, expected: object
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert engine_memory.physical_device_id(SimpleNamespace(type="cuda", index=index)) == expected
+
+
+def test_hook_config_from_environment() -> None:
+    assert HookConfig.from_environ({}) is None
+    assert HookConfig.from_environ({"MODELKV_SPOOL_DIR": "  "}) is None
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s", "MODELKV_SAMPLE_INTERVAL": "0.1"})
+    assert config is not None and config.sample_interval == 1.0
+    config = HookConfig.from_environ(
+        {"MODELKV_SPOOL_DIR": "/s", "MODELKV_SAMPLE_INTERVAL": "soon", "MODELKV_ENGINE_ID": "x"}
+    )
+    assert config is not None and config.sample_interval == 5.0 and config.engine_id_prefix == "x"
+
+
+def test_engine_ids_are_stable_and_distinct_per_worker() -> None:
+    base = {"served_model_name": "qwen3-omni", "stage_id": 1, "replica": "0", "tp_rank": 0, "pp_rank": 0, "dp_rank": 0}
+    assert engine_id_for(base, None) == "qwen3-omni-s1-r0-dp0-tp0-pp0"
+    assert engine_id_for({**base, "tp_rank": 1}, None) != engine_id_for(base, None)
+    assert engine_id_for({**base, "stage_id": 2}, None) != engine_id_for(base, None)
+    assert engine_id_for(base, "pod-a").startswith("pod-a-s1")
+    assert engine_id_for({}, None) == "engine"
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def load_model(self, *args: Any, **kwargs: Any) -> str:
+        self.calls.append(("load_model", args, kwargs))
+        return "loaded"
+
+    def initialize_from_config(self, kv_cache_config: Any) -> None:
+        self.calls.append(("initialize_from_config", (kv_cache_config,), {}))
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", (), {}))
+
+
+@pytest.mark.parametrize("round", [1, 2], ids=["first", "again in the same process"])
+def test_wrappers_forward_everything_and_swallow_our_failures(caplog: pytest.LogCaptureFixture, round: int) -> None:
+    module = SimpleNamespace(Worker=type("Worker", (Worker,), {}))
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/nonexistent"})
+    assert config is not None
+    registration = vllm_plugin.Registration(config)
+    registration.patch_worker(module)  # type: ignore[arg-type]
+    registration.patch_worker(module)  # type: ignore[arg-type]
+    vllm_plugin.Registration(config).patch_worker(module)  # type: ignore[arg-type]
+    worker = module.Worker()
+    assert worker.load_model(load_dummy_weights=True) == "loaded"
+    worker.load_model(1, 2)
+    worker.initialize_from_config("kv")
+    worker.shutdown()
+    assert worker.calls == [
+        ("load_model", (), {"load_dummy_weights": True}),
+        ("load_model", (1, 2), {}),
+        ("initialize_from_config", ("kv",), {}),
+        ("shutdown", (), {}),
+    ], "each original runs exactly once, even when patched twice"
+    failures = [r for r in caplog.records if "failed; the engine continues" in r.getMessage()]
+    assert len(failures) == 1, "a failing step is logged once, not on every call"
+
+
+PROBE = """
+import os, sys
+import modelkv_exporter.engine.vllm_hook.plugin as plugin
+plugin.register(); plugin.register()
+print("PROBE imported-early", "vllm.v1.worker.gpu_worker" in sys.modules)
+print("PROBE finders", sum(type(f).__name__ == "_PatchOnImport" for f in sys.meta_path))
+if os.environ.get("IMPORT_WORKER"):
+    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    print("PROBE wrapped", all(getattr(getattr(Worker, n), plugin.MARKER, False)
+                         for n in ("load_model", "initialize_from_config", "compile_or_warm_up_model", "shutdown")))
+    print("PROBE cpu-inherits", getattr(CPUWorker.load_model, plugin.MARKER, False))
+    print("PROBE finders-after", sum(type(f).__name__ == "_PatchOnImport" for f in sys.meta_path))
+"""
+
+
+def probe(**env: str) -> list[str]:
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MODELKV_")}
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, env={**clean, **env}, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [line.removeprefix("PROBE ") for line in result.stdout.splitlines() if line.startswith("PROBE ")]
+
+
+def test_inactive_without_a_spool_dir() -> None:
+    assert probe() == ["imported-early False", "finders 0"]
+
+
+@pytest.mark.slow
+def test_register_is_cheap_and_patches_the_worker_only_when_imported() -> None:
+    lines = probe(MODELKV_SPOOL_DIR="/tmp/x", IMPORT_WORKER="1")
+    assert lines == [
+        "imported-early False",
+        "finders 1",
+        "wrapped True",
+        "cpu-inherits True",
+        "finders-after 0",
+    ]
+
+
+def test_an_unexpected_vllm_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    registration = vllm_plugin.Registration(config)
+    registration.patch_worker(SimpleNamespace())  # type: ignore[arg-type]
+    assert "cannot hook vLLM's Worker" in caplog.text
+    module = SimpleNamespace(Worker=type("Worker", (), {"load_model": lambda self: "ok"}))
+    registration.patch_worker(module)  # type: ignore[arg-type]
+    assert module.Worker().load_model() == "ok", "a Worker with fewer methods is hooked where it can be"
+    assert getattr(module.Worker.load_model, vllm_plugin.MARKER)
+
+
+def test_subclass_overrides_without_super_still_reach_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelkv_exporter.engine.vllm_hook import lifecycle as engine_hook
+
+    seen: list[str] = []
+    for step in ("after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"):
+
+        def record(worker: Any, config: Any, step: str = step) -> None:
+            seen.append(step)
+
+        record.__name__ = step
+        monkeypatch.setattr(engine_hook, step, record)
+
+    class Base(Worker):
+        def compile_or_warm_up_model(self) -> None:
+            self.calls.append(("warm", (), {}))
+
+    class CPUWorkerLike(Base):
+        def compile_or_warm_up_model(self) -> None:  # like vLLM's CPUWorker: no super()
+            self.calls.append(("cpu-warm", (), {}))
+
+    module = SimpleNamespace(Worker=Base)
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    vllm_plugin.Registration(config).patch_worker(module)  # type: ignore[arg-type]
+    worker = CPUWorkerLike()
+    worker.load_model()
+    worker.initialize_from_config("kv")
+    worker.compile_or_warm_up_model()
+    worker.shutdown()
+    assert seen == ["after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"]
+    assert [c[0] for c in worker.calls] == ["load_model", "initialize_from_config", "cpu-warm", "shutdown"]

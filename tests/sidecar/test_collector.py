@@ -1,0 +1,170 @@
+"""The collector: fresh families per scrape, honest absence, staleness, label safety, catalogue agreement."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from modelkv_exporter.contract.scan import SpoolReader
+from modelkv_exporter.contract.snapshot import EngineSettings
+from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.contract.vocabulary import MEASUREMENTS
+from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_LABELS
+from modelkv_exporter.sidecar.collector import SpoolCollector
+from modelkv_exporter.sidecar.labels import label
+from modelkv_exporter.sidecar.source import SpoolSource
+from tests.support.snapshots import make_declaration, make_snapshot
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def scrape(collector: SpoolCollector) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def values(metrics: dict, name: str, **match: str) -> list[float]:
+    return [v for labels, v in metrics.get(name, {}).items() if all(dict(labels).get(k) == m for k, m in match.items())]
+
+
+def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -> None:
+    every = {m.source: 1 for m in MEASUREMENTS}
+    full = make_snapshot(
+        "e", interval=5.0, measured=every, baseline=every, architecture="A", stage_name="talker", tp_rank=0
+    )
+    write_snapshot(spool, replace(full, settings=EngineSettings(8, 0.9, 100, 10)))
+    (spool / "broken.json").write_text("{")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpoolCollector(SpoolSource(SpoolReader(spool))))
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    emitted = set()
+    for family in families:
+        name = family.name + ("_total" if family.type == "counter" else "_info" if family.type == "info" else "")
+        if family.type == "gauge" and family.name.endswith("_info"):
+            name = family.name
+        metric = CATALOGUE.get(name) or CATALOGUE.get(family.name + "_info")
+        assert metric is not None, family.name
+        emitted.add(metric.name)
+        for sample in family.samples:
+            assert set(sample.labels) == set(metric.labels), (metric.name, sample.labels)
+    assert emitted == set(CATALOGUE), set(CATALOGUE) - emitted
+    assert all(len(m.labels) <= MAX_LABELS for m in CATALOGUE.values())
+
+
+def test_declared_values_and_engine_figures(spool: Path) -> None:
+    per_seq = make_declaration("req", max_num_seqs=8)
+    fixed = make_declaration("pool", rows="fixed", rows_fixed=7, scope="model", max_num_seqs=8)
+    write_snapshot(spool, make_snapshot("e", declarations=(per_seq, fixed), stage_id=2))
+    m = scrape(SpoolCollector(SpoolSource(SpoolReader(spool))))
+    assert values(m, "modelkv_declared_peak_bytes", cache="req", rows="max_num_seqs", scope="request", stage="2") == [
+        per_seq.bytes_per_row * 8
+    ]
+    assert values(m, "modelkv_declared_peak_bytes", cache="pool", rows="fixed", scope="model") == [
+        fixed.bytes_per_row * 7
+    ]
+    assert values(m, "modelkv_declared_rows", cache="pool") == [7]
+    assert values(m, "modelkv_declared_capacity_positions", cache="req") == [71]
+    assert values(m, "modelkv_engine_declared_per_sequence_bytes", engine="e") == [per_seq.bytes_per_row]
+    assert values(m, "modelkv_engine_declarations", engine="e") == [2]
+    assert values(m, "modelkv_declaration_info", cache="pool", geometry="8x16x64", dtype="float32") == [1]
+
+
+def test_unmeasured_figures_are_absent_with_availability_zero(spool: Path) -> None:
+    write_snapshot(spool, make_snapshot("e", measured={"process_resident": 0}, baseline={}))
+    m = scrape(SpoolCollector(SpoolSource(SpoolReader(spool))))
+    assert values(m, "modelkv_memory_process_resident_bytes") == [0], "a measured zero is a real zero"
+    assert "modelkv_memory_torch_allocated_bytes" not in m
+    assert "modelkv_memory_process_resident_baseline_bytes" not in m
+    available = {dict(k)["source"]: v for k, v in m["modelkv_memory_measurement_available"].items()}
+    assert available == {ms.source: (1.0 if ms.source == "process_resident" else 0.0) for ms in MEASUREMENTS}
+    assert "modelkv_engine_paged_kv_bytes" not in m and "modelkv_engine_gpu_memory_utilization_ratio" not in m
+
+
+def test_owners_that_vanish_stop_being_exported(spool: Path) -> None:
+    collector = SpoolCollector(SpoolSource(SpoolReader(spool)))
+    write_snapshot(spool, make_snapshot("e", declarations=(make_declaration("a"), make_declaration("b"))))
+    assert len(values(scrape(collector), "modelkv_declared_peak_bytes")) == 2
+    write_snapshot(spool, make_snapshot("e", declarations=(make_declaration("b"),)))
+    assert [dict(k)["cache"] for k in scrape(collector)["modelkv_declared_peak_bytes"]] == ["b"]
+    (spool / "e.json").unlink()
+    m = scrape(collector)
+    assert "modelkv_declared_peak_bytes" not in m and "modelkv_engine_up" not in m
+
+
+def test_stale_engines_keep_identity_only_and_ended_engines_vanish(spool: Path) -> None:
+    clock = Clock()
+    collector = SpoolCollector(SpoolSource(SpoolReader(spool), stale_after=30, clock=clock))
+    publisher = SnapshotPublisher(
+        spool, make_snapshot("live", measured={"process_resident": 5}, heartbeat_at=clock.now)
+    )
+    publisher.start_heartbeat(5.0)
+    publisher.stop()
+    publisher.write()
+    write_snapshot(spool, make_snapshot("oneshot", heartbeat_at=clock.now - 10_000))
+
+    clock.now += 29
+    m = scrape(collector)
+    assert values(m, "modelkv_engine_up", engine="live") == [1] and values(
+        m, "modelkv_engine_up", engine="oneshot"
+    ) == [1]
+    clock.now += 2
+    m = scrape(collector)
+    assert values(m, "modelkv_engine_up", engine="live") == [0]
+    assert values(m, "modelkv_engine_snapshot_age_seconds", engine="live")[0] > 30
+    assert values(m, "modelkv_declared_peak_bytes", engine="live") == []
+    assert values(m, "modelkv_memory_process_resident_bytes", engine="live") == []
+    assert values(m, "modelkv_engine_info", engine="live") == [1]
+    assert values(m, "modelkv_exporter_spool_files", state="stale") == [1]
+
+    publisher.end()
+    clock.now = time.time()
+    m = scrape(collector)
+    assert values(m, "modelkv_engine_up", engine="live") == []
+    assert values(m, "modelkv_exporter_spool_files", state="ended") == [1]
+
+
+def test_long_slow_heartbeats_are_not_called_stale_early(spool: Path) -> None:
+    clock = Clock()
+    write_snapshot(spool, make_snapshot("slow", interval=60.0, heartbeat_at=clock.now))
+    clock.now += 150
+    m = scrape(SpoolCollector(SpoolSource(SpoolReader(spool), stale_after=30, clock=clock)))
+    assert values(m, "modelkv_engine_up", engine="slow") == [1]
+
+
+def test_hostile_label_text_is_escaped_bounded_and_parseable(spool: Path) -> None:
+    nasty = 'quote " backslash \\ newline \n tab \t bell \x07 ünïcödé 漢字 ' + "x" * 500
+    decl = make_declaration('cache "x"\n', owner="a\\b", capacity_source=nasty)
+    write_snapshot(
+        spool, make_snapshot('eng "1"\n', declarations=(decl,), served_model_name=nasty, stage_name="\u2028")
+    )
+    m = scrape(SpoolCollector(SpoolSource(SpoolReader(spool))))
+    (info_labels,) = m["modelkv_declaration_info"]
+    info = dict(info_labels)
+    assert info["cache"] == 'cache "x" ' and info["owner"] == "a\\b"
+    assert len(info["capacity_source"]) == 128 and info["capacity_source"].endswith("…")
+    assert "\n" not in info["capacity_source"] and "\x07" not in info["capacity_source"]
+    assert "ünïcödé 漢字" in info["capacity_source"]
+    assert label("\ud800") == " "
+
+
+def test_a_missing_spool_is_a_failed_scan_not_a_failed_scrape(tmp_path: Path) -> None:
+    m = scrape(SpoolCollector(SpoolSource(SpoolReader(tmp_path / "absent"))))
+    assert values(m, "modelkv_exporter_spool_scan_success") == [0]
+    assert values(m, "modelkv_exporter_build_info") == [1]

@@ -1,0 +1,153 @@
+"""The real sidecar process on 127.0.0.1: endpoints, negotiation, read-only, promtool, real Prometheus."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from modelkv_exporter.contract.spool import write_snapshot
+from tests.contract.test_spool import BAD_DOCUMENTS
+from tests.support.processes import Sidecar, require_tool, stop_process
+from tests.support.prometheus import query, running_prometheus, scrape_config
+from tests.support.snapshots import make_declaration, make_snapshot
+
+
+def peaks(text: str) -> dict[str, float]:
+    return {
+        s.labels["engine"] + "/" + s.labels["cache"]: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "modelkv_declared_peak_bytes"
+        for s in f.samples
+    }
+
+
+def test_metrics_text_openmetrics_and_gzip(sidecar: Sidecar) -> None:
+    write_snapshot(sidecar.spool_dir, make_snapshot("e"))
+    plain = sidecar.get("/metrics")
+    assert plain.status_code == 200 and plain.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert peaks(plain.text) == {"e/cache": make_declaration().peak_bytes}
+
+    om = sidecar.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text")
+    assert om.text.endswith("# EOF\n")
+    names = {f.name for f in parse_openmetrics(om.text)}
+    assert {"modelkv_declared_peak_bytes", "modelkv_declaration", "modelkv_exporter_snapshot_rejections"} <= names
+
+    raw = httpx.get(sidecar.url + "/metrics", headers={"Accept-Encoding": "gzip"}, timeout=10)
+    assert raw.headers["content-encoding"] == "gzip" and "Accept-Encoding" in raw.headers["vary"]
+    assert peaks(raw.text) == peaks(plain.text)
+    with httpx.stream("GET", sidecar.url + "/metrics", headers={"Accept-Encoding": "gzip"}) as response:
+        body = b"".join(response.iter_raw())
+    assert gzip.decompress(body).decode().startswith("# HELP")
+    refused = httpx.get(sidecar.url + "/metrics", headers={"Accept-Encoding": "gzip;q=0, identity"})
+    assert "content-encoding" not in refused.headers
+
+
+def test_routes_are_explicit_read_only_and_never_redirect(sidecar: Sidecar) -> None:
+    assert sidecar.get("/metrics/", follow_redirects=False).status_code == 404
+    assert sidecar.get("/healthz").text == "ok\n"
+    assert sidecar.get("/readyz").status_code == 200
+    before = sorted(p.name for p in sidecar.spool_dir.iterdir())
+    for path in ("/", "/metrics", "/healthz", "/readyz", "/api/v1/engines"):
+        for method in ("POST", "PUT", "DELETE", "PATCH"):
+            assert httpx.request(method, sidecar.url + path, content=b"{}").status_code == 405, (method, path)
+    assert sidecar.get("/docs").status_code == 404, "no page that pulls external assets"
+    assert sorted(p.name for p in sidecar.spool_dir.iterdir()) == before
+
+
+def test_readyz_fails_when_the_spool_goes_away(tmp_path: Path) -> None:
+    from tests.support.processes import start_sidecar
+
+    spool = tmp_path / "gone"
+    spool.mkdir()
+    running = start_sidecar(spool)
+    try:
+        spool.rmdir()
+        assert running.get("/readyz").status_code == 503
+        metrics = running.get("/metrics")
+        assert metrics.status_code == 200 and "modelkv_exporter_spool_scan_success 0.0" in metrics.text
+    finally:
+        stop_process(running.process)
+
+
+def test_bad_spool_input_never_fails_a_request(sidecar: Sidecar) -> None:
+    write_snapshot(sidecar.spool_dir, make_snapshot("good"))
+    for i, (data, _) in enumerate(BAD_DOCUMENTS.values()):
+        (sidecar.spool_dir / f"bad-{i}.json").write_bytes(data)
+    with open(sidecar.spool_dir / "huge.json", "wb") as handle:
+        handle.truncate(100 * 1024 * 1024)
+    nasty = make_declaration('q"\n\\', capacity_source="\ud800 \x00 漢字 " * 100)
+    write_snapshot(sidecar.spool_dir, make_snapshot('nasty\n"', declarations=(nasty,)))
+    for _ in range(3):
+        response = sidecar.get("/metrics")
+        assert response.status_code == 200
+        assert set(peaks(response.text)) == {"good/cache", 'nasty "/q" \\'}
+    rejected = sidecar.get("/api/v1/engines").json()["rejected"]
+    assert len(rejected) == len(BAD_DOCUMENTS) + 1 and all(r["reason"] and r["detail"] for r in rejected)
+    families = {f.name: f for f in text_string_to_metric_families(sidecar.get("/metrics").text)}
+    counted = {s.labels["reason"]: s.value for s in families["modelkv_exporter_snapshot_rejections"].samples}
+    assert counted["too_large"] == 1 and sum(counted.values()) == len(BAD_DOCUMENTS) + 1
+
+
+def test_engines_api_returns_the_snapshots(sidecar: Sidecar) -> None:
+    snapshot = make_snapshot("e", stage_name="talker")
+    write_snapshot(sidecar.spool_dir, snapshot)
+    body = sidecar.get("/api/v1/engines").json()
+    assert body["spool_error"] is None and body["schema_version"] == 1
+    (engine,) = body["engines"]
+    assert engine["state"] == "exported"
+    assert engine["snapshot"] == json.loads(snapshot.to_json())
+
+
+def test_promtool_accepts_the_exposition(sidecar: Sidecar) -> None:
+    promtool = require_tool("promtool")
+    decls = (
+        make_declaration("a"),
+        make_declaration("b", rows="fixed", rows_fixed=2, scope="model", capacity_source='x"\n'),
+    )
+    write_snapshot(
+        sidecar.spool_dir,
+        make_snapshot("e1", declarations=decls, measured={"process_resident": 1}, baseline={"process_resident": 1}),
+    )
+    write_snapshot(sidecar.spool_dir, make_snapshot("e2", declarations=()))
+    (sidecar.spool_dir / "bad.json").write_text("{")
+    text = sidecar.get("/metrics").text
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture
+def prometheus(sidecar: Sidecar, tmp_path: Path) -> Iterator[str]:
+    config = scrape_config({"modelkv": sidecar.url})
+    with running_prometheus(tmp_path, config) as url:
+        yield url
+
+
+def test_a_real_prometheus_scrapes_the_declared_values(sidecar: Sidecar, prometheus: str) -> None:
+    per_seq = make_declaration("req", max_num_seqs=16)
+    pool = make_declaration("pool", rows="fixed", rows_fixed=3, scope="model", max_num_seqs=16)
+    write_snapshot(
+        sidecar.spool_dir,
+        make_snapshot("stage-1", declarations=(per_seq, pool), max_num_seqs=16, stage_name="code2wav"),
+    )
+    deadline = time.monotonic() + 30
+    result: list[dict] = []
+    while time.monotonic() < deadline and len(result) < 2:
+        result = query(prometheus, 'modelkv_declared_peak_bytes{job="modelkv"}')
+        time.sleep(0.5)
+    got = {r["metric"]["cache"]: float(r["value"][1]) for r in result}
+    assert got == {"req": per_seq.bytes_per_row * 16, "pool": pool.bytes_per_row * 3}
+    assert all(r["metric"]["stage"] == "code2wav" and r["metric"]["rows"] for r in result)
+    (up,) = query(prometheus, 'up{job="modelkv"}')
+    assert up["value"][1] == "1"
+    (total,) = query(prometheus, "sum by (engine) (modelkv_declared_peak_bytes)")
+    assert float(total["value"][1]) == per_seq.peak_bytes + pool.peak_bytes

@@ -1,0 +1,82 @@
+"""The landing page: what it lists, that it escapes what snapshots say, and how Chromium renders it."""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+from modelkv_exporter.contract.spool import write_snapshot
+from tests.support.browser import chromium_run
+from tests.support.processes import Sidecar
+from tests.support.snapshots import make_declaration, make_snapshot
+
+HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
+
+
+def _fill(spool: Path) -> None:
+    write_snapshot(
+        spool,
+        make_snapshot(
+            "talker-s0",
+            declarations=(make_declaration("kv", owner="talker.decoder"), make_declaration("pool", rows="fixed")),
+            measured={"process_resident": 3 << 20},
+            baseline={"process_resident": 1 << 20},
+            stage_name="talker",
+        ),
+    )
+    write_snapshot(spool, make_snapshot("plain-s1", declarations=()))
+    write_snapshot(spool, make_snapshot("gone-s2", interval=1.0, heartbeat_at=time.time() - 600))
+    write_snapshot(spool, make_snapshot("evil", declarations=(make_declaration(HOSTILE, capacity_source=HOSTILE),)))
+    (spool / "broken.json").write_text("{")
+
+
+def test_landing_page_lists_engines_declarations_and_rejected_files(sidecar: Sidecar) -> None:
+    _fill(sidecar.spool_dir)
+    page = sidecar.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    html = page.text
+    for text in (
+        "talker-s0",
+        "plain-s1",
+        "gone-s2",
+        "talker.decoder",
+        "No model-local KV caches declared",
+        "broken.json",
+    ):
+        assert text in html, text
+    assert "3 exported" in html and "1 stale" in html and "1 rejected" in html
+    assert "2.0 MiB" in html and "process_resident" in html, "growth since the baseline"
+    for link in ("/metrics", "/api/v1/engines", "/healthz", "/readyz"):
+        assert f'href="{link}"' in html
+    assert "<script" not in html and "<img" not in html and "&lt;script&gt;" in html
+    assert "http://" not in html and "https://" not in html and "src=" not in html.replace("src=x", "")
+
+
+def test_landing_page_says_when_the_spool_is_unreadable(sidecar: Sidecar) -> None:
+    sidecar.spool_dir.rmdir()
+    page = sidecar.get("/")
+    assert page.status_code == 200 and "spool not readable" in page.text
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_landing_page_renders_in_headless_chromium(sidecar: Sidecar, tmp_path: Path) -> None:
+    _fill(sidecar.spool_dir)
+    dom = chromium_run(sidecar.url + "/", tmp_path, "--dump-dom", "--virtual-time-budget=2000")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "<h1>modelkv-exporter" in dom.stdout and "talker-s0" in dom.stdout
+    assert dom.stdout.count("<tr>") >= 1 + 4 + 1 + 2 + 1 + 1 + 1, "engine, declaration and rejected rows"
+    assert "<script" not in dom.stdout and "<img" not in dom.stdout, "hostile text stays text after parsing"
+
+    shot = tmp_path / "landing.png"
+    result = chromium_run(sidecar.url + "/", tmp_path, f"--screenshot={shot}", "--window-size=1280,900")
+    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+    data = shot.read_bytes()
+    assert _png_size(data) == (1280, 900)
+    assert len(data) > 20_000, "a blank page compresses to a few KiB"

@@ -1,0 +1,99 @@
+"""Processes the tests start: the real sidecar CLI on 127.0.0.1, and tools the test command installs."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import VENV_BIN
+from tests.support.polling import eventually
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Sidecar:
+    """A running ``modelkv-exporter serve`` process."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    spool_dir: Path
+
+    def get(self, path: str, **kwargs: object) -> httpx.Response:
+        """GET ``path`` from the sidecar."""
+        return httpx.get(self.url + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+
+def wait_http(url: str, timeout: float = 30.0, process: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until ``url`` answers 200, failing early if ``process`` exits."""
+
+    def answered() -> bool:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode} before {url} answered")
+        try:
+            return httpx.get(url, timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    eventually(answered, f"{url} to answer", timeout=timeout, interval=0.1)
+
+
+def start_sidecar(spool_dir: Path, *extra: str, executable: Path | None = None) -> Sidecar:
+    """Start the real CLI on 127.0.0.1 and wait for /healthz."""
+    port = free_port()
+    exe = executable or VENV_BIN / "modelkv-exporter"
+    process = subprocess.Popen(
+        [
+            str(exe),
+            "serve",
+            "--spool-dir",
+            str(spool_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", spool_dir)
+    try:
+        wait_http(sidecar.url + "/healthz", process=process)
+    except Exception:
+        process.kill()
+        output = process.communicate()[0].decode(errors="replace")
+        raise RuntimeError(f"sidecar did not start:\n{output}") from None
+    return sidecar
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Terminate, then kill if needed."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def require_tool(name: str) -> str:
+    """The path of a required external tool; a missing one fails the test (the test command installs it)."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed; run the README's test command, which installs it")
+    return path

@@ -1,0 +1,90 @@
+"""Valid snapshots and declarations, built without torch."""
+
+from __future__ import annotations
+
+import time
+
+from modelkv_exporter.contract import arithmetic
+from modelkv_exporter.contract.snapshot import (
+    Declaration,
+    EngineIdentity,
+    EngineSettings,
+    Measured,
+    MemorySample,
+    Snapshot,
+)
+from modelkv_exporter.contract.vocabulary import RowDriver
+
+
+def make_declaration(
+    name: str = "cache",
+    *,
+    owner: str = "decoder",
+    layers: int = 8,
+    kv_heads: int = 16,
+    head_dim: int = 64,
+    positions: int = 71,
+    element_size: int = 4,
+    rows: str = RowDriver.MAX_NUM_SEQS.value,
+    rows_fixed: int = 1,
+    max_num_seqs: int = 8,
+    scope: str = "request",
+    capacity_source: str = "sliding_window(72) - 1",
+) -> Declaration:
+    """A self-consistent declaration resolved at ``max_num_seqs``."""
+    per_row = arithmetic.bytes_per_row(
+        layers=layers, kv_heads=kv_heads, head_dim=head_dim, positions=positions, element_size=element_size
+    )
+    count = arithmetic.row_count(rows, rows_fixed, max_num_seqs)
+    return Declaration(
+        owner=owner,
+        owner_class="Owner",
+        name=name,
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype={2: "bfloat16", 4: "float32"}.get(element_size, "float64"),
+        element_size=element_size,
+        physical_capacity_positions=positions,
+        capacity_source=capacity_source,
+        scope=scope,
+        rows=rows,
+        rows_fixed=rows_fixed,
+        rows_reason="because" if rows == RowDriver.FIXED.value else "",
+        allocation_note=None,
+        bytes_per_row=per_row,
+        row_count=count,
+        peak_bytes=per_row * count,
+    )
+
+
+def make_snapshot(
+    engine_id: str = "engine-a",
+    *,
+    declarations: tuple[Declaration, ...] | None = None,
+    max_num_seqs: int = 8,
+    heartbeat_at: float | None = None,
+    interval: float | None = None,
+    measured: dict[str, int] | None = None,
+    baseline: dict[str, int] | None = None,
+    **identity: object,
+) -> Snapshot:
+    """A valid snapshot for engine ``engine_id``."""
+    now = time.time() if heartbeat_at is None else heartbeat_at
+    if declarations is None:
+        declarations = (make_declaration(max_num_seqs=max_num_seqs),)
+    return Snapshot(
+        engine=EngineIdentity(
+            engine_id=engine_id, served_model_name=identity.pop("served_model_name", "m"), **identity
+        ),  # type: ignore[arg-type]
+        settings=EngineSettings(max_num_seqs=max_num_seqs),
+        declarations=declarations,
+        started_at=now - 10,
+        heartbeat_at=now,
+        heartbeat_interval_seconds=interval,
+        measured=Measured(
+            current=None if measured is None else MemorySample(now, measured),
+            baseline=None if baseline is None else MemorySample(now - 5, baseline),
+        ),
+        writer="tests",
+    )
