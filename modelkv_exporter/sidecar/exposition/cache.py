@@ -104,10 +104,6 @@ class Body:
         return sum(map(len, self.parts))
 
 
-def _engine_key(entry: SpoolEntry, stale: bool) -> EngineKey:
-    return (entry.file_name, entry.version, stale)
-
-
 class ExpositionCache:
     """Renders the spool for /metrics, reusing everything that did not change."""
 
@@ -121,6 +117,16 @@ class ExpositionCache:
         self._joined: dict[bool, _Joined] = {}
         self.renders = 0
         """Engine renders so far: how often an engine's lines were built (for tests and benchmarks)."""
+
+    @staticmethod
+    def _engine_key(entry: SpoolEntry, stale: bool) -> EngineKey:
+        """What an engine's static lines depend on."""
+        return (entry.file_name, entry.version, stale)
+
+    def _exporter_key(self, view: SpoolView, openmetrics: bool) -> tuple[object, ...]:
+        """What the exporter's own families depend on: format, scan outcome, file states, rejection counts."""
+        rejections = tuple(sorted(self.source.reader.rejections.items()))
+        return (openmetrics, view.scan.ok, tuple(view.counts.values()), rejections)
 
     def render(self, *, openmetrics: bool, compress: bool) -> Body:
         """The whole body for one scrape."""
@@ -142,7 +148,7 @@ class ExpositionCache:
         return Body((static.deflated, end), content_type, True)
 
     def _static(self, live: list[tuple[SpoolEntry, bool]], openmetrics: bool, compress: bool) -> _Joined:
-        keys = tuple(_engine_key(entry, stale) for entry, stale in live)
+        keys = tuple(self._engine_key(entry, stale) for entry, stale in live)
         joined = self._joined.get(openmetrics)
         if joined is not None and joined.live == keys and (joined.deflated is not None or not compress):
             return joined
@@ -195,16 +201,14 @@ class ExpositionCache:
         ages = []
         for entry, stale in live:
             assert entry.snapshot is not None
-            prefix = self._engines[_engine_key(entry, stale)].age_prefix
+            prefix = self._engines[self._engine_key(entry, stale)].age_prefix
             ages.append(f"{prefix}{floatToGoString(snapshot_age(entry.snapshot, view.now))}\n")
         age_metric = CATALOGUE["modelkv_engine_snapshot_age_seconds"]
         text = family_header(age_metric, openmetrics) + "".join(ages) if ages else ""
-        rejections = self.source.reader.rejections
-        counts = view.counts
-        key = (openmetrics, view.scan.ok, tuple(counts.values()), tuple(sorted(rejections.items())))
+        key = self._exporter_key(view, openmetrics)
         if self._exporter_lines[0] != key:
             sink = LineSink()
-            exporter_samples(view.scan.ok, counts, rejections, sink.add, sink.info)
+            exporter_samples(view.scan.ok, view.counts, self.source.reader.rejections, sink.add, sink.info)
             block = "".join(
                 family_header(CATALOGUE[name], openmetrics) + "".join(chunk) for name, chunk in sink.lines.items()
             )
