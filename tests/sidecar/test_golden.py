@@ -1,0 +1,59 @@
+"""Golden spools: each folder under ``golden/`` is a spool and the exposition it must render.
+
+A change to what /metrics says shows up as a diff of ``metrics.txt`` (text format) and
+``metrics.om`` (OpenMetrics). The clock is fixed (``NOW``) and so is the collect duration.
+The snapshot files are also compatibility fixtures: every sidecar must keep reading them.
+After an intended change, regenerate with ``MODELKV_UPDATE_GOLDEN=1 pytest tests/sidecar/test_golden.py``
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from modelkv_exporter.contract.scan import SpoolReader
+from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
+from modelkv_exporter.sidecar.source import SpoolSource
+
+GOLDEN = Path(__file__).parent / "golden"
+NOW = 1_800_000_000.0
+UPDATE = os.environ.get("MODELKV_UPDATE_GOLDEN") == "1"
+CASES = sorted(path.name for path in GOLDEN.iterdir() if path.is_dir())
+
+
+def render(spool: Path, openmetrics: bool) -> str:
+    source = SpoolSource(SpoolReader(spool), stale_after=30.0, clock=lambda: NOW)
+    return (
+        ExpositionCache(source, perf_counter=lambda: 0.0).render(openmetrics=openmetrics, compress=False).data.decode()
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("expected_name,openmetrics", [("metrics.txt", False), ("metrics.om", True)])
+def test_a_golden_spool_renders_its_expected_exposition(
+    tmp_path: Path, case: str, expected_name: str, openmetrics: bool
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    for document in (GOLDEN / case).glob("*.json"):
+        shutil.copyfile(document, spool / document.name)
+    got = render(spool, openmetrics)
+    expected_file = GOLDEN / case / expected_name
+    if UPDATE:
+        expected_file.write_text(got)
+    expected = expected_file.read_text()
+    diff = "".join(
+        difflib.unified_diff(expected.splitlines(True), got.splitlines(True), str(expected_file), "rendered")
+    )
+    assert got == expected, f"the exposition of {case} changed:\n{diff}"
+
+
+def test_every_case_has_both_expected_files() -> None:
+    assert CASES, "no golden cases"
+    for case in CASES:
+        assert {p.name for p in (GOLDEN / case).iterdir()} >= {"metrics.txt", "metrics.om"}, case
