@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
+from tests.support.exposition import Exposition
 from tests.support.processes import Sidecar, free_port, wait_http
 
 EXPECTED_PEAKS = {
@@ -52,7 +52,7 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/healthz", timeout=240, process=process)
         text = Sidecar(process, url, spool).get("/metrics").text
-        families = {f.name: f for f in text_string_to_metric_families(text)}
+        families = {f.name: f for f in Exposition(text)}
         peaks = {
             (s.labels["engine"], s.labels["cache"]): s.value for s in families["modelkv_declared_peak_bytes"].samples
         }

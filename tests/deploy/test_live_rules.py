@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
+from tests.support import polling
 from tests.support.processes import free_port, start_sidecar, stop_process
 from tests.support.prometheus import query, running_prometheus, scrape_config
 from tests.support.promql import (
@@ -47,16 +48,9 @@ def _relabelled(job: str, target: str) -> str:
     )
 
 
-def eventually(check: Callable[[], object], what: str, timeout: float = TIMEOUT) -> object:
-    """Poll ``check`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
+def eventually(check: Callable[[], object], what: str) -> object:
+    """The tests' polling helper with this module's patience (Prometheus scrapes and evaluates every second)."""
+    return polling.eventually(check, what, timeout=TIMEOUT, interval=0.5)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.snapshot import EngineSettings
@@ -18,6 +17,7 @@ from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_LABELS
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.labels import label
 from modelkv_exporter.sidecar.source import SpoolSource
+from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_snapshot
 
 
@@ -34,7 +34,7 @@ def scrape(collector: SpoolCollector) -> dict[str, dict[tuple[tuple[str, str], .
     registry.register(collector)
     text = generate_latest(registry).decode()
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in Exposition(text):
         for sample in family.samples:
             out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
     return out
@@ -53,7 +53,7 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
     (spool / "broken.json").write_text("{")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpoolCollector(SpoolSource(SpoolReader(spool))))
-    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    families = list(Exposition(generate_latest(registry).decode()))
     emitted = set()
     for family in families:
         name = family.name + ("_total" if family.type == "counter" else "_info" if family.type == "info" else "")
