@@ -40,3 +40,9 @@ def test_every_setting_and_metric_is_documented() -> None:
             assert setting.flag in readme
     for name in CATALOGUE:
         assert f"`{name}`" in metrics_doc
+
+
+def test_the_readme_names_every_part_of_the_package() -> None:
+    readme = (ROOT / "README.md").read_text()
+    parts = [p.name for p in (ROOT / "modelkv_exporter").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert parts and all(f"`{part}/`" in readme or f"{part}/:" in readme for part in parts), parts
