@@ -6,9 +6,11 @@ Metrics, the JSON API, the landing page and ``inspect`` all classify a scan with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 from modelkv_exporter.contract.scan import SpoolEntry, SpoolScan
 from modelkv_exporter.contract.snapshot import Snapshot
@@ -32,15 +34,20 @@ class EngineState(str, Enum):
     """The file could not be used (see its reason): nothing is exported."""
 
 
-def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
-    """Stale when a beating snapshot missed its heartbeats: older than max(stale_after, 3 intervals).
+def stale_at(snapshot: Snapshot, stale_after: float) -> float:
+    """When a beating snapshot goes stale: older than max(stale_after, 3 intervals) (infinity for a one-shot one).
 
     A one-shot snapshot (no heartbeat interval) promises no heartbeat and is never stale.
     """
     interval = snapshot.heartbeat_interval_seconds
     if interval is None:
-        return False
-    return now - snapshot.heartbeat_at > max(stale_after, 3 * interval)
+        return math.inf
+    return snapshot.heartbeat_at + max(stale_after, 3 * interval)
+
+
+def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
+    """Stale when a beating snapshot missed its heartbeats (see ``stale_at``)."""
+    return now > stale_at(snapshot, stale_after)
 
 
 def engine_state(snapshot: Snapshot, now: float, stale_after: float) -> EngineState:
@@ -71,13 +78,25 @@ class Classified:
 
 @dataclass(frozen=True)
 class SpoolView:
-    """A scan with every entry classified at one instant."""
+    """A scan with every entry classified at one instant.
+
+    ``until`` is the first instant at which a state of this classification could change
+    without the spool changing (an exported engine going stale): until then the same
+    classification holds for any later ``now``.
+    """
 
     scan: SpoolScan
     now: float
     entries: tuple[Classified, ...]
+    until: float = math.inf
 
-    @property
+    def at(self, now: float) -> SpoolView:
+        """The same classification at a later instant before ``until`` (what was derived from it kept)."""
+        later = object.__new__(SpoolView)
+        later.__dict__.update(self.__dict__, now=now)
+        return later
+
+    @cached_property
     def counts(self) -> Mapping[EngineState, int]:
         """Files by state, every state present (0 when none)."""
         counts = dict.fromkeys(EngineState, 0)
@@ -85,7 +104,7 @@ class SpoolView:
             counts[item.state] += 1
         return counts
 
-    @property
+    @cached_property
     def exported(self) -> list[Classified]:
         """Engines whose figures are exported: fresh and stale ones (stale ones show only identity)."""
         return [item for item in self.entries if item.state in (EngineState.EXPORTED, EngineState.STALE)]
@@ -103,13 +122,18 @@ class SpoolView:
 
 def classify(scan: SpoolScan, now: float, stale_after: float) -> SpoolView:
     """Every entry of ``scan`` with its state at ``now``."""
-    return SpoolView(
-        scan,
-        now,
-        tuple(
-            Classified(entry, EngineState.REJECTED)
-            if entry.snapshot is None
-            else Classified(entry, engine_state(entry.snapshot, now, stale_after))
-            for entry in scan.entries
-        ),
-    )
+    entries = []
+    until = math.inf
+    for entry in scan.entries:
+        snapshot = entry.snapshot
+        if snapshot is None:
+            entries.append(Classified(entry, EngineState.REJECTED))
+        elif snapshot.ended:
+            entries.append(Classified(entry, EngineState.ENDED))
+        else:
+            deadline = stale_at(snapshot, stale_after)
+            stale = now > deadline
+            if not stale:
+                until = min(until, deadline)
+            entries.append(Classified(entry, EngineState.STALE if stale else EngineState.EXPORTED))
+    return SpoolView(scan, now, tuple(entries), until)

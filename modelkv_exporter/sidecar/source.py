@@ -12,12 +12,26 @@ from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS, SpoolVi
 
 @dataclass
 class SpoolSource:
-    """A spool reader, the staleness threshold and the clock: everything a view of the spool needs."""
+    """A spool reader, the staleness threshold and the clock: everything a view of the spool needs.
+
+    The last classification is reused while the reader returns the same scan and no engine's
+    heartbeat deadline has passed (``SpoolView.until``): a scrape of an unchanged spool
+    classifies nothing.
+    """
 
     reader: SpoolReader
     stale_after: float = DEFAULT_STALE_AFTER_SECONDS
     clock: Callable[[], float] = field(default=time.time)
+    _last: SpoolView | None = field(default=None, init=False, repr=False)
 
     def view(self) -> SpoolView:
         """Scan the spool now and classify every file."""
-        return classify(self.reader.scan(), self.clock(), self.stale_after)
+        scan = self.reader.scan()
+        now = self.clock()
+        last = self._last
+        if last is not None and last.scan is scan and last.now <= now <= last.until:
+            view = last.at(now)
+        else:
+            view = classify(scan, now, self.stale_after)
+        self._last = view
+        return view
