@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -79,3 +80,22 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
     assert "Serving on" in output and "engines stopped" in output
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
     assert len(snapshots) == 5 and all(s["ended"] for s in snapshots)
+
+
+def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:
+    """The demo binds its port first: a taken one ends it at once, naming the flag and the variable."""
+    spool = tmp_path / "spool"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [str(VENV_BIN / "modelkv-exporter"), "demo", "--spool-dir", str(spool), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "--port" in result.stderr and "MODELKV_PORT" in result.stderr and result.stderr.endswith("\n")
+    assert "starting" not in result.stdout and not spool.exists(), "no engine was started"

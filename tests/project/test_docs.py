@@ -6,7 +6,7 @@ import re
 
 from modelkv_exporter.cli.docgen import expected_files
 from modelkv_exporter.contract.settings import ENGINE, SETTINGS
-from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_LABELS
+from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
 from tests.support import ROOT
 
 
@@ -19,7 +19,7 @@ def test_metric_names_follow_the_house_rules() -> None:
     for metric in CATALOGUE.values():
         assert re.fullmatch(r"modelkv_[a-z0-9_]+", metric.name), metric.name
         assert ":" not in metric.name
-        assert len(metric.labels) <= MAX_LABELS
+        assert len(metric.labels) <= label_limit(metric)
         assert not {"pod", "namespace"} & set(metric.labels)
         if metric.kind == "counter":
             assert metric.name.endswith("_total")

@@ -13,7 +13,7 @@ from modelkv_exporter.contract.snapshot import EngineSettings
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
-from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_LABELS
+from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.labels import label
 from modelkv_exporter.sidecar.source import SpoolSource
@@ -65,7 +65,7 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
         for sample in family.samples:
             assert set(sample.labels) == set(metric.labels), (metric.name, sample.labels)
     assert emitted == set(CATALOGUE), set(CATALOGUE) - emitted
-    assert all(len(m.labels) <= MAX_LABELS for m in CATALOGUE.values())
+    assert all(len(m.labels) <= label_limit(m) for m in CATALOGUE.values())
 
 
 def test_declared_values_and_engine_figures(spool: Path) -> None:
@@ -84,6 +84,22 @@ def test_declared_values_and_engine_figures(spool: Path) -> None:
     assert values(m, "modelkv_engine_declared_per_sequence_bytes", engine="e") == [per_seq.bytes_per_row]
     assert values(m, "modelkv_engine_declarations", engine="e") == [2]
     assert values(m, "modelkv_declaration_info", cache="pool", geometry="8x16x64", dtype="float32") == [1]
+
+
+def test_declaration_info_carries_the_model_and_stage_of_its_value_series(spool: Path) -> None:
+    """Selecting declarations by model or stage works on the info series as on the values it annotates."""
+    write_snapshot(spool, make_snapshot("t0", served_model_name="qwen3-tts", stage_name="talker"))
+    write_snapshot(spool, make_snapshot("c1", served_model_name="qwen3-tts", stage_id=1))
+    m = scrape(SpoolCollector(SpoolSource(SpoolReader(spool))))
+    identity = ("engine", "model", "stage", "owner", "cache")
+    peaks = {tuple(dict(k)[n] for n in identity) for k in m["modelkv_declared_peak_bytes"]}
+    infos = {tuple(dict(k)[n] for n in identity) for k in m["modelkv_declaration_info"]}
+    assert (
+        infos
+        == peaks
+        == {("t0", "qwen3-tts", "talker", "decoder", "cache"), ("c1", "qwen3-tts", "1", "decoder", "cache")}
+    )
+    assert values(m, "modelkv_declaration_info", model="qwen3-tts", stage="talker", engine="t0") == [1]
 
 
 def test_unmeasured_figures_are_absent_with_availability_zero(spool: Path) -> None:
