@@ -114,6 +114,16 @@ def sample_interval(text: str) -> float:
     return max(MIN_SAMPLE_INTERVAL, _number(text))
 
 
+def switch(text: str) -> bool:
+    """On or off: 1, true, yes, on; 0, false, no, off."""
+    value = text.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is neither on (1, true, yes, on) nor off (0, false, no, off)")
+
+
 def byte_size(text: str) -> int:
     """A size in bytes above 0: 1073741824, 512MiB, 2GiB."""
     value = parse_bytes(text)
@@ -190,6 +200,13 @@ SETTINGS: tuple[Setting, ...] = (
         "Prefix of the engine ids the plugin publishes under (default: the served model name); "
         "set it when two engines in one pod serve the same model name.",
         {ENGINE: ""},
+    ),
+    Setting(
+        "observe",
+        switch,
+        "Observe what the transformers caches of each declaring owner really hold (1 or 0); "
+        "0 installs no hook at all, and every observed figure is then absent.",
+        {ENGINE: True},
     ),
 )
 

@@ -110,6 +110,30 @@ class Measured:
     baseline: MemorySample | None = None
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What the engine saw the ``transformers`` caches of one declaring owner hold.
+
+    ``available`` False: the owner's caches cannot be observed, ``reason`` says why, and every byte
+    figure and ``cache_calls`` is None (absent, never 0). ``calls`` may still be known then.
+    """
+
+    owner: str
+    owner_class: str
+    available: bool
+    reason: str | None = None
+    peak_bytes: int | None = None
+    """The most bytes the owner's caches held at once since observation started."""
+    recent_peak_bytes: int | None = None
+    """The most bytes they held at once within the last sample interval (a cache freed before the sample counts)."""
+    live_bytes: int | None = None
+    """Bytes they hold at the sample."""
+    calls: int | None = None
+    """Outermost calls into the owner's methods since observation started."""
+    cache_calls: int | None = None
+    """Those of ``calls`` in which the owner created, initialised or updated a cache."""
+
+
 def _sample_dict(sample: MemorySample | None) -> dict[str, Any] | None:
     return None if sample is None else {"sampled_at": sample.sampled_at, "values": dict(sample.values)}
 
@@ -128,6 +152,8 @@ class Snapshot:
     ended: bool = False
     writer: str = ""
     schema_version: int = SCHEMA_VERSION
+    observations: tuple[Observation, ...] = ()
+    """Per declaring owner, what its caches were observed to hold; empty from writers that do not observe."""
 
     @property
     def declared_peak_bytes(self) -> int:
@@ -160,6 +186,7 @@ class Snapshot:
             "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
             "ended": self.ended,
             "writer": self.writer,
+            "observations": [dict(vars(o)) for o in self.observations],
         }
 
     def to_json(self) -> bytes:

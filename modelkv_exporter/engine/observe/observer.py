@@ -1,0 +1,202 @@
+"""The process-wide observer: install it once after load, add the owners, sample it at every heartbeat."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping
+
+from modelkv_exporter.contract.settings import ENGINE, from_environ
+from modelkv_exporter.contract.snapshot import Observation
+from modelkv_exporter.engine.observe import hooks, probe
+from modelkv_exporter.engine.observe.layers import StorageKey, forget_plans, storages, structure_problem
+from modelkv_exporter.engine.observe.patches import ClassPatches, unwrap_owner, wrap_owner
+from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
+
+OFF = "observation is turned off (MODELKV_OBSERVE=0)"
+NO_CALL = "no call of this owner has been observed yet"
+
+_installed: Observer | None = None
+_lock = threading.Lock()
+
+
+def observation_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """``MODELKV_OBSERVE`` read through the settings table (on unless turned off)."""
+    values, _ = from_environ(ENGINE, os.environ if environ is None else environ)
+    return bool(values["observe"])
+
+
+class Observer:
+    """Owner states and their figures. ``enabled`` False: nothing is hooked and every figure is absent."""
+
+    def __init__(self, enabled: bool, transformers_version: str = "") -> None:
+        self.enabled = enabled
+        self.transformers_version = transformers_version
+        self.unavailable: str | None = None if enabled else OFF
+        """Why no owner can be observed (off, or transformers internals unknown); None when observing."""
+        self.patches = ClassPatches()
+        self._owners: dict[int, OwnerState] = {}
+
+    def add_owners(self, owners: Iterable[tuple[str, object]]) -> None:
+        """Observe these ``(path, owner)`` pairs from now on (an owner object already observed is skipped)."""
+        for path, owner in owners:
+            known = self._owners.get(id(owner))
+            if known is not None and known.owner_ref() is owner:
+                continue
+            state = OwnerState(path, owner)
+            self._owners[id(owner)] = state
+            if self.unavailable is None:
+                wrap_owner(owner, state)
+
+    def sample(self) -> tuple[Observation, ...]:
+        """Every owner's figures now, and the start of the next interval. Never raises."""
+        try:
+            with hooks.lock:
+                return self._sample()
+        except Exception as error:
+            hooks.fail("sample", error)
+            return tuple(self._absent(state, hooks.broken()) for state in self._owners.values())
+
+    def _absent(self, state: OwnerState, reason: str | None) -> Observation:
+        calls = state.calls if self.unavailable is None else None
+        return Observation(state.path, state.class_name, False, reason or "observation is not active", calls=calls)
+
+    def _sample(self) -> tuple[Observation, ...]:
+        by_owner: dict[int, list[LayerRecord]] = {}
+        for record in list(hooks.records.values()):
+            by_owner.setdefault(id(record.owner), []).append(record)
+        observing = hooks.active()
+        out = []
+        for key, state in list(self._owners.items()):
+            if state.owner_ref() is None:  # the model was released (a reload): its owners are gone
+                del self._owners[key]
+                continue
+            live, failure = self._recount(state, by_owner.get(id(state), []), observing)
+            reason = (
+                self.unavailable
+                or hooks.broken()
+                or (None if observing else "observation is not active")
+                or failure
+                or state.unknown
+                or state.graph
+                or (None if state.calls else NO_CALL)
+            )
+            if reason is not None:
+                out.append(self._absent(state, reason))
+            else:
+                out.append(
+                    Observation(
+                        owner=state.path,
+                        owner_class=state.class_name,
+                        available=True,
+                        peak_bytes=state.high_water,
+                        recent_peak_bytes=state.interval_high_water,
+                        live_bytes=live,
+                        calls=state.calls,
+                        cache_calls=state.cache_calls,
+                    )
+                )
+            state.interval_high_water = live
+        return tuple(out)
+
+    def _recount(self, state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
+        """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected."""
+        found: dict[StorageKey, int] = {}
+        per_layer = 0
+        failure = None
+        for record in records:
+            layer = record()
+            if layer is None:
+                continue
+            plan = record.plan
+            if plan.unknown is not None:
+                state.unknown = plan.unknown
+                continue
+            try:
+                problem = None if plan.vetted else structure_problem(layer, plan)
+                if problem is not None:
+                    plan.unknown = state.unknown = problem
+                    continue
+                mine = storages(layer, plan.attributes)
+            except Exception as error:
+                failure = f"a cache layer could not be read: {type(error).__name__}: {error}"
+                continue
+            found.update(mine)
+            size = sum(mine.values())
+            per_layer += size
+            if observing and size != record.bytes:
+                state.add(size - record.bytes)
+                record.bytes = size
+        live = sum(found.values())
+        devices = sorted({device for device, _ in found})
+        if len(devices) > 1:
+            failure = failure or f"cache tensors on several devices {devices}: offloaded caches are not observed"
+        if observing:
+            state.live = per_layer
+            state.high_water = max(state.high_water, live)
+            state.interval_high_water = max(state.interval_high_water, live)
+        return live, failure
+
+    def uninstall(self) -> None:
+        """Remove every hook and wrapper and forget all state."""
+        global _installed
+        with _lock:
+            hooks.deactivate()
+            for state in self._owners.values():
+                unwrap_owner(state)
+            self.patches.remove()
+            hooks.reset()
+            forget_plans()
+            self._owners.clear()
+            if _installed is self:
+                _installed = None
+
+
+def installed() -> Observer | None:
+    """The observer installed in this process, if any."""
+    return _installed
+
+
+def _new_observer() -> Observer:
+    import transformers
+
+    observer = Observer(True, getattr(transformers, "__version__", "?"))
+    cache_utils, reason = probe.names()
+    if reason is None:
+        observer.patches.install(cache_utils)
+        hooks.activate()
+        reason = probe.self_test(cache_utils) or hooks.broken()
+        if reason is not None:
+            hooks.deactivate()
+            observer.patches.remove()
+            hooks.records.clear()
+    if reason is not None:
+        observer.unavailable = f"transformers {observer.transformers_version} keeps caches in an unknown way: {reason}"
+        hooks.logger.warning("modelkv: model-local KV observation unavailable: %s", observer.unavailable)
+    return observer
+
+
+def install(owners: Iterable[tuple[str, object]], *, enabled: bool | None = None) -> Observer:
+    """Observe ``owners``: the process's one observer, installed on first use. Never raises.
+
+    Turned off (``enabled`` False, or ``MODELKV_OBSERVE=0`` when ``enabled`` is None), it hooks
+    nothing and returns an observer whose figures are all absent with that reason. So does a
+    ``transformers`` whose caches fail the install-time self-test.
+    """
+    global _installed
+    owners = list(owners)
+    if not (observation_enabled() if enabled is None else enabled):
+        observer = Observer(False)
+        observer.add_owners(owners)
+        return observer
+    with _lock:
+        try:
+            if _installed is None:
+                _installed = _new_observer()
+            _installed.add_owners(owners)
+            return _installed
+        except Exception as error:
+            hooks.fail("install", error)
+            fallback = _installed or Observer(True)
+            fallback.unavailable = fallback.unavailable or hooks.broken()
+            return fallback

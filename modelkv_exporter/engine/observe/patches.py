@@ -1,0 +1,149 @@
+"""Where the observer hooks in: the cache layer classes, ``torch.cuda.CUDAGraph``, and each owner's methods.
+
+Class attributes are patched (and restored by ``ClassPatches.remove``); an owner's methods are
+wrapped as instance attributes, so only the observed owner objects change.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any
+
+import torch
+
+from modelkv_exporter.engine.observe import hooks
+from modelkv_exporter.engine.observe.layers import HOOKED_METHODS
+from modelkv_exporter.engine.observe.records import OwnerState
+
+SPECS_METHOD = "model_local_kv_specs"
+_FOREIGN_MODULES = ("torch.", "transformers.", "vllm.", "builtins")
+_GRAPH_CALLBACKS = (
+    ("capture_begin", hooks.on_capture_begin, None),
+    ("capture_end", None, hooks.on_capture_end),
+    ("replay", hooks.on_replay, None),
+)
+
+
+class ClassPatches:
+    """The class attributes the observer replaced, so that they can be put back."""
+
+    def __init__(self) -> None:
+        self._replaced: list[tuple[type, str, Any]] = []
+        self._mixin: type | None = None
+        self._added_setstate = False
+        self._init_subclass: Any = None
+
+    def _set(self, cls: type, name: str, value: Any) -> None:
+        self._replaced.append((cls, name, cls.__dict__[name]))
+        setattr(cls, name, value)
+
+    def hook_layer_class(self, cls: type) -> None:
+        """Wrap the measured methods ``cls`` itself defines."""
+        for name in HOOKED_METHODS:
+            function = cls.__dict__.get(name)
+            if not isinstance(function, types.FunctionType) or getattr(function, "__isabstractmethod__", False):
+                continue
+            if not hasattr(function, hooks.ORIGINAL):
+                self._set(cls, name, hooks.wrap_layer_method(function))
+
+    def install(self, cache_utils: Any) -> None:
+        """Hook every layer class of ``cache_utils`` and its subclasses, the ones defined later too."""
+        mixin: type = cache_utils.CacheLayerMixin
+        stack = [mixin]
+        while stack:
+            cls = stack.pop()
+            self.hook_layer_class(cls)
+            stack.extend(cls.__subclasses__())
+        self._mixin = mixin
+        self._set(mixin, "__init__", hooks.wrap_layer_init(mixin.__dict__["__init__"]))
+        if "__setstate__" not in mixin.__dict__:
+            mixin.__setstate__ = hooks.layer_setstate  # type: ignore[attr-defined]
+            self._added_setstate = True
+        original = mixin.__dict__.get("__init_subclass__")
+        self._init_subclass = original
+        patches = self
+
+        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+            if original is not None:
+                original.__func__(cls, **kwargs)
+            else:
+                super(mixin, cls).__init_subclass__(**kwargs)  # type: ignore[misc,arg-type]
+            try:
+                patches.hook_layer_class(cls)
+            except Exception as error:
+                hooks.fail("layer subclass hook", error)
+
+        mixin.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+        graph = getattr(torch.cuda, "CUDAGraph", None)
+        if isinstance(graph, type):
+            for name, before, after in _GRAPH_CALLBACKS:
+                function = graph.__dict__.get(name)
+                if isinstance(function, types.FunctionType):
+                    self._set(graph, name, hooks.wrap_graph_method(function, before, after))
+
+    def remove(self) -> None:
+        """Put back every replaced attribute."""
+        for cls, name, value in reversed(self._replaced):
+            setattr(cls, name, value)
+        self._replaced.clear()
+        mixin = self._mixin
+        if mixin is None:
+            return
+        if self._added_setstate and mixin.__dict__.get("__setstate__") is hooks.layer_setstate:
+            delattr(mixin, "__setstate__")
+        self._added_setstate = False
+        if self._init_subclass is not None:
+            mixin.__init_subclass__ = self._init_subclass  # type: ignore[assignment]
+        else:
+            delattr(mixin, "__init_subclass__")
+        self._mixin = None
+
+
+def owner_method_names(owner: object) -> list[str]:
+    """The methods through which an owner is entered: its own code's plain methods, ``forward`` and ``generate``.
+
+    Methods inherited from torch, transformers or vLLM are left alone (but the two entry points),
+    as are dunders, static and class methods, properties, generators, coroutines and the declarer.
+    """
+    names: dict[str, None] = {}
+    for klass in type(owner).__mro__:
+        module = getattr(klass, "__module__", "") or ""
+        if klass is object or module == "torch" or module.startswith(_FOREIGN_MODULES):
+            continue
+        for name, attribute in vars(klass).items():
+            if name.startswith("__") or name == SPECS_METHOD or name in names:
+                continue
+            if not isinstance(attribute, types.FunctionType):
+                continue
+            if inspect.isgeneratorfunction(attribute) or inspect.iscoroutinefunction(attribute):
+                continue
+            names[name] = None
+    for entry in ("forward", "generate"):
+        if callable(getattr(type(owner), entry, None)):
+            names.setdefault(entry, None)
+    return list(names)
+
+
+def wrap_owner(owner: object, state: OwnerState) -> None:
+    """Wrap ``owner``'s entry methods as instance attributes that mark it running."""
+    instance = getattr(owner, "__dict__", None)
+    if instance is None:
+        state.unknown = "the owner has no instance __dict__ to wrap its methods in"
+        return
+    for name in owner_method_names(owner):
+        method = getattr(owner, name, None)
+        if not callable(method) or getattr(method, hooks.ENTRY, False):
+            continue
+        instance[name] = hooks.wrap_owner_method(method, state)
+        state.wrapped.append(name)
+
+
+def unwrap_owner(state: OwnerState) -> None:
+    """Remove the wrappers ``wrap_owner`` put on the owner, if it is still alive."""
+    owner = state.owner_ref()
+    if owner is not None:
+        for name in state.wrapped:
+            if getattr(owner.__dict__.get(name), hooks.ENTRY, False):
+                del owner.__dict__[name]
+    state.wrapped.clear()

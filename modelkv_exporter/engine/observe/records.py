@@ -1,0 +1,83 @@
+"""The observer's bookkeeping: one record per observed owner, one weak record per cache layer."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from modelkv_exporter.engine.observe.layers import Plan
+
+
+class OwnerState:
+    """Counters of one owner; touched on the model's hot path, so plain slots."""
+
+    __slots__ = (
+        "path",
+        "class_name",
+        "owner_ref",
+        "live",
+        "high_water",
+        "interval_high_water",
+        "calls",
+        "call_number",
+        "counted_call",
+        "cache_calls",
+        "pending",
+        "unknown",
+        "graph",
+        "wrapped",
+    )
+
+    def __init__(self, path: str, owner: object) -> None:
+        self.path = path
+        self.class_name = type(owner).__name__
+        try:
+            self.owner_ref: Callable[[], object | None] = weakref.ref(owner)
+        except TypeError:
+            self.owner_ref = lambda: owner
+        self.live = 0
+        """Bytes held now by the owner's live layers, kept incrementally."""
+        self.high_water = 0
+        self.interval_high_water = 0
+        self.calls = 0
+        self.call_number = 0
+        self.counted_call = -1
+        """The call last counted in ``cache_calls`` (so a call is counted once)."""
+        self.cache_calls = 0
+        self.pending: list[LayerRecord] = []
+        """Layers created in this call that no update has measured yet (deep copies, built caches)."""
+        self.unknown: str | None = None
+        self.graph: str | None = None
+        self.wrapped: list[str] = []
+
+    def add(self, delta: int) -> None:
+        """Move the live bytes by ``delta`` and raise the high-waters with them."""
+        live = self.live + delta
+        self.live = live
+        if live > self.interval_high_water:
+            self.interval_high_water = live
+            if live > self.high_water:
+                self.high_water = live
+
+    def count_cache_call(self) -> None:
+        """Count the current call as one that used a cache (once per call)."""
+        if self.counted_call != self.call_number:
+            self.counted_call = self.call_number
+            self.cache_calls += 1
+
+
+class LayerRecord(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to one cache layer, with its owner and the bytes last measured.
+
+    Built by ``weakref.ref``'s own constructor, attributes set after, which keeps registering cheap.
+    ``key_ref``/``value_ref`` point at the tensors last measured (static plans only).
+    """
+
+    __slots__ = ("owner", "bytes", "plan", "key", "key_ref", "value_ref")
+    owner: OwnerState
+    bytes: int
+    plan: Plan
+    key: int
+    key_ref: Callable[[], Any] | None
+    value_ref: Callable[[], Any]
