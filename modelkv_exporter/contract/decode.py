@@ -22,6 +22,7 @@ from modelkv_exporter.contract.snapshot import (
     EngineSettings,
     Measured,
     MemorySample,
+    Observation,
     Snapshot,
 )
 from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES
@@ -218,6 +219,31 @@ def _measured(fields: _Fields | None) -> Measured:
     )
 
 
+def _observation(value: Any, where: str) -> Observation:
+    """One owner's observation; the figures of an unavailable one are dropped (absent, never 0)."""
+    f = _Fields(value, where)
+    available = f.boolean("available")
+    figures = ("peak_bytes", "recent_peak_bytes", "live_bytes", "cache_calls")
+    return Observation(
+        owner=f.text("owner"),
+        owner_class=f.text("owner_class", required=False) or "",
+        available=available,
+        reason=f.text("reason", required=False),
+        calls=f.integer("calls", required=False),
+        **{key: f.integer(key, required=False) if available else None for key in figures},
+    )
+
+
+def _observations(root: _Fields) -> tuple[Observation, ...]:
+    if root.mapping().get("observations") is None:
+        return ()
+    observations = root.items("observations", _observation)
+    owners = [o.owner for o in observations]
+    if len(set(owners)) != len(owners):
+        _invalid("snapshot.observations", "an owner is observed twice")
+    return observations
+
+
 def decode_json(data: bytes) -> Any:
     """Strict JSON: UTF-8 only, no NaN or Infinity, bounded nesting and integer size."""
     try:
@@ -260,6 +286,7 @@ def snapshot_from_dict(document: Any) -> Snapshot:
         ended=root.boolean("ended"),
         writer=root.text("writer", required=False) or "",
         schema_version=version,
+        observations=_observations(root),
     )
 
 

@@ -18,6 +18,7 @@ Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
 
 ENGINE = ("engine", "model", "stage")
 DECLARATION = (*ENGINE, "owner", "cache", "scope", "rows")
+OWNER = (*ENGINE, "owner")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Metric:
 
 
 _D, _E, _M, _X = "Declarations", "Engines", "Measured memory", "Exporter health"
+_O = "Observed caches"
 
 _METRICS: list[Metric] = [
     Metric(
@@ -211,6 +213,44 @@ _METRICS: list[Metric] = [
         "Seconds this scrape spent reading the spool and building metrics.",
         (),
         _X,
+    ),
+    Metric(
+        "modelkv_observed_peak_bytes",
+        "gauge",
+        "Most bytes the transformers caches of one declaring owner held at once since the engine started "
+        "(absent when they cannot be observed).",
+        OWNER,
+        _O,
+    ),
+    Metric(
+        "modelkv_observed_recent_peak_bytes",
+        "gauge",
+        "Most bytes the owner's caches held at once within the engine's last sample interval, caches freed "
+        "before the sample included (absent when they cannot be observed).",
+        OWNER,
+        _O,
+    ),
+    Metric(
+        "modelkv_observed_calls_total",
+        "counter",
+        "Calls into the owner in which it created, initialised or updated a transformers cache "
+        "(absent when its caches cannot be observed).",
+        OWNER,
+        _O,
+    ),
+    Metric(
+        "modelkv_observed_owner_calls_total",
+        "counter",
+        "Outermost calls into the owner's methods since the engine started observing, with or without a cache.",
+        OWNER,
+        _O,
+    ),
+    Metric(
+        "modelkv_observation_available",
+        "gauge",
+        "1 when the engine observes what the owner's caches hold, 0 when it cannot (its observed figures are absent).",
+        OWNER,
+        _O,
     ),
 ]
 

@@ -21,7 +21,7 @@ from modelkv_exporter.contract.scan import FULL_SCAN_EVERY_SECONDS, SETTLE_NS, S
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.contract.spool import snapshot_file_name, write_snapshot
 from tests.support import ROOT
-from tests.support.snapshots import make_declaration, make_snapshot
+from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 SCHEMA = json.loads((ROOT / "docs" / "snapshot.schema.json").read_text())
 
@@ -44,6 +44,7 @@ def test_round_trip_is_lossless_and_matches_the_published_schema(spool: Path) ->
         stage_id=1,
         stage_name="talker",
         tp_rank=0,
+        observations=(make_observation("a"), make_observation("b", reason="no call yet"), make_observation("")),
     )
     path = write_snapshot(spool, snapshot)
     assert path.name == snapshot_file_name("stage-1/replica 0") and "/" not in path.name
@@ -67,6 +68,20 @@ def test_older_and_unknown_fields_are_read_newer_versions_are_refused() -> None:
     with pytest.raises(SnapshotError) as caught:
         parse_snapshot(json.dumps(document(schema_version=SCHEMA_VERSION + 1)).encode())
     assert caught.value.reason is RejectReason.UNSUPPORTED_VERSION and "upgrade the sidecar" in str(caught.value)
+
+
+def test_an_unavailable_observation_has_no_figures_and_an_old_document_none() -> None:
+    observed = make_observation("decoder", peak_bytes=5, calls=3)
+    doc = document(observations=[{**vars(observed), "available": False, "reason": "graph replay"}])
+    (read,) = parse_snapshot(json.dumps(doc).encode()).observations
+    assert not read.available and read.reason == "graph replay" and read.calls == 3
+    assert read.peak_bytes is read.recent_peak_bytes is read.live_bytes is read.cache_calls is None
+    old = {k: v for k, v in document().items() if k != "observations"}
+    assert parse_snapshot(json.dumps(old).encode()).observations == ()
+
+
+def _observation_with(**change: object) -> dict:
+    return document(observations=[{**vars(make_observation("decoder")), **change}])
 
 
 def _declaration_with(**change: object) -> dict:
@@ -115,11 +130,24 @@ BAD_DOCUMENTS: dict[str, tuple[bytes, RejectReason]] = {
         RejectReason.INVALID_SNAPSHOT,
     ),
     "version 0": (json.dumps(document(schema_version=0)).encode(), RejectReason.INVALID_SNAPSHOT),
+    "negative observed bytes": (
+        json.dumps(_observation_with(peak_bytes=-1)).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
+    "observed availability as text": (
+        json.dumps(_observation_with(available="yes")).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
+    "observations not a list": (json.dumps(document(observations={"a": 1})).encode(), RejectReason.INVALID_SNAPSHOT),
+    "owner observed twice": (
+        json.dumps(document(observations=[vars(make_observation("decoder"))] * 2)).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
     "version string": (json.dumps(document(schema_version="1")).encode(), RejectReason.INVALID_SNAPSHOT),
 }
 
 
-BEYOND_SCHEMA = {"inconsistent peak", "duplicate declaration"}
+BEYOND_SCHEMA = {"inconsistent peak", "duplicate declaration", "owner observed twice"}
 """Arithmetic and uniqueness are checked in code; JSON Schema cannot say them."""
 
 
@@ -294,8 +322,12 @@ def test_to_dict_has_every_field_of_every_dataclass() -> None:
 
     from modelkv_exporter.contract.snapshot import Snapshot
 
-    snapshot = make_snapshot("e", measured={"a": 1}, baseline={"b": 2}, stage_name="s")
+    snapshot = make_snapshot(
+        "e", measured={"a": 1}, baseline={"b": 2}, stage_name="s", observations=(make_observation("decoder"),)
+    )
     expected = asdict(snapshot)
     expected["declarations"] = list(expected["declarations"])
+    expected["observations"] = list(expected["observations"])
     assert snapshot.to_dict() == expected
-    assert list(snapshot.to_dict()) == [f.name for f in fields(Snapshot)][-1:] + [f.name for f in fields(Snapshot)][:-1]
+    names = [f.name for f in fields(Snapshot)]
+    assert list(snapshot.to_dict()) == ["schema_version", *(n for n in names if n != "schema_version")]

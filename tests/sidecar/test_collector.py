@@ -18,7 +18,7 @@ from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.labels import label
 from modelkv_exporter.sidecar.source import SpoolSource
 from tests.support.exposition import Exposition
-from tests.support.snapshots import make_declaration, make_snapshot
+from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 
 class Clock:
@@ -47,7 +47,14 @@ def values(metrics: dict, name: str, **match: str) -> list[float]:
 def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -> None:
     every = {m.source: 1 for m in MEASUREMENTS}
     full = make_snapshot(
-        "e", interval=5.0, measured=every, baseline=every, architecture="A", stage_name="talker", tp_rank=0
+        "e",
+        interval=5.0,
+        measured=every,
+        baseline=every,
+        architecture="A",
+        stage_name="talker",
+        tp_rank=0,
+        observations=(make_observation("decoder"),),
     )
     write_snapshot(spool, replace(full, settings=EngineSettings(8, 0.9, 100, 10)))
     (spool / "broken.json").write_text("{")

@@ -11,6 +11,7 @@ from modelkv_exporter.contract.snapshot import (
     EngineSettings,
     Measured,
     MemorySample,
+    Observation,
     Snapshot,
 )
 from modelkv_exporter.contract.vocabulary import RowDriver
@@ -58,6 +59,31 @@ def make_declaration(
     )
 
 
+def make_observation(
+    owner: str = "decoder",
+    *,
+    peak_bytes: int | None = 1 << 20,
+    recent_peak_bytes: int | None = None,
+    live_bytes: int | None = None,
+    calls: int | None = 10,
+    cache_calls: int | None = None,
+    reason: str | None = None,
+) -> Observation:
+    """An owner's observation: available with the given figures, or unavailable when ``reason`` is given."""
+    if reason is not None:
+        return Observation(owner, "Owner", False, reason, calls=calls)
+    return Observation(
+        owner,
+        "Owner",
+        True,
+        peak_bytes=peak_bytes,
+        recent_peak_bytes=peak_bytes if recent_peak_bytes is None else recent_peak_bytes,
+        live_bytes=peak_bytes if live_bytes is None else live_bytes,
+        calls=calls,
+        cache_calls=calls if cache_calls is None else cache_calls,
+    )
+
+
 def make_snapshot(
     engine_id: str = "engine-a",
     *,
@@ -67,6 +93,7 @@ def make_snapshot(
     interval: float | None = None,
     measured: dict[str, int] | None = None,
     baseline: dict[str, int] | None = None,
+    observations: tuple[Observation, ...] = (),
     **identity: object,
 ) -> Snapshot:
     """A valid snapshot for engine ``engine_id``."""
@@ -87,4 +114,5 @@ def make_snapshot(
             baseline=None if baseline is None else MemorySample(now - 5, baseline),
         ),
         writer="tests",
+        observations=observations,
     )
