@@ -1,6 +1,6 @@
 """``SnapshotPublisher``: keeps one live engine's snapshot current in the spool.
 
-Heartbeats, measurements, the end mark. Stdlib only, so any engine (not only vLLM) can use it.
+Heartbeats, measurements, observations, the end mark. Stdlib only, so any engine (not only vLLM) can use it.
 """
 
 from __future__ import annotations
@@ -8,16 +8,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from modelkv_exporter.contract.snapshot import Measured, MemorySample, Snapshot
+from modelkv_exporter.contract.snapshot import Measured, MemorySample, Observation, Snapshot
 from modelkv_exporter.contract.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.samplers import Sampler
 
 logger = get_logger("heartbeat")
+
+Observe = Callable[[], Sequence[Observation]]
+"""Takes one sample of what the engine's declaring owners' caches hold (``Observer.sample``)."""
 
 
 def with_baseline(snapshot: Snapshot, sample: MemorySample) -> Snapshot:
@@ -25,12 +28,22 @@ def with_baseline(snapshot: Snapshot, sample: MemorySample) -> Snapshot:
     return replace(snapshot, measured=Measured(current=sample, baseline=sample))
 
 
+def _with_figures(
+    snapshot: Snapshot, sample: MemorySample | None, observations: Sequence[Observation] | None
+) -> Snapshot:
+    if sample is not None:
+        snapshot = replace(snapshot, measured=replace(snapshot.measured, current=sample))
+    if observations is not None:
+        snapshot = replace(snapshot, observations=tuple(observations))
+    return snapshot
+
+
 class SnapshotPublisher:
     """Owns one engine's snapshot and rewrites it atomically on every change.
 
-    ``start_heartbeat`` runs a daemon thread that samples memory and rewrites the
-    file every ``interval`` seconds; a failing write is logged once and retried
-    at the next beat, keeping the last good file in place.
+    ``start_heartbeat`` runs a daemon thread that samples memory (and, when given,
+    the observed caches) and rewrites the file every ``interval`` seconds; a failing
+    write is logged once and retried at the next beat, keeping the last good file in place.
     """
 
     def __init__(self, spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> None:
@@ -58,34 +71,33 @@ class SnapshotPublisher:
             self._snapshot = replace(change(self._snapshot), heartbeat_at=time.time())
             return write_snapshot(self.spool_dir, self._snapshot)
 
-    def beat(self, sample: MemorySample | None = None) -> Path:
-        """A heartbeat, with a new current memory sample when one is given."""
-
-        def change(snapshot: Snapshot) -> Snapshot:
-            if sample is None:
-                return snapshot
-            return replace(snapshot, measured=replace(snapshot.measured, current=sample))
-
-        return self.update(change)
+    def beat(self, sample: MemorySample | None = None, observations: Sequence[Observation] | None = None) -> Path:
+        """A heartbeat, with a new current memory sample and new observations when they are given."""
+        return self.update(lambda snapshot: _with_figures(snapshot, sample, observations))
 
     def set_baseline(self, sample: MemorySample) -> Path:
         """Record ``sample`` as the post-initialisation baseline (and as current)."""
         return self.update(lambda s: with_baseline(s, sample))
 
-    def start_heartbeat(self, interval: float, sampler: Sampler | None = None) -> None:
+    def start_heartbeat(self, interval: float, sampler: Sampler | None = None, observe: Observe | None = None) -> None:
         """Beat every ``interval`` seconds in a daemon thread until ``stop``/``end``."""
         if self._thread is not None:
             return
         self._snapshot = replace(self._snapshot, heartbeat_interval_seconds=interval)
         self._thread = threading.Thread(
-            target=self._run, args=(interval, sampler), name="modelkv-heartbeat", daemon=True
+            target=self._run, args=(interval, sampler, observe), name="modelkv-heartbeat", daemon=True
         )
         self._thread.start()
 
-    def _run(self, interval: float, sampler: Sampler | None) -> None:
+    def _run(self, interval: float, sampler: Sampler | None, observe: Observe | None) -> None:
+        def change(snapshot: Snapshot) -> Snapshot:
+            # Sampled under the publisher's lock, so a beat from another thread never lands between
+            # this sample and its write and then gets overwritten by older figures.
+            return _with_figures(snapshot, sampler() if sampler else None, observe() if observe else None)
+
         while not self._stop.wait(interval):
             try:
-                self.beat(sampler() if sampler else None)
+                self.update(change)
             except Exception as error:
                 if not self._failing:
                     logger.warning("modelkv: cannot refresh snapshot in %s: %s", self.spool_dir, error)

@@ -272,6 +272,11 @@ def _owners(root: object) -> list[tuple[str, HasModelLocalKV]]:
     return owners
 
 
+def declaring_owners(model: object) -> list[tuple[str, HasModelLocalKV]]:
+    """Every object in a loaded model that declares model-local KV, with its module path (``""`` = root)."""
+    return _owners(_unwrap_to_module(model))
+
+
 class OwnedSpec(NamedTuple):
     """A declaration with where it came from: the owner's module path and class name."""
 
@@ -288,7 +293,7 @@ def collect_owned_specs(model: object) -> list[OwnedSpec]:
     break model load. A model without declarers gives an empty list.
     """
     collected: list[OwnedSpec] = []
-    for path, owner in _owners(_unwrap_to_module(model)):
+    for path, owner in declaring_owners(model):
         try:
             specs = owner.model_local_kv_specs()
         except Exception:

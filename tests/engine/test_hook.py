@@ -129,6 +129,10 @@ def test_hook_config_from_environment() -> None:
         {"MODELKV_SPOOL_DIR": "/s", "MODELKV_SAMPLE_INTERVAL": "soon", "MODELKV_ENGINE_ID": "x"}
     )
     assert config is not None and config.sample_interval == 5.0 and config.engine_id_prefix == "x"
+    assert config.observe, "observation is on by default"
+    for value, observe in (("0", False), ("off", False), ("1", True), ("perhaps", True)):
+        config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s", "MODELKV_OBSERVE": value})
+        assert config is not None and config.observe is observe, value
 
 
 def test_engine_ids_are_stable_and_distinct_per_worker() -> None:

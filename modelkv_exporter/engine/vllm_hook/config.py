@@ -15,11 +15,13 @@ logger = get_logger("config")
 
 @dataclass(frozen=True)
 class HookConfig:
-    """The engine-side settings (``MODELKV_SPOOL_DIR``, ``MODELKV_SAMPLE_INTERVAL``, ``MODELKV_ENGINE_ID``)."""
+    """The engine-side settings (``MODELKV_SPOOL_DIR``, ``MODELKV_SAMPLE_INTERVAL``, ``MODELKV_ENGINE_ID``,
+    ``MODELKV_OBSERVE``)."""
 
     spool_dir: Path
     sample_interval: float = DEFAULT_SAMPLE_INTERVAL
     engine_id_prefix: str | None = None
+    observe: bool = True
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookConfig | None:
@@ -32,4 +34,4 @@ class HookConfig:
             logger.warning("modelkv: %s; using the default", problem)
         if not values["spool_dir"]:
             return None
-        return cls(Path(values["spool_dir"]), values["sample_interval"], values["engine_id"] or None)
+        return cls(Path(values["spool_dir"]), values["sample_interval"], values["engine_id"] or None, values["observe"])

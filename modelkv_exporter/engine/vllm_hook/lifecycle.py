@@ -1,7 +1,8 @@
 """What the hook does inside a worker process, at each point of the worker's life.
 
 - after ``load_model``: collect the model's declarations once, resolve them at
-  ``max_num_seqs``, add the engine's identity, publish, start the heartbeat;
+  ``max_num_seqs``, add the engine's identity, start observing the declaring owners'
+  caches, publish, start the heartbeat (which samples memory and observations);
 - after ``initialize_from_config``: add the paged KV cache, take the baseline;
 - after ``compile_or_warm_up_model``: take the baseline again (initialisation is over);
 - before ``shutdown`` (and at exit): mark the snapshot ended.
@@ -19,6 +20,8 @@ from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher, with_baseline
 from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.observe import Observer, install
+from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.samplers import Sampler, sampler_for
 from modelkv_exporter.engine.vllm_hook.config import HookConfig
@@ -35,6 +38,7 @@ class WorkerHook:
 
     publisher: SnapshotPublisher
     sampler: Sampler
+    observer: Observer | None = None
 
 
 def after_load_model(worker: Any, config: HookConfig) -> None:
@@ -45,14 +49,16 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     identity = identity_of(worker)
     max_num_seqs = int(worker.vllm_config.scheduler_config.max_num_seqs)
     engine_id = engine_id_for(identity, config.engine_id_prefix)
-    snapshot = build_snapshot(model_of(worker), max_num_seqs=max_num_seqs, engine_id=engine_id, **identity)
+    model = model_of(worker)
+    snapshot = build_snapshot(model, max_num_seqs=max_num_seqs, engine_id=engine_id, **identity)
     config.spool_dir.mkdir(parents=True, exist_ok=True)
     sampler = sampler_for(getattr(worker, "device", None))
+    observer = install(declaring_owners(model), enabled=config.observe)
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
-    publisher.start_heartbeat(config.sample_interval, sampler)
-    setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler))
+    publisher.start_heartbeat(config.sample_interval, sampler, observer.sample)
+    setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler, observer))
     atexit.register(_end_at_exit, publisher)
-    publisher.beat(sampler())
+    publisher.beat(sampler(), observer.sample())
     logger.info(
         "modelkv: %s publishes %d declaration(s) to %s",
         engine_id,
