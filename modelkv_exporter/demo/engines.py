@@ -2,8 +2,10 @@
 
 Each engine runs in its own process (as each vLLM-Omni stage does), builds a small
 model whose inner modules own real transformers caches, publishes its declarations,
-takes a post-load memory baseline, allocates the caches, then beats with its
-measured resident memory until told to stop, when it marks its snapshot ended.
+starts observing its owners' caches (unless ``MODELKV_OBSERVE=0``), takes a post-load
+memory baseline, allocates the caches through each owner, then beats with its measured
+resident memory and what its caches were observed to hold, until told to stop, when it
+marks its snapshot ended. One engine's owner declares less than it holds, on purpose.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from torch import nn
 
 from modelkv_exporter.demo import owners
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+from modelkv_exporter.engine.observe import install
+from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.samplers import sample_host_memory
 
@@ -59,7 +63,18 @@ DEMO_ENGINES: tuple[DemoEngine, ...] = (
         4,
         (("talker.audio_generator", "TalkerGenerator"),),
     ),
+    DemoEngine(
+        "qwen3-tts-eager-s1-r0",
+        "qwen3-tts-eager",
+        "Qwen3TTSCode2Wav",
+        1,
+        "code2wav",
+        4,
+        (("tokenizer.decoder", "EagerCodecDecoder"),),
+    ),
 )
+UNDER_DECLARING = "qwen3-tts-eager-s1-r0"
+"""The demo engine whose owner deliberately declares less than it holds."""
 
 
 def build_model(engine: DemoEngine) -> nn.Module:
@@ -95,14 +110,15 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         dp_rank=0,
         device="cpu",
     )
+    observer = install(declaring_owners(model))
     publisher = SnapshotPublisher(spool_dir, snapshot)
-    if interval > 0:
-        publisher.start_heartbeat(interval, sample_host_memory)
     publisher.set_baseline(sample_host_memory())
     for module in model.modules():
         if isinstance(module, owners.DemoOwner):
             module.allocate(engine.max_num_seqs)
-    publisher.beat(sample_host_memory())
+    if interval > 0:
+        publisher.start_heartbeat(interval, sample_host_memory, observer.sample)
+    publisher.beat(sample_host_memory(), observer.sample())
     stop.wait()
     publisher.end()
 

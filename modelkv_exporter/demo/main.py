@@ -55,6 +55,24 @@ def _summary(reader: SpoolReader) -> str:
     return table(["engine", "stage", "owner", "cache", "rows", "declared peak"], rows)
 
 
+def _observed_summary(reader: SpoolReader) -> str:
+    """Per owner: what it declares beside what its caches were observed to hold."""
+    rows = []
+    for _, snapshot in reader.scan().snapshots:
+        for observation in snapshot.observations:
+            declared = sum(d.peak_bytes for d in snapshot.declarations if d.owner == observation.owner)
+            peak = observation.peak_bytes
+            if not observation.available or peak is None:
+                verdict, observed = f"not observed: {observation.reason}", "—"
+            elif peak > declared:
+                verdict, observed = f"holds {peak / max(declared, 1):.2f}x its declaration", human_bytes(peak)
+            else:
+                verdict, observed = "within its declaration", human_bytes(peak)
+            owner = observation.owner or ROOT_OWNER
+            rows.append([snapshot.engine.engine_id, owner, human_bytes(declared), observed, verdict])
+    return table(["engine", "owner", "declared peak", "observed peak", ""], rows)
+
+
 def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     """Start the demo engines and serve their spool on ``sock`` until interrupted or ``--duration`` passes.
 
@@ -70,6 +88,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     try:
         reader = _wait_for_snapshots(spool_dir, processes)
         print(_summary(reader), flush=True)
+        print("\n" + _observed_summary(reader), flush=True)
         config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes)
         server = build_server(config, host=args.host, port=args.port, log_level=args.log_level)
         host, port = sock.getsockname()[:2]
@@ -79,7 +98,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             f"  page:     {base}/\n"
             f"  metrics:  {base}/metrics\n"
             f"  engines:  {base}/api/v1/engines\n"
-            f"  try:      curl -s {base}/metrics | grep '^modelkv_declared_peak_bytes'\n"
+            f"  try:      curl -s {base}/metrics | grep -E '^modelkv_(declared|observed)_peak_bytes'\n"
             "Press Ctrl-C to stop.",
             flush=True,
         )

@@ -25,24 +25,33 @@ from modelkv_exporter.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDr
 
 
 def cache_bytes(cache: Cache) -> int:
-    """Bytes of every key and value tensor a transformers cache holds."""
-    if isinstance(cache, EncoderDecoderCache):
-        return cache_bytes(cache.self_attention_cache) + cache_bytes(cache.cross_attention_cache)
-    total = 0
-    for layer in cache.layers:
+    """Bytes a transformers cache keeps allocated: the distinct storages behind its keys and values.
+
+    Storages, not ``numel * element_size``: a sliding-window layer keeps a ``window - 1`` view into a
+    larger tensor, and the whole tensor stays allocated.
+    """
+    layers = (
+        [*cache.self_attention_cache.layers, *cache.cross_attention_cache.layers]
+        if isinstance(cache, EncoderDecoderCache)
+        else cache.layers
+    )
+    storages: dict[int, int] = {}
+    for layer in layers:
         for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(tensor, torch.Tensor):
-                total += tensor.numel() * tensor.element_size()
-    return total
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr() or id(tensor)] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _fill(
     cache: Cache, *, layers: int, rows: int, kv_heads: int, tokens: int, head_dim: int, dtype: torch.dtype
 ) -> Cache:
-    """Write ``tokens`` positions of ``rows`` batch rows into every layer (materialises lazy layers)."""
-    states = torch.zeros(rows, kv_heads, tokens, head_dim, dtype=dtype)
+    """Prefill ``tokens`` positions of ``rows`` batch rows into every layer, with distinct keys and values."""
+    shape = (rows, kv_heads, tokens, head_dim)
     for layer in range(layers):
-        cache.update(states, states, layer, cache_kwargs={"cache_position": torch.arange(tokens)})
+        keys, values = torch.full(shape, 0.5, dtype=dtype), torch.full(shape, -0.5, dtype=dtype)
+        cache.update(keys, values, layer, cache_kwargs={"cache_position": torch.arange(tokens)})
     return cache
 
 
@@ -131,16 +140,43 @@ class CodecDecoder(DemoOwner):
         ]
 
     def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
+        """A sliding-window cache holding the last ``window - 1`` positions, as vLLM-Omni keeps it between chunks.
+
+        Its retained cache is a clone of the window (``_slice_dynamic_cache``), so its storage is
+        exactly ``window - 1`` positions; a prefill of that many positions gives the same storage.
+        """
         cache = DynamicCache(config=self.config)
         return _fill(
             cache,
             layers=spec.layers,
             rows=rows,
             kv_heads=spec.kv_heads,
-            tokens=self.config.sliding_window * 2,
+            tokens=self.config.sliding_window - 1,
             head_dim=spec.head_dim,
             dtype=spec.dtype,
         )
+
+
+class EagerCodecDecoder(CodecDecoder):
+    """Qwen3-TTS's decoder on its eager batched async-chunk path: a declaration that leaves a copy out, on purpose.
+
+    It declares what vLLM-Omni 0.30.0's decoder declares there (the retained request cache and
+    the working copy, no graph pool), but holds what that path holds: a third, batched copy of
+    every request's cache beside them (``_batch_dynamic_caches``). Its declaration under-reports
+    by half, so ``ModelKVDeclarationUnderReports`` fires for it. The real decoder under-reports
+    that path by 2.18x (docs/observed-caches.md).
+    """
+
+    UNDECLARED = "batched_copy (undeclared)"
+
+    def model_local_kv_specs(self) -> list[ModelLocalKVSpec]:
+        return [spec for spec in super().model_local_kv_specs() if spec.rows == RowDriver.MAX_NUM_SEQS]
+
+    def allocate(self, max_num_seqs: int) -> None:
+        """The declared caches, and the batched copy the declaration leaves out."""
+        super().allocate(max_num_seqs)
+        request = self.model_local_kv_specs()[0]
+        self.caches[self.UNDECLARED] = [self.build_cache(request, max_num_seqs)]
 
 
 class StaticCacheOwner(DemoOwner):

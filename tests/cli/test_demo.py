@@ -24,6 +24,8 @@ EXPECTED_PEAKS = {
     * (1 + 2 + 4 + 8),
     ("minicpm-o-s0-r0", "whisper_encoder_self_attn"): KNOWN_ROW_BYTES["whisper_encoder_self_attn"],
     ("ming-flash-omni-s1-r0", "talker_llm_static_cache"): KNOWN_ROW_BYTES["talker_llm_static_cache"],
+    ("qwen3-tts-eager-s1-r0", "codec_decoder_request"): KNOWN_ROW_BYTES["codec_decoder_request"] * 4,
+    ("qwen3-tts-eager-s1-r0", "codec_decoder_working_copy"): KNOWN_ROW_BYTES["codec_decoder_working_copy"] * 4,
 }
 
 
@@ -67,8 +69,21 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
                 "mimo-audio-s0-r0",
                 "minicpm-o-s0-r0",
                 "ming-flash-omni-s1-r0",
+                "qwen3-tts-eager-s1-r0",
             )
         }
+        declared: dict[tuple[str, str], float] = {}
+        for s in families["modelkv_declared_peak_bytes"].samples:
+            key = (s.labels["engine"], s.labels["owner"])
+            declared[key] = declared.get(key, 0) + s.value
+        observed = {
+            (s.labels["engine"], s.labels["owner"]): s.value for s in families["modelkv_observed_peak_bytes"].samples
+        }
+        available = {(s.labels["engine"], s.labels["owner"]) for s in families["modelkv_observation_available"].samples}
+        assert observed.keys() == declared.keys() == available, "every demo owner is observed beside its declaration"
+        for key, value in observed.items():
+            expected = 1.5 * declared[key] if key[0] == "qwen3-tts-eager-s1-r0" else declared[key]
+            assert value == expected, key
         rss = {s.labels["engine"]: s.value for s in families["modelkv_memory_process_resident_bytes"].samples}
         base = {s.labels["engine"]: s.value for s in families["modelkv_memory_process_resident_baseline_bytes"].samples}
         whisper = KNOWN_ROW_BYTES["whisper_encoder_self_attn"]
@@ -78,8 +93,9 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
         output = process.communicate(timeout=60)[0].decode()
     assert process.returncode == 0, output
     assert "Serving on" in output and "engines stopped" in output
+    assert "holds 1.50x its declaration" in output and output.count("within its declaration") == 4
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
-    assert len(snapshots) == 5 and all(s["ended"] for s in snapshots)
+    assert len(snapshots) == 6 and all(s["ended"] for s in snapshots)
 
 
 def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:
