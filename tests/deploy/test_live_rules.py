@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
-from tests.support import polling
+from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDER_DECLARING, start_engines
+from tests.support import observed_engine, polling
 from tests.support.processes import free_port, start_sidecar, stop_process
 from tests.support.prometheus import query, running_prometheus, scrape_config
 from tests.support.promql import (
@@ -60,6 +60,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     spool.mkdir()
     gone.mkdir()
     processes, stop = start_engines(str(spool), 1.0)
+    unused, unused_stop = observed_engine.start(str(spool))
     scenario = start_scenario(spool)
     sidecar = start_sidecar(spool)
     broken = start_sidecar(gone)
@@ -71,7 +72,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     started_at = time.time()
     try:
         with running_prometheus(tmp, config) as prometheus:
-            engines = {e.engine_id for e in DEMO_ENGINES} | {"sim-gpu-leak", "sim-gpu-tight"}
+            engines = {e.engine_id for e in DEMO_ENGINES} | {"sim-gpu-leak", "sim-gpu-tight", observed_engine.ENGINE_ID}
             eventually(
                 lambda: engines <= {r["metric"]["engine"] for r in query(prometheus, "modelkv_engine_up == 1")},
                 "every demo and simulated engine to be scraped",
@@ -80,7 +81,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     finally:
         scenario.stop()
         stop.set()
-        for process in processes:
+        unused_stop.set()
+        for process in [*processes, unused]:
             process.join(timeout=15)
             if process.is_alive():
                 process.kill()
@@ -158,3 +160,33 @@ def test_every_alert_goes_pending_or_firing_in_prometheus(live: Live) -> None:
     assert {r["metric"]["engine"] for r in stale} == {"sim-stale"}
     undeclared = query(live.prometheus, 'ALERTS{alertname="ModelKVUndeclaredMemoryGrowth"}')
     assert "sim-gpu-tight" not in {r["metric"]["engine"] for r in undeclared}, "growth within the peak never pages"
+
+
+def test_declaration_under_reports_fires_for_the_deliberate_engine_and_no_other(live: Live) -> None:
+    """The demo engine whose owner holds 1.5x its declaration pages; the demo owners that hold exactly theirs do not."""
+
+    def firing() -> set[tuple[str, str]]:
+        alerts = query(live.prometheus, 'ALERTS{alertname="ModelKVDeclarationUnderReports", alertstate="firing"}')
+        return {(r["metric"]["engine"], r["metric"]["owner"]) for r in alerts}
+
+    eventually(lambda: firing(), "ModelKVDeclarationUnderReports to fire")
+    assert firing() == {(UNDER_DECLARING, "tokenizer.decoder")}
+    any_state = query(live.prometheus, 'ALERTS{alertname="ModelKVDeclarationUnderReports"}')
+    assert {r["metric"]["engine"] for r in any_state} == {UNDER_DECLARING}, "not even pending for another"
+    observed = {
+        r["metric"]["engine"]: float(r["value"][1])
+        for r in query(live.prometheus, "modelkv_observed_peak_bytes")
+        if r["metric"]["engine"] != observed_engine.ENGINE_ID
+    }
+    assert observed.keys() == {e.engine_id for e in DEMO_ENGINES if e.owners}, "every demo owner is observed"
+
+
+def test_a_cache_that_stopped_working_goes_pending(live: Live) -> None:
+    def unused() -> set[str]:
+        alerts = query(live.prometheus, 'ALERTS{alertname="ModelKVDeclaredCacheUnused"}')
+        return {r["metric"]["engine"] for r in alerts}
+
+    eventually(lambda: unused(), "ModelKVDeclaredCacheUnused to go pending")
+    assert unused() == {observed_engine.ENGINE_ID}
+    available = query(live.prometheus, f'modelkv_observation_available{{engine="{observed_engine.ENGINE_ID}"}}')
+    assert [float(r["value"][1]) for r in available] == [1.0], "its caches are observable: it is the cache that idles"
