@@ -106,6 +106,27 @@ def declared_against_measured() -> timeseries.Panel:
     ).override_by_query("A", dashed)
 
 
+def declared_against_observed() -> timeseries.Panel:
+    dashed = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]})]
+    return graph(
+        "Declared against observed, per owner",
+        "Dashed: what each owner declares at its engine's max_num_seqs. Solid: the most its transformers caches "
+        "were observed to hold at once, since the engine started; dotted: within the last sample interval. "
+        "Solid above dashed is a declaration that under-reports. An owner whose caches cannot be observed has "
+        "no solid line (see modelkv_observation_available).",
+        "bytes",
+        query(
+            f"sum without (cache, scope, rows) (modelkv_declared_peak_bytes{{{ENGINE_SELECTOR}}})",
+            "declared {{engine}} {{owner}}",
+            "A",
+        ),
+        per_engine("modelkv_observed_peak_bytes", "observed {{engine}} {{owner}}", "B"),
+        per_engine("modelkv_observed_recent_peak_bytes", "recent {{engine}} {{owner}}", "C"),
+    ).override_by_query("A", dashed).override_by_query(
+        "C", [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dot", "dash": [0, 10]})]
+    )
+
+
 def undeclared_growth() -> timeseries.Panel:
     return (
         graph(
@@ -274,6 +295,7 @@ LAYOUT: list[tuple[str, list[tuple[Callable[[], PanelBuilder], int, int]]]] = [
         [
             (declared_against_measured, 12, 9),
             (declared_by_owner, 12, 9),
+            (declared_against_observed, 24, 9),
             (undeclared_growth, 8, 8),
             (device_headroom, 8, 8),
             (safe_max_num_seqs, 8, 8),
