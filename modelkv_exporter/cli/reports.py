@@ -19,6 +19,10 @@ MAX_WIDTH = 120
 MIN_WIDTH = 60
 MIN_COLUMN = 8
 GEOMETRY_LEGEND = "geometry: layers x kv_heads x head_dim x positions per row"
+OBSERVED_LEGEND = (
+    "observed: the most an owner's transformers caches held at once since the engine started; recent: within "
+    "its last sample interval; calls: those that used a cache / all calls into the owner"
+)
 
 
 def report_width() -> int:
@@ -99,11 +103,43 @@ def _declaration_details(d: Declaration) -> str:
     return f"{d.owner or ROOT_OWNER} / {d.name}: " + "; ".join(details)
 
 
+def _observed(snapshot: Snapshot, width: int) -> list[str]:
+    """Per owner: declared beside observed in a table, then why an owner is not observed, or how far over it is."""
+    rows, notes = [], []
+    for owner, observation in snapshot.owners().items():
+        name = owner or ROOT_OWNER
+        declared = snapshot.declared_peak_of(owner)
+        if observation is None or not observation.available:
+            rows.append([name, human_bytes(declared), "-", "-", "-", "-"])
+            why = "the engine does not report it" if observation is None else observation.reason
+            notes.append(_wrapped(f"{name}: not observed: {why}", width, "  "))
+            continue
+        peak = observation.peak_bytes or 0
+        rows.append(
+            [
+                name,
+                human_bytes(declared),
+                human_bytes(peak),
+                human_bytes(observation.recent_peak_bytes or 0),
+                human_bytes(observation.live_bytes or 0),
+                f"{observation.cache_calls}/{observation.calls}",
+            ]
+        )
+        if peak > declared:
+            over = f"{peak / declared:.2f}x its declaration" if declared else "caches it does not declare"
+            notes.append(_wrapped(f"{name}: holds {over}", width, "  "))
+    if not rows:
+        return []
+    headers = ["owner", "declared", "observed", "recent", "live", "calls"]
+    return [table(headers, rows, width, narrow=(0,)), *notes]
+
+
 def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
     """Every engine's declarations in full, then every rejected file; no line wider than ``width``.
 
     The table holds what compares across declarations; long text (owner class, capacity source,
-    reasons, notes) follows it, one wrapped line per declaration.
+    reasons, notes) follows it, one wrapped line per declaration. Then, per owner, what it declares
+    beside what its caches were observed to hold, and why an owner is not observed.
     """
     if not view.scan.ok:
         return _wrapped(f"cannot read the spool: {view.scan.error}", width) + "\n"
@@ -126,9 +162,12 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
             parts += [_wrapped(_declaration_details(d), width, "  ") for d in snapshot.declarations]
         else:
             parts.append("(no declarations)")
+        parts += _observed(snapshot, width)
         parts.append("")
     if any(item.snapshot.declarations for item in view.usable):
         parts += [GEOMETRY_LEGEND, ""]
+    if any(item.snapshot.owners() for item in view.usable):
+        parts += [_wrapped(OBSERVED_LEGEND, width), ""]
     rejected = view.rejected
     if rejected:
         parts.append("rejected files:")

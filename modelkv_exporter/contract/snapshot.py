@@ -160,6 +160,17 @@ class Snapshot:
         """Sum of every declaration's peak bytes."""
         return sum(d.peak_bytes for d in self.declarations)
 
+    def owners(self) -> dict[str, Observation | None]:
+        """Every declaring owner, declared or observed, in declaration order, with its observation (None: none sent)."""
+        owners: dict[str, Observation | None] = {d.owner: None for d in self.declarations}
+        for observation in self.observations:
+            owners[observation.owner] = observation
+        return owners
+
+    def declared_peak_of(self, owner: str) -> int:
+        """Sum of the declared peaks of one owner's caches (0 when it declares none)."""
+        return sum(d.peak_bytes for d in self.declarations if d.owner == owner)
+
     @property
     def per_sequence_bytes(self) -> int:
         """Bytes one more in-flight sequence adds: rows per MAX_NUM_SEQS declaration."""

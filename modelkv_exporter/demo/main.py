@@ -60,7 +60,7 @@ def _observed_summary(reader: SpoolReader) -> str:
     rows = []
     for _, snapshot in reader.scan().snapshots:
         for observation in snapshot.observations:
-            declared = sum(d.peak_bytes for d in snapshot.declarations if d.owner == observation.owner)
+            declared = snapshot.declared_peak_of(observation.owner)
             peak = observation.peak_bytes
             if not observation.available or peak is None:
                 verdict, observed = f"not observed: {observation.reason}", "—"

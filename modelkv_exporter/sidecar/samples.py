@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from modelkv_exporter import __version__
 from modelkv_exporter.contract.decode import RejectReason
-from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Observation, Snapshot
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
 from modelkv_exporter.contract.state import EngineState
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS, ROOT_OWNER
 from modelkv_exporter.sidecar.labels import engine_labels, label
@@ -101,17 +101,9 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> Non
             add(f"modelkv_memory_{m.source}_baseline_bytes", engine, base)
 
 
-def observed_owners(snapshot: Snapshot) -> dict[str, Observation | None]:
-    """Every declaring owner of the snapshot, declared or observed, with its observation (None when not observed)."""
-    owners: dict[str, Observation | None] = {d.owner: None for d in snapshot.declarations}
-    for observation in snapshot.observations:
-        owners[observation.owner] = observation
-    return owners
-
-
 def observation_samples(snapshot: Snapshot, engine: list[str], add: Add) -> None:
     """Per declaring owner, whether its caches are observed and, only when they are, what they held."""
-    for owner, observation in observed_owners(snapshot).items():
+    for owner, observation in snapshot.owners().items():
         series = [*engine, label(owner or ROOT_OWNER)]
         available = observation is not None and observation.available
         add("modelkv_observation_available", series, 1.0 if available else 0.0)

@@ -12,7 +12,7 @@ from modelkv_exporter.cli.reports import MAX_WIDTH, abbreviate, inspect_report, 
 from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.state import EngineState, classify
-from tests.support.snapshots import make_declaration, make_snapshot
+from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 LONG_OWNER = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"
 LONG_SOURCE = "min(config.max_position_embeddings, config.sliding_window * config.num_hidden_layers) " * 4
@@ -90,3 +90,24 @@ def test_plan_without_a_budget_has_no_budget_column(spool: Path) -> None:
     _fill(spool)
     plain = run_cli("plan", str(spool), "--max-num-seqs", "2").stdout
     assert "largest" not in plain and "qwen3-omni-thinker" in plain
+
+
+def test_inspect_shows_each_owner_declared_beside_observed(spool: Path) -> None:
+    declaration = make_declaration("kv", owner="talker")
+    write_snapshot(
+        spool,
+        make_snapshot(
+            "observed",
+            declarations=(declaration,),
+            observations=(
+                make_observation("talker", peak_bytes=declaration.peak_bytes * 3, calls=9, cache_calls=4),
+                make_observation("vocoder", reason="the owner replayed a CUDA graph", calls=2),
+            ),
+        ),
+    )
+    out = run_cli("inspect", str(spool)).stdout
+    lines = [line.split() for line in out.splitlines()]
+    assert ["talker", "35.5", "MiB", "106.5", "MiB", "106.5", "MiB", "106.5", "MiB", "4/9"] in lines
+    assert ["vocoder", "0", "B", "-", "-", "-", "-"] in lines
+    assert "talker: holds 3.00x its declaration" in out
+    assert "vocoder: not observed: the owner replayed a CUDA graph" in out

@@ -13,7 +13,7 @@ from modelkv_exporter.contract.state import classify
 from modelkv_exporter.sidecar.http.landing import render_landing
 from tests.support.browser import chromium_run
 from tests.support.processes import Sidecar
-from tests.support.snapshots import make_declaration, make_snapshot
+from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
 
@@ -27,6 +27,10 @@ def _fill(spool: Path) -> None:
             measured={"process_resident": 3 << 20},
             baseline={"process_resident": 1 << 20},
             stage_name="talker",
+            observations=(
+                make_observation("talker.decoder", peak_bytes=2 * make_declaration("kv").peak_bytes, calls=7),
+                make_observation("", reason=HOSTILE, calls=3),
+            ),
         ),
     )
     write_snapshot(spool, make_snapshot("plain-s1", declarations=()))
@@ -52,6 +56,8 @@ def test_landing_page_lists_engines_declarations_and_rejected_files(sidecar: Sid
         assert text in html, text
     assert "3 exported" in html and "1 stale" in html and "1 rejected" in html
     assert "2.0 MiB" in html and "process_resident" in html, "growth since the baseline"
+    assert "holds 2.00× its declaration" in html and "7 / 7" in html, "observed beside declared per owner"
+    assert "&lt;img src=x" in html and "the engine does not report it" in html, "absent with its reason"
     for link in ("/metrics", "/api/v1/engines", "/healthz", "/readyz"):
         assert f'href="{link}"' in html
     assert "<script" not in html and "<img" not in html and "&lt;script&gt;" in html

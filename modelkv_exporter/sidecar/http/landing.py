@@ -28,6 +28,10 @@ GROWTH_LEGEND = (
     "growth source: the measurement it is taken from"
 )
 GEOMETRY_LEGEND = "geometry: layers × kv_heads × head_dim × positions per row, then the element type"
+OBSERVED_LEGEND = (
+    "observed peak: the most the owner's transformers caches held at once since the engine started; "
+    "recent: within its last sample interval; calls: those that used a cache / all calls into the owner"
+)
 
 _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -108,6 +112,26 @@ def _declaration_row(d: Declaration) -> list[str]:
     ]
 
 
+def _owner_rows(snapshot: Snapshot) -> list[list[str]]:
+    """Per owner: what it declares beside what its caches were observed to hold, or why they were not."""
+    rows = []
+    for owner, observation in snapshot.owners().items():
+        declared = snapshot.declared_peak_of(owner)
+        name = escape(owner or ROOT_OWNER)
+        if observation is None or not observation.available:
+            why = "the engine does not report it" if observation is None else observation.reason or ""
+            rows.append([name, human_bytes(declared), "—", "—", "—", f'<span class="muted">{escape(why)}</span>'])
+            continue
+        peak = observation.peak_bytes or 0
+        verdict = f"holds {peak / declared:.2f}× its declaration" if declared and peak > declared else ""
+        if not declared and peak:
+            verdict = "holds caches it does not declare"
+        calls = f"{observation.cache_calls} / {observation.calls}"
+        recent = observation.recent_peak_bytes or 0
+        rows.append([name, human_bytes(declared), human_bytes(peak), human_bytes(recent), calls, escape(verdict)])
+    return rows
+
+
 def _engine_section(snapshot: Snapshot) -> str:
     engine = snapshot.engine
     title = f'<h3 id="engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</h3>'
@@ -118,11 +142,16 @@ def _engine_section(snapshot: Snapshot) -> str:
         ("writer", snapshot.writer),
     ]
     line = " · ".join(f"{k} <code>{escape(str(v))}</code>" for k, v in facts if v)
+    owners = _owner_rows(snapshot)
+    observed = ""
+    if owners:
+        headers = ["owner", "declared peak", "observed peak", "recent peak", "calls", ""]
+        observed = f'{_table(headers, owners, numeric=(1, 2, 3, 4))}<p class="muted">{escape(OBSERVED_LEGEND)}</p>'
     if not snapshot.declarations:
-        return f'{title}<p class="muted">{line}</p><p>No model-local KV caches declared.</p>'
+        return f'{title}<p class="muted">{line}</p>{observed}<p>No model-local KV caches declared.</p>'
     headers = ["owner", "cache", "scope", "rows", "per row", "declared peak", "geometry", "capacity", "notes"]
     rows = [_declaration_row(d) for d in snapshot.declarations]
-    return f'{title}<p class="muted">{line}</p>{_table(headers, rows, numeric=(4, 5))}'
+    return f'{title}<p class="muted">{line}</p>{observed}{_table(headers, rows, numeric=(4, 5))}'
 
 
 def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
