@@ -54,12 +54,17 @@ def metrics_markdown() -> str:
     return "\n".join(lines)
 
 
+def _shown(default: object) -> object:
+    """A default as its variable spells it: an on/off switch as 1 or 0."""
+    return int(default) if isinstance(default, bool) else default
+
+
 def settings_table() -> str:
     """The settings as one Markdown table."""
     lines = ["| flag | environment variable | commands and defaults | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
         defaults = ", ".join(
-            f"{command}: {'required' if default is None else f'`{default}`' if default != '' else 'unset'}"
+            f"{command}: {'required' if default is None else f'`{_shown(default)}`' if default != '' else 'unset'}"
             for command, default in s.defaults.items()
         )
         flag = f"`{s.flag}`" if set(s.defaults) - {ENGINE} else "(environment only)"

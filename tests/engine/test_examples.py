@@ -11,6 +11,8 @@ import torch
 
 from modelkv_exporter import publish
 from modelkv_exporter.demo.engines import DEMO_ENGINES, build_model
+from modelkv_exporter.demo.owners import DemoOwner
+from modelkv_exporter.engine.observe import Observer
 from tests.support import ROOT
 from tests.support.exposition import Exposition
 from tests.support.processes import Sidecar
@@ -45,13 +47,25 @@ def test_the_snapshot_publisher_example_keeps_an_engine_live_then_ends_it(sideca
         document = json.loads((sidecar.spool_dir / "talker-0.json").read_text())
         seen["document"] = document
         seen["during"] = metrics(sidecar)
+        owners = [m for m in model.modules() if isinstance(m, DemoOwner)]
+        for owner in owners:
+            owner.allocate(2)
+        seen["held"] = sum(sum(owner.held_bytes().values()) for owner in owners)
+        seen["observed"] = namespace["observer"].sample()
 
-    namespace = {
+    namespace: dict[str, object] = {
         "load_model": lambda: build_model(CODE2WAV),
         "device": torch.device("cpu"),
         "serve": serve,
     }
-    exec(compile(code.replace(DOC_SPOOL, str(sidecar.spool_dir)), "docs/engine-hook.md", "exec"), namespace)
+    try:
+        exec(compile(code.replace(DOC_SPOOL, str(sidecar.spool_dir)), "docs/engine-hook.md", "exec"), namespace)
+    finally:
+        observer = namespace.get("observer")
+        if isinstance(observer, Observer):
+            observer.uninstall()
+    (observation,) = seen["observed"]  # type: ignore[misc]
+    assert observation.available and observation.peak_bytes == seen["held"] > 0, "the owner's caches, observed"
 
     document = seen["document"]
     assert isinstance(document, dict)

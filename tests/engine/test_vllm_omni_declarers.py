@@ -16,6 +16,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache, Qwen2Config, Qwen2Model
 from vllm_omni.model_executor.models.common.ming.aggregator import Aggregator  # noqa: E402
+from vllm_omni.model_executor.models.mimo_audio.mimo_audio_llm import (  # noqa: E402
+    MiMoAudioLLMForConditionalGeneration,
+    MiMoAudioQwen2Model,
+)
 from vllm_omni.model_executor.models.ming_flash_omni.ming_flash_omni_talker import (  # noqa: E402
     MingFlashOmniTalkerForConditionalGeneration,
 )
@@ -309,3 +313,45 @@ def test_the_wrong_qwen3_tts_declaration_shows_on_metrics(observer: Observer, si
     (observed,) = families["modelkv_observed_peak_bytes"].samples
     assert observed.labels["owner"] == "tokenizer.decoder"
     assert declared == 142 * POSITION and observed.value == 310 * POSITION
+
+
+def running_mimo_local_transformer() -> MiMoAudioLLMForConditionalGeneration:
+    """MiMo-Audio's LLM with only what its local decode reads: the real local transformer geometry, tiny heads."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        num_hidden_layers=16,
+        num_attention_heads=64,
+        num_key_value_heads=64,
+        hidden_size=1024,
+        intermediate_size=64,
+        vocab_size=16,
+    )
+    config._attn_implementation = "sdpa"
+    llm = object.__new__(MiMoAudioLLMForConditionalGeneration)
+    nn.Module.__init__(llm)
+    llm.local_config = config
+    llm.group_size, llm.delay_pattern, llm.audio_channels = 4, [0, 1, 2, 3, 4, 5, 6, 7], 8
+    llm.speech_empty_ids = [0] * 8
+    llm.local_transformer = MiMoAudioQwen2Model(config).to(torch.bfloat16).eval()
+    llm.local_transformer.embed_tokens = None
+    heads = [nn.Linear(1024, 32, bias=False) for _ in range(8)]
+    llm.local_transformer_lm_heads = nn.ModuleList(heads).to(torch.bfloat16)
+    llm.speech_embeddings = nn.ModuleList([nn.Embedding(32, 1024, padding_idx=0) for _ in range(8)]).to(torch.bfloat16)
+    llm.speech_embeddings_to_local = None
+    llm.local_forward_cg_by_bs = {}
+    return llm
+
+
+def test_mimo_audio_local_transformer_holds_exactly_its_declaration(observer: Observer) -> None:
+    """The eager local decode: one DynamicCache, a row per request, group_size + max(delay_pattern) positions."""
+    llm = running_mimo_local_transformer()
+    rows = 2
+    observer.add_owners(declaring_owners(llm))
+    with torch.no_grad():
+        tokens = llm.local_forward(torch.randn(rows, 1, 1024, dtype=torch.bfloat16), tokens_device=torch.device("cpu"))
+    assert tokens.shape == (rows, 4, 8)
+    (observation,) = observer.sample()
+    (spec,) = llm.model_local_kv_specs()
+    assert spec.physical_capacity_positions == 11 and spec.peak_bytes(rows) == 2 * 16 * 64 * 16 * 11 * 2 * rows
+    assert observation.peak_bytes == spec.peak_bytes(rows), "the declaration at max_num_seqs = rows in the call"
+    assert observation.live_bytes == 0 and observation.cache_calls == 1
