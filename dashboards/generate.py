@@ -108,22 +108,24 @@ def declared_against_measured() -> timeseries.Panel:
 
 def declared_against_observed() -> timeseries.Panel:
     dashed = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]})]
-    return graph(
-        "Declared against observed, per owner",
-        "Dashed: what each owner declares at its engine's max_num_seqs. Solid: the most its transformers caches "
-        "were observed to hold at once, since the engine started; dotted: within the last sample interval. "
-        "Solid above dashed is a declaration that under-reports. An owner whose caches cannot be observed has "
-        "no solid line (see modelkv_observation_available).",
-        "bytes",
-        query(
-            f"sum without (cache, scope, rows) (modelkv_declared_peak_bytes{{{ENGINE_SELECTOR}}})",
-            "declared {{engine}} {{owner}}",
-            "A",
-        ),
-        per_engine("modelkv_observed_peak_bytes", "observed {{engine}} {{owner}}", "B"),
-        per_engine("modelkv_observed_recent_peak_bytes", "recent {{engine}} {{owner}}", "C"),
-    ).override_by_query("A", dashed).override_by_query(
-        "C", [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dot", "dash": [0, 10]})]
+    return (
+        graph(
+            "Declared against observed, per owner",
+            "Dashed: what each owner declares at its engine's max_num_seqs. Solid: the most its transformers caches "
+            "were observed to hold at once, since the engine started; dotted: within the last sample interval. "
+            "Solid above dashed is a declaration that under-reports. An owner whose caches cannot be observed has "
+            "no solid line (see modelkv_observation_available).",
+            "bytes",
+            query(
+                f"sum without (cache, scope, rows) (modelkv_declared_peak_bytes{{{ENGINE_SELECTOR}}})",
+                "declared {{engine}} {{owner}}",
+                "A",
+            ),
+            per_engine("modelkv_observed_peak_bytes", "observed {{engine}} {{owner}}", "B"),
+            per_engine("modelkv_observed_recent_peak_bytes", "recent {{engine}} {{owner}}", "C"),
+        )
+        .override_by_query("A", dashed)
+        .override_by_query("C", [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dot", "dash": [0, 10]})])
     )
 
 
