@@ -343,3 +343,27 @@ def test_layer_classes_defined_after_install_are_hooked(observer: Observer) -> N
     owner(run)
     f = figures(observer, owner)
     assert f.available and f.live_bytes == storage_bytes(owner.kept["c"])
+
+
+@pytest.mark.parametrize("sliding", [False, True], ids=["full", "sliding"])
+def test_the_peak_of_a_growing_cache_freed_inside_the_call_is_its_largest_storage(
+    observer: Observer, sliding: bool
+) -> None:
+    """Weighed only on the hot path (the cache is gone at the sample): every update must be counted exactly."""
+    owner = Owner()
+    add(observer, owner)
+    window = 6
+    largest: list[int] = []
+
+    def run(self: Owner) -> None:
+        cache = DynamicCache(config=sliding_config(window)) if sliding else DynamicCache()
+        for tokens in (9, 1, 1, 3, 1):
+            for layer in range(LAYERS):
+                cache.update(kv(2, tokens), kv(2, tokens), layer)
+            largest.append(storage_bytes(cache))
+
+    owner(run)
+    f = figures(observer, owner)
+    assert f.live_bytes == 0 and f.recent_peak_bytes == f.peak_bytes == max(largest)
+    per_position = 2 * LAYERS * kv(2, 1).nbytes
+    assert max(largest) == (9 if sliding else 15) * per_position, "sliding: the 9-position prefill stays allocated"

@@ -130,10 +130,10 @@ def test_a_failure_inside_observation_is_logged_once_and_never_reaches_the_model
     owner = Owner()
     add(observer, owner)
 
-    def explode(layer: object) -> int:
+    def explode(cls: type) -> object:
         raise RuntimeError("reader exploded")
 
-    monkeypatch.setattr(hooks, "kv_bytes", explode)
+    monkeypatch.setattr(hooks, "plan_for", explode)
     x = kv(2, 3)
     expected, _ = DynamicCache().update(x, x, 0)
 

@@ -173,6 +173,17 @@ def touch(layer: Any) -> None:
             record.key_ref, record.value_ref = weakref.ref(keys), weakref.ref(values)
         else:
             record.key_ref = None
+    elif plan.fresh:  # tensors the update just made, or window views into them: their (base's) own size
+        state = layer.__dict__
+        keys = state.get("keys")
+        values = state.get("values")
+        size = 0
+        if keys is not None:
+            base = keys._base
+            size = (keys if base is None else base).nbytes
+        if values is not None and values is not keys:
+            base = values._base
+            size += (values if base is None else base).nbytes
     elif plan.keys_and_values:
         size = kv_bytes(layer)
     else:

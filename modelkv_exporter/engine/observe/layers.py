@@ -39,6 +39,11 @@ BOOKKEEPING_ATTRIBUTES = frozenset(
     {"cumulative_length", "_sliding_window_tensor", "indexer_cumulative_length", "conv_states", "recurrent_states"}
 )
 """Per-layer attributes that may hold tensors but are not KV."""
+FRESH_AFTER_UPDATE = frozenset({"DynamicLayer", "DynamicSlidingWindowLayer"})
+"""Classes whose every hooked method leaves keys and values that ``torch.cat`` (or ``torch.tensor``) just made,
+or a window view into one: their bytes are the sizes of those tensors, or of the view's base, read without
+building storage objects (the hot path's largest cost). Copies and changes outside the hooked methods are
+weighed by storage (``settle``, every sample)."""
 HOOKED_METHODS = ("update", "lazy_initialization", "update_indexer", "lazy_initialization_indexer")
 """Layer methods after which a layer is re-measured, wherever a class defines them."""
 
@@ -48,15 +53,19 @@ StorageKey = tuple[str, int]
 class Plan:
     """How to weigh one layer class: which attributes hold KV, or why it cannot be weighed."""
 
-    __slots__ = ("attributes", "keys_and_values", "vetted", "unknown", "static")
+    __slots__ = ("attributes", "keys_and_values", "vetted", "unknown", "static", "fresh")
 
-    def __init__(self, attributes: tuple[str, ...], vetted: bool, unknown: str | None, static: bool = False) -> None:
+    def __init__(
+        self, attributes: tuple[str, ...], vetted: bool, unknown: str | None, static: bool = False, fresh: bool = False
+    ) -> None:
         self.attributes = attributes
         self.keys_and_values = attributes == ("keys", "values")
         self.vetted = vetted
         self.unknown = unknown
         self.static = static and self.keys_and_values
         """Preallocated in place (the StaticLayer family): its bytes change only when its tensor objects do."""
+        self.fresh = fresh and vetted and self.keys_and_values
+        """One of ``FRESH_AFTER_UPDATE``, exactly."""
 
 
 _plans: dict[type, Plan] = {}
@@ -80,7 +89,8 @@ def plan_for(cls: type) -> Plan:
             break
         if klass.__name__ in VETTED_KV_ATTRIBUTES:
             static = any(k.__module__ == VETTED_MODULE and k.__name__ == "StaticLayer" for k in cls.__mro__)
-            plan = Plan(VETTED_KV_ATTRIBUTES[klass.__name__], klass is cls, None, static=static and klass is cls)
+            fresh = klass.__name__ in FRESH_AFTER_UPDATE
+            plan = Plan(VETTED_KV_ATTRIBUTES[klass.__name__], klass is cls, None, static and klass is cls, fresh)
             break
     else:
         plan = Plan((), False, f"cache layer class {cls.__module__}.{cls.__qualname__} is not understood")
@@ -97,10 +107,10 @@ def kv_bytes(layer: Any) -> int:
     attributes = layer.__dict__
     keys = attributes.get("keys")
     values = attributes.get("values")
-    size = 0 if keys is None else keys.untyped_storage().nbytes()
+    size: int = 0 if keys is None else keys.untyped_storage().nbytes()
     if values is None or values is keys:
-        return int(size)
-    return int(size + values.untyped_storage().nbytes())
+        return size
+    return size + values.untyped_storage().nbytes()
 
 
 def storages(layer: Any, attributes: tuple[str, ...]) -> dict[StorageKey, int]:
