@@ -21,7 +21,7 @@ def serve(args: argparse.Namespace) -> int:
     from modelkv_exporter.sidecar.http.server import build_server
 
     logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", args.spool_dir, args.host, args.port)
-    config = SidecarConfig(Path(args.spool_dir), args.stale_after, args.max_snapshot_bytes)
+    config = SidecarConfig(Path(args.spool_dir), args.stale_after, args.max_snapshot_bytes, args.forget_after)
     build_server(config, host=args.host, port=args.port, log_level=args.log_level).run()
     return 0
 
@@ -54,7 +54,7 @@ def inspect(args: argparse.Namespace) -> int:
     from modelkv_exporter.contract.state import classify
 
     scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
-    sys.stdout.write(inspect_report(classify(scan, time.time(), args.stale_after)))
+    sys.stdout.write(inspect_report(classify(scan, time.time(), args.stale_after, args.forget_after)))
     return 0 if scan.ok else 1
 
 

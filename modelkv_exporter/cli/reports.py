@@ -66,6 +66,11 @@ def inspect_report(view: SpoolView) -> str:
             parts.append(f"declared peak: {human_bytes(snapshot.declared_peak_bytes)}")
         else:
             parts.append("(no declarations)")
+        for dropped in snapshot.dropped_declarations or ():
+            owner = dropped.owner or ROOT_OWNER
+            parts.append(
+                f"dropped: {dropped.count} of {owner} ({dropped.owner_class}), {dropped.reason}: {dropped.error}"
+            )
         parts.append("")
     rejected = view.rejected
     if rejected:

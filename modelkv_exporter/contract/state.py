@@ -14,6 +14,7 @@ from modelkv_exporter.contract.scan import SpoolEntry, SpoolScan
 from modelkv_exporter.contract.snapshot import Snapshot
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
+DEFAULT_FORGET_AFTER_SECONDS = 3600.0
 
 
 class EngineState(str, Enum):
@@ -31,6 +32,9 @@ class EngineState(str, Enum):
     REJECTED = "rejected"
     """The file could not be used (see its reason): nothing is exported."""
 
+    FORGOTTEN = "forgotten"
+    """Stale or ended for longer than ``forget_after``: nothing is exported, the file is only counted."""
+
 
 def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
     """Stale when a beating snapshot missed its heartbeats: older than max(stale_after, 3 intervals).
@@ -43,11 +47,21 @@ def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
     return now - snapshot.heartbeat_at > max(stale_after, 3 * interval)
 
 
-def engine_state(snapshot: Snapshot, now: float, stale_after: float) -> EngineState:
-    """``ENDED``, ``STALE`` or ``EXPORTED`` for a usable snapshot."""
+def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_after: float = 0.0) -> EngineState:
+    """``ENDED``, ``STALE``, ``EXPORTED`` or ``FORGOTTEN`` for a usable snapshot.
+
+    An ended or stale snapshot whose heartbeat is older than ``forget_after`` seconds (0: never) is
+    forgotten. A fresh one never is, however long ``forget_after``: a one-shot snapshot is never stale.
+    """
     if snapshot.ended:
-        return EngineState.ENDED
-    return EngineState.STALE if is_stale(snapshot, now, stale_after) else EngineState.EXPORTED
+        state = EngineState.ENDED
+    elif is_stale(snapshot, now, stale_after):
+        state = EngineState.STALE
+    else:
+        return EngineState.EXPORTED
+    if forget_after > 0 and now - snapshot.heartbeat_at > forget_after:
+        return EngineState.FORGOTTEN
+    return state
 
 
 def snapshot_age(snapshot: Snapshot, now: float) -> float:
@@ -92,7 +106,7 @@ class SpoolView:
 
     @property
     def usable(self) -> list[Classified]:
-        """Every entry holding a snapshot, ended ones included."""
+        """Every entry holding a snapshot, ended and forgotten ones included."""
         return [item for item in self.entries if item.state is not EngineState.REJECTED]
 
     @property
@@ -101,15 +115,15 @@ class SpoolView:
         return [item.entry for item in self.entries if item.state is EngineState.REJECTED]
 
 
-def classify(scan: SpoolScan, now: float, stale_after: float) -> SpoolView:
-    """Every entry of ``scan`` with its state at ``now``."""
+def classify(scan: SpoolScan, now: float, stale_after: float, forget_after: float = 0.0) -> SpoolView:
+    """Every entry of ``scan`` with its state at ``now``; ``forget_after`` 0 never forgets."""
     return SpoolView(
         scan,
         now,
         tuple(
             Classified(entry, EngineState.REJECTED)
             if entry.snapshot is None
-            else Classified(entry, engine_state(entry.snapshot, now, stale_after))
+            else Classified(entry, engine_state(entry.snapshot, now, stale_after, forget_after))
             for entry in scan.entries
         ),
     )

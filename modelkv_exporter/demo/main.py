@@ -66,7 +66,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         reader = _wait_for_snapshots(spool_dir, processes)
         print(_summary(reader), flush=True)
-        config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes)
+        config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes, args.forget_after)
         server = build_server(config, host=args.host, port=args.port, log_level=args.log_level)
         base = f"http://{args.host}:{args.port}"
         print(

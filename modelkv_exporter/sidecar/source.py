@@ -7,17 +7,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from modelkv_exporter.contract.scan import SpoolReader
-from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS, SpoolView, classify
+from modelkv_exporter.contract.state import (
+    DEFAULT_FORGET_AFTER_SECONDS,
+    DEFAULT_STALE_AFTER_SECONDS,
+    SpoolView,
+    classify,
+)
 
 
 @dataclass
 class SpoolSource:
-    """A spool reader, the staleness threshold and the clock: everything a view of the spool needs."""
+    """A spool reader, the staleness and forgetting thresholds and the clock: everything a view of the spool needs."""
 
     reader: SpoolReader
     stale_after: float = DEFAULT_STALE_AFTER_SECONDS
     clock: Callable[[], float] = field(default=time.time)
+    forget_after: float = DEFAULT_FORGET_AFTER_SECONDS
 
     def view(self) -> SpoolView:
         """Scan the spool now and classify every file."""
-        return classify(self.reader.scan(), self.clock(), self.stale_after)
+        return classify(self.reader.scan(), self.clock(), self.stale_after, self.forget_after)

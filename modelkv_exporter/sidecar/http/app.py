@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from modelkv_exporter import __version__
 from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, SpoolReader
-from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS
+from modelkv_exporter.contract.state import DEFAULT_FORGET_AFTER_SECONDS, DEFAULT_STALE_AFTER_SECONDS
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.http.routes import router
 from modelkv_exporter.sidecar.source import SpoolSource
@@ -22,6 +22,7 @@ class SidecarConfig:
     spool_dir: Path
     stale_after: float = DEFAULT_STALE_AFTER_SECONDS
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+    forget_after: float = DEFAULT_FORGET_AFTER_SECONDS
 
 
 def make_app(config: SidecarConfig, source: SpoolSource | None = None) -> FastAPI:
@@ -32,7 +33,9 @@ def make_app(config: SidecarConfig, source: SpoolSource | None = None) -> FastAP
     the send of cached bytes.
     """
     source = source or SpoolSource(
-        SpoolReader(config.spool_dir, max_bytes=config.max_snapshot_bytes), stale_after=config.stale_after
+        SpoolReader(config.spool_dir, max_bytes=config.max_snapshot_bytes),
+        stale_after=config.stale_after,
+        forget_after=config.forget_after,
     )
     app = FastAPI(
         title="modelkv-exporter",
