@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +160,11 @@ def test_the_job_selector_and_runbook_address_are_configurable(tmp_path: Path) -
     assert tested.returncode == 0, tested.stdout + tested.stderr
     with pytest.raises(ValueError):
         generate_manifests.rules_text(runbook_url="docs/runbook.md")
+
+    base = os.path.relpath(KUBERNETES / "base", out)
+    (out / "kustomization.yaml").write_text(f"resources: [{base}]\npatches:\n  - path: prometheusrule.yaml\n")
+    (patched,) = [o for o in build(out) if o["kind"] == "PrometheusRule"]
+    assert patched["spec"]["groups"] == rule["spec"]["groups"], "as a patch, it replaces the base's rules"
 
 
 def test_prometheus_rule_and_dashboards_equal_their_sources(objects: list[dict[str, Any]]) -> None:
