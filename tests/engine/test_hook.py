@@ -129,6 +129,28 @@ def test_peak_statistics_are_only_read_until_the_engine_initialised() -> None:
     assert reads == ["max_memory_allocated", "reset_peak_memory_stats"], "each sample reads its window, then resets"
 
 
+def profiled_activation_peak(cuda: FakeCuda, sample: Any) -> int:
+    """vLLM's memory_profiling around a profile run, with a heartbeat sample in the middle of it."""
+    cuda.reset_peak_memory_stats("cuda:0")
+    before = cuda.memory_allocated("cuda:0")
+    cuda.allocate(3000)  # the profile run's activations
+    cuda.free(3000)
+    sample()  # the heartbeat thread samples while the profile run goes on
+    cuda.allocate(1000)
+    cuda.free(1000)
+    return cuda.max_memory_allocated("cuda:0") - before
+
+
+@pytest.mark.parametrize("resetting", [False, True], ids=["as shipped", "broken: resets from the start"])
+def test_the_sampler_never_shrinks_the_peak_vllm_profiles(resetting: bool) -> None:
+    """The guard can fail: a sampler that resets peaks before initialisation makes vLLM budget too little."""
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    sampler.resetting = resetting
+    measured = profiled_activation_peak(cuda, sampler)
+    assert (measured == 3000) is not resetting, f"vLLM would budget {measured} bytes of activations"
+
+
 def test_the_high_water_mark_catches_an_allocation_that_lives_between_two_samples() -> None:
     cuda, clock = FakeCuda(), Clock()
     sampler = engine_memory.CudaSampler(cuda, "cuda:0", clock=clock)
