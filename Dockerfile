@@ -8,6 +8,7 @@
 # The sidecar image holds only the sidecar's dependencies (prometheus-client, FastAPI,
 # uvicorn), pinned by requirements/sidecar.txt: no torch, no vLLM.
 # tests/deploy/test_docker.py runs the "sidecar-install" steps below in a clean venv and serves /metrics from it.
+# tests/deploy/test_image.py builds both targets with podman and runs the sidecar as the Kubernetes manifest does.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG ENGINE_IMAGE=vllm/vllm-openai:v0.30.0
@@ -40,6 +41,9 @@ LABEL org.opencontainers.image.title="modelkv-exporter" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.documentation="docs/deploy.md"
+# Nothing in the running sidecar installs packages: the base image's own pip goes too.
+RUN python -c "import glob, os, pip, shutil; d = os.path.dirname(pip.__file__); [shutil.rmtree(p) for p in [d, *glob.glob(d + '-*.dist-info')]]" \
+    && rm -f "$(dirname "$(command -v python)")"/pip "$(dirname "$(command -v python)")"/pip3*
 COPY --from=sidecar-install /opt/modelkv /opt/modelkv
 ENV PATH=/opt/modelkv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -14,7 +14,7 @@ test: system-deps $(VENV)/.test-installed tests/k8s/node_modules/.package-lock.j
 	$(PY) -m pytest -q
 
 docs: $(VENV)/.demo-installed
-	$(PY) -m modelkv_exporter.docgen
+	$(PY) -m modelkv_exporter.cli.docgen
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,6 +39,12 @@ system-deps:
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			prometheus chromium-headless-shell fonts-dejavu-core $$(command -v npm >/dev/null || echo nodejs npm); \
+	fi
+	@# podman builds and runs the images (tests/deploy/test_image.py): runc and slirp4netns run them, mmdebstrap makes the base.
+	@if ! command -v podman >/dev/null || ! command -v runc >/dev/null \
+		|| ! command -v slirp4netns >/dev/null || ! command -v mmdebstrap >/dev/null; then \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq podman runc slirp4netns mmdebstrap; \
 	fi
 
 tests/k8s/node_modules/.package-lock.json: tests/k8s/package-lock.json

@@ -13,13 +13,17 @@ engines. Peers, on the same series:
 Then the cost of a scrape right after the spool changed: one engine's heartbeat (its memory
 figures change) and every engine rewritten, against a sequential node_exporter scrape.
 
-    .venv/bin/python bench/scrape.py [--seconds 3] [--rounds 2] [--sizes 100,1000,20000]
+    .venv/bin/python bench/scrape.py [--seconds 3] [--rounds 2] [--sizes 100,1000,20000] [--before TREE]
+
+``--before TREE`` adds the sidecar of another checkout (e.g. a ``git worktree`` of an older
+commit) as the peer ``before``, run with this environment's packages: a before/after in one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import re
 import shutil
 import statistics
@@ -91,10 +95,26 @@ def wrk(port: int, seconds: float, gzip: bool) -> tuple[float, float, float]:
     return rps, percentile("50"), percentile("99")
 
 
-def start(kind: str, spool: Path, textfiles: Path, body: Path) -> subprocess.Popen[bytes]:
+def start(kind: str, spool: Path, textfiles: Path, body: Path, before: Path | None = None) -> subprocess.Popen[bytes]:
     port = free_port()
     pinned = ["taskset", "-c", "0"]
+    env = None
+    if kind == "before":
+        assert before is not None
+        env = {**os.environ, "PYTHONPATH": str(before)}
     commands = {
+        "before": [
+            PY,
+            "-m",
+            "modelkv_exporter",
+            "serve",
+            "--spool-dir",
+            str(spool),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         "modelkv": [EXPORTER, "serve", "--spool-dir", str(spool), "--host", "127.0.0.1", "--port", str(port)],
         "per_scrape": [PY, str(ROOT / "bench" / "scrape_servers.py"), "per_scrape", str(port), str(spool)],
         "client_python": [PY, str(ROOT / "bench" / "scrape_servers.py"), "client_python", str(port), str(spool)],
@@ -109,7 +129,9 @@ def start(kind: str, spool: Path, textfiles: Path, body: Path) -> subprocess.Pop
             "--log.level=warn",
         ],
     }
-    process = subprocess.Popen([*pinned, *commands[kind]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [*pinned, *commands[kind]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=before or ROOT
+    )
     process.port = port  # type: ignore[attr-defined]
     wait_http(f"http://127.0.0.1:{port}/metrics", timeout=60, process=process)  # type: ignore[arg-type]
     for _ in range(3):
@@ -139,8 +161,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sizes", default="100,1000,20000")
+    parser.add_argument("--before", type=Path, help="another checkout whose sidecar runs as the peer 'before'")
     args = parser.parse_args()
-    kinds = ["ceiling", "modelkv", "per_scrape", "client_python", "node_exporter"]
+    kinds = ["ceiling", "modelkv", *(["before"] if args.before else []), "per_scrape", "client_python", "node_exporter"]
     print(
         "| series | server | body KiB | plain req/s | plain p50 / p99 ms | gzip req/s | gzip p50 / p99 ms | RSS MiB |"
     )
@@ -157,7 +180,7 @@ def main() -> int:
             stop_process(probe)
             (tmp / "body").write_bytes(body)
             (textfiles / "modelkv.prom").write_bytes(body)
-            servers = {kind: start(kind, spool, textfiles, tmp / "body") for kind in kinds}
+            servers = {kind: start(kind, spool, textfiles, tmp / "body", args.before) for kind in kinds}
             results: dict[str, list[tuple[float, ...]]] = {kind: [] for kind in kinds}
             try:
                 for _ in range(args.rounds):
@@ -172,6 +195,15 @@ def main() -> int:
                         f"| {m[3]:.0f} | {m[4]:.1f} / {m[5]:.1f} | {rss_mib(process.pid):.0f} |",
                         flush=True,
                     )
+                ratios = []
+                for peer in ("node_exporter", "before"):
+                    if peer in results:
+                        mine = [statistics.median(c) for c in zip(*results["modelkv"], strict=True)]
+                        theirs = [statistics.median(c) for c in zip(*results[peer], strict=True)]
+                        plain_ratio = mine[0] / max(theirs[0], 1e-9)
+                        gzip_ratio = mine[3] / max(theirs[3], 1e-9)
+                        ratios.append(f"modelkv / {peer}: {plain_ratio:.2f}x plain, {gzip_ratio:.2f}x gzip")
+                print(f"|  | {'; '.join(ratios)} |  |  |  |  |  |  |", flush=True)
                 node = statistics.median(get(servers["node_exporter"].port)[0] for _ in range(5))  # type: ignore[attr-defined]
                 one = change_cost(servers["modelkv"].port, spool, snapshots, everything=False)  # type: ignore[attr-defined]
                 every = change_cost(servers["modelkv"].port, spool, snapshots, everything=True)  # type: ignore[attr-defined]

@@ -27,13 +27,14 @@ def add_settings(parser: argparse.ArgumentParser, command: str) -> None:
     """Add every setting of ``command`` to ``parser``; ``apply_environment`` fills the rest after parsing."""
     for setting in settings_of(command):
         declared = setting.defaults[command]
-        shown = "required" if declared is None else "unset" if declared == "" else repr(declared)
+        shown = "; required" if declared is None else "" if declared == "" else f"; default {declared}"
         parser.add_argument(
             setting.flag,
             dest=setting.dest,
             type=_parser_for(setting),
             default=None,
-            help=f"{setting.help} [env {setting.env}; default {shown}]",
+            metavar=setting.dest.upper(),
+            help=f"{setting.help_for(command)} [env {setting.env}{shown}]".replace("%", "%%"),
         )
 
 

@@ -21,21 +21,33 @@ def serve(args: argparse.Namespace) -> int:
     from modelkv_exporter.sidecar.http.server import build_server
 
     logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", args.spool_dir, args.host, args.port)
-    config = SidecarConfig(Path(args.spool_dir), args.stale_after, args.max_snapshot_bytes, args.forget_after)
+    config = SidecarConfig(
+        Path(args.spool_dir), args.stale_after, args.max_snapshot_bytes, forget_after=args.forget_after
+    )
     build_server(config, host=args.host, port=args.port, log_level=args.log_level).run()
     return 0
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Run the demo (needs the ``torch`` extra)."""
+    """Run the demo (needs the ``torch`` extra); a taken port fails before any engine starts."""
+    from modelkv_exporter.demo.listen import listening_socket, taken_port_message
+
     try:
-        from modelkv_exporter.demo.main import run_demo
-    except ImportError as error:
-        print(
-            f"the demo needs torch and transformers: pip install 'modelkv-exporter[torch]' ({error})", file=sys.stderr
-        )
+        sock = listening_socket(args.host, args.port)
+    except OSError as error:
+        print(taken_port_message(args.host, args.port, error), file=sys.stderr)
         return 2
-    return run_demo(args)
+    with sock:
+        try:
+            from modelkv_exporter.demo.main import run_demo
+        except ImportError as error:
+            print(
+                f"modelkv-exporter demo: the demo needs torch and transformers: "
+                f"pip install '.[torch]' in a checkout ({error})",
+                file=sys.stderr,
+            )
+            return 2
+        return run_demo(args, sock)
 
 
 def _spool_of(args: argparse.Namespace) -> Path:
@@ -45,27 +57,37 @@ def _spool_of(args: argparse.Namespace) -> Path:
     return Path(directory)
 
 
+def _unreadable(args: argparse.Namespace, error: str | None) -> int:
+    print(f"modelkv-exporter {args.command}: cannot read the spool: {error}", file=sys.stderr)
+    return 1
+
+
 def inspect(args: argparse.Namespace) -> int:
     """Print every engine's declarations in full, and every rejected file."""
     import time
 
-    from modelkv_exporter.cli.reports import inspect_report
+    from modelkv_exporter.cli.reports import inspect_report, report_width
     from modelkv_exporter.contract.scan import SpoolReader
     from modelkv_exporter.contract.state import classify
 
     scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
-    sys.stdout.write(inspect_report(classify(scan, time.time(), args.stale_after, args.forget_after)))
-    return 0 if scan.ok else 1
+    if not scan.ok:
+        return _unreadable(args, scan.error)
+    view = classify(scan, time.time(), args.stale_after, args.forget_after)
+    sys.stdout.write(inspect_report(view, report_width()))
+    return 0
 
 
 def plan(args: argparse.Namespace) -> int:
     """Print each engine's declared peak at --max-num-seqs and the largest that fits --budget."""
-    from modelkv_exporter.cli.reports import plan_report
+    from modelkv_exporter.cli.reports import plan_report, report_width
     from modelkv_exporter.contract.scan import SpoolReader
 
     scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
-    sys.stdout.write(plan_report(scan, args.max_num_seqs, args.budget or None))
-    return 0 if scan.ok else 1
+    if not scan.ok:
+        return _unreadable(args, scan.error)
+    sys.stdout.write(plan_report(scan, args.max_num_seqs, args.budget, report_width()))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +117,11 @@ def parse_arguments(argv: Sequence[str] | None, environ: Mapping[str, str]) -> a
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script and of ``python -m modelkv_exporter``."""
+    """Entry point of the console script and of ``python -m modelkv_exporter``; no arguments print the help."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        build_parser().print_help()
+        return 0
     args = parse_arguments(argv, os.environ)
     logging.basicConfig(
         level=getattr(args, "log_level", "warning").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

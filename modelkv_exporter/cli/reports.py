@@ -1,30 +1,78 @@
-"""Plain-text reports of a spool for people: ``inspect`` and ``plan``."""
+"""Plain-text reports of a spool for people: ``inspect`` and ``plan``, at most ``MAX_WIDTH`` columns wide."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import textwrap
 from collections.abc import Sequence
 
 from modelkv_exporter.contract.capacity import declared_peak_at, largest_fitting
 from modelkv_exporter.contract.scan import SpoolScan
 from modelkv_exporter.contract.sizes import human_bytes
-from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.snapshot import Declaration, Snapshot
 from modelkv_exporter.contract.state import EngineState, SpoolView
 from modelkv_exporter.contract.vocabulary import ROOT_OWNER
 
 _NUMERIC = re.compile(r"\d+(\.\d+)?( [KMGT]?i?B)?")
+MAX_WIDTH = 120
+MIN_WIDTH = 60
+MIN_COLUMN = 8
+GEOMETRY_LEGEND = "geometry: layers x kv_heads x head_dim x positions per row"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns; numbers and sizes right-aligned."""
+def report_width() -> int:
+    """The terminal's width, kept between ``MIN_WIDTH`` and ``MAX_WIDTH`` (``MAX_WIDTH`` when not a terminal)."""
+    return max(MIN_WIDTH, min(MAX_WIDTH, shutil.get_terminal_size((MAX_WIDTH, 24)).columns))
+
+
+def abbreviate(text: str, width: int) -> str:
+    """``text`` cut in the middle with an ellipsis to at most ``width`` characters."""
+    if len(text) <= width:
+        return text
+    if width < 2:
+        return text[:width]
+    head = width // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def _column_widths(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | None, narrow: Sequence[int]
+) -> list[int]:
     widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
+    if width is None:
+        return widths
+    floors = [min(w, MIN_COLUMN) if i in narrow else w for i, w in enumerate(widths)]
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        shrinkable = [i for i, w in enumerate(widths) if w > floors[i]]
+        if not shrinkable:
+            break
+        widest = max(shrinkable, key=lambda i: widths[i])
+        widths[widest] -= 1
+    return widths
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | None = None, narrow: Sequence[int] = ()
+) -> str:
+    """Left-aligned columns; numbers and sizes right-aligned.
+
+    With ``width``, the widest of the ``narrow`` columns (free text: names, ids) are narrowed
+    until a line fits, and text longer than its column is cut in the middle with an ellipsis.
+    """
+    widths = _column_widths(headers, rows, width, narrow)
 
     def line(cells: Sequence[str]) -> str:
+        cut = [abbreviate(c, w) for c, w in zip(cells, widths, strict=True)]
         return "  ".join(
-            c.rjust(w) if _NUMERIC.fullmatch(c) else c.ljust(w) for c, w in zip(cells, widths, strict=True)
+            c.rjust(w) if _NUMERIC.fullmatch(c) else c.ljust(w) for c, w in zip(cut, widths, strict=True)
         ).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def _wrapped(text: str, width: int, indent: str = "") -> str:
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent + "    ")
 
 
 def _engine_heading(snapshot: Snapshot, state: EngineState) -> str:
@@ -42,49 +90,66 @@ def _engine_heading(snapshot: Snapshot, state: EngineState) -> str:
     return ", ".join(bits)
 
 
-def inspect_report(view: SpoolView) -> str:
-    """Every engine's declarations in full, then every rejected file."""
+def _declaration_details(d: Declaration) -> str:
+    details = [f"class {d.owner_class}", f"capacity {d.capacity_source}"]
+    if d.rows_reason:
+        details.append(f"rows: {d.rows_reason}")
+    if d.allocation_note:
+        details.append(f"note: {d.allocation_note}")
+    return f"{d.owner or ROOT_OWNER} / {d.name}: " + "; ".join(details)
+
+
+def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
+    """Every engine's declarations in full, then every rejected file; no line wider than ``width``.
+
+    The table holds what compares across declarations; long text (owner class, capacity source,
+    reasons, notes) follows it, one wrapped line per declaration.
+    """
     if not view.scan.ok:
-        return f"cannot read the spool: {view.scan.error}"
+        return _wrapped(f"cannot read the spool: {view.scan.error}", width) + "\n"
     parts: list[str] = []
-    headers = ["owner", "class", "cache", "scope", "rows", "n", "dtype", "layers x kv_heads x head_dim", "positions",
-               "per row", "peak", "capacity source", "rows reason", "note"]  # fmt: skip
+    headers = ["owner", "cache", "scope", "rows", "n", "dtype", "geometry", "per row", "peak"]
     for item in view.usable:
         snapshot = item.snapshot
-        parts.append(_engine_heading(snapshot, item.state))
+        parts.append(_wrapped(_engine_heading(snapshot, item.state), width))
         rows = [
             [
-                d.owner or ROOT_OWNER, d.owner_class, d.name, d.scope, d.rows, str(d.row_count), d.dtype,
-                f"{d.layers} x {d.kv_heads} x {d.head_dim}", str(d.physical_capacity_positions),
-                human_bytes(d.bytes_per_row), human_bytes(d.peak_bytes), d.capacity_source, d.rows_reason,
-                d.allocation_note or "",
+                d.owner or ROOT_OWNER, d.name, d.scope, d.rows, str(d.row_count), d.dtype,
+                f"{d.layers}x{d.kv_heads}x{d.head_dim}x{d.physical_capacity_positions}",
+                human_bytes(d.bytes_per_row), human_bytes(d.peak_bytes),
             ]
             for d in snapshot.declarations
         ]  # fmt: skip
         if rows:
-            parts.append(table(headers, rows))
+            parts.append(table(headers, rows, width, narrow=(0, 1, 5)))
             parts.append(f"declared peak: {human_bytes(snapshot.declared_peak_bytes)}")
+            parts += [_wrapped(_declaration_details(d), width, "  ") for d in snapshot.declarations]
         else:
             parts.append("(no declarations)")
         for dropped in snapshot.dropped_declarations or ():
             owner = dropped.owner or ROOT_OWNER
-            parts.append(
-                f"dropped: {dropped.count} of {owner} ({dropped.owner_class}), {dropped.reason}: {dropped.error}"
-            )
+            text = f"dropped: {dropped.count} of {owner} ({dropped.owner_class}), {dropped.reason}: {dropped.error}"
+            parts.append(_wrapped(text, width))
         parts.append("")
+    if any(item.snapshot.declarations for item in view.usable):
+        parts += [GEOMETRY_LEGEND, ""]
     rejected = view.rejected
     if rejected:
         parts.append("rejected files:")
-        parts += [f"  {e.file_name}: {e.error.reason.value}: {e.error.detail}" for e in rejected if e.error]
+        parts += [
+            _wrapped(f"{e.file_name}: {e.error.reason.value}: {e.error.detail}", width, "  ")
+            for e in rejected
+            if e.error
+        ]
     if not parts:
         parts.append("no snapshots in the spool")
     return "\n".join(parts).rstrip() + "\n"
 
 
-def plan_report(scan: SpoolScan, max_num_seqs: int, budget: int | None) -> str:
+def plan_report(scan: SpoolScan, max_num_seqs: int, budget: int | None, width: int = MAX_WIDTH) -> str:
     """Declared peak of each engine at ``max_num_seqs`` and, with a budget, the largest that fits."""
     if not scan.ok:
-        return f"cannot read the spool: {scan.error}"
+        return _wrapped(f"cannot read the spool: {scan.error}", width) + "\n"
     headers = ["engine", "stage", "now", "peak now", f"peak at {max_num_seqs}", "+ per sequence"]
     if budget is not None:
         headers.append(f"largest max_num_seqs within {human_bytes(budget)}")
@@ -109,4 +174,4 @@ def plan_report(scan: SpoolScan, max_num_seqs: int, budget: int | None) -> str:
             else:
                 row.append(str(fit.max_num_seqs))
         rows.append(row)
-    return (table(headers, rows) if rows else "no live engines in the spool") + "\n"
+    return (table(headers, rows, width, narrow=(0, 1)) if rows else "no live engines in the spool") + "\n"

@@ -8,7 +8,7 @@ drift apart.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES
@@ -16,27 +16,44 @@ from modelkv_exporter.contract.sizes import parse_bytes
 from modelkv_exporter.contract.state import DEFAULT_FORGET_AFTER_SECONDS, DEFAULT_STALE_AFTER_SECONDS
 
 
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1."""
-    value = int(text)
+    value = _whole_number(text)
     if value < 1:
-        raise ValueError(f"{value} is not >= 1")
+        raise ValueError(f"{value} is not 1 or more")
     return value
 
 
 def port_number(text: str) -> int:
     """A TCP port, 0 to 65535 (0 picks a free one)."""
-    value = int(text)
+    value = _whole_number(text)
     if not 0 <= value <= 65535:
-        raise ValueError(f"{value} is not a port")
+        raise ValueError(f"{value} is not a port (0 to 65535)")
     return value
 
 
 def non_negative_float(text: str) -> float:
     """A number >= 0."""
-    value = float(text)
-    if not value >= 0:
-        raise ValueError(f"{text} is not >= 0")
+    value = _number(text)
+    if value < 0:
+        raise ValueError(f"{text} is not 0 or more")
     return value
 
 
@@ -44,7 +61,7 @@ def log_level(text: str) -> str:
     """One of Python's logging level names."""
     value = text.lower()
     if value not in ("critical", "error", "warning", "info", "debug"):
-        raise ValueError(f"{text} is not a log level")
+        raise ValueError(f"{text} is not a log level (critical, error, warning, info or debug)")
     return value
 
 
@@ -53,12 +70,29 @@ class Setting:
     """One setting: its flag, variable, parser, meaning, and default per command.
 
     A default of None makes the setting required for that command; "" makes it optional and unset.
+    ``notes`` holds a sentence per command that only that command's help adds (the docs show them all).
     """
 
     dest: str
     parse: Callable[[str], Any]
     help: str
     defaults: Mapping[str, Any]
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+    def help_for(self, command: str) -> str:
+        """The help of this setting as ``command`` shows it."""
+        note = self.notes.get(command)
+        return f"{self.help} {note}" if note else self.help
+
+    @property
+    def full_help(self) -> str:
+        """The help with every command's note, for the reference docs."""
+        by_note: dict[str, list[str]] = {}
+        for command, note in self.notes.items():
+            by_note.setdefault(note, []).append(command)
+        return " ".join(
+            [self.help, *(f"{', '.join(commands)}: {note[:1].lower()}{note[1:]}" for note, commands in by_note.items())]
+        )
 
     @property
     def flag(self) -> str:
@@ -77,12 +111,15 @@ MIN_SAMPLE_INTERVAL = 1.0
 
 def sample_interval(text: str) -> float:
     """Seconds between samples, at least 1."""
-    return max(MIN_SAMPLE_INTERVAL, float(text))
+    return max(MIN_SAMPLE_INTERVAL, _number(text))
 
 
 def byte_size(text: str) -> int:
-    """A size in bytes: 1073741824, 512MiB, 2GiB."""
-    return parse_bytes(text)
+    """A size in bytes above 0: 1073741824, 512MiB, 2GiB."""
+    value = parse_bytes(text)
+    if value < 1:
+        raise ValueError(f"{text!r} is not a size above 0 bytes")
+    return value
 
 
 ENGINE = "engine"
@@ -92,9 +129,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "spool_dir",
         str,
-        "Directory of engine snapshots (the pod's shared emptyDir). Setting it in the engine's environment turns "
-        "the vLLM plugin on. The demo makes a temporary one when unset; inspect and plan also take it as DIR.",
+        "Directory of engine snapshots (the pod's shared emptyDir).",
         {"serve": None, "demo": "", "inspect": "", "plan": "", ENGINE: ""},
+        notes={
+            "demo": "A temporary one is made when unset.",
+            "inspect": "The DIR argument gives it too.",
+            "plan": "The DIR argument gives it too.",
+            ENGINE: "Setting it in the engine's environment turns the vLLM plugin on.",
+        },
     ),
     Setting("host", str, "Address the HTTP server binds.", {"serve": "0.0.0.0", "demo": "127.0.0.1"}),
     Setting("port", port_number, "TCP port of the HTTP server.", {"serve": 9400, "demo": 9400}),
@@ -121,8 +163,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "max_snapshot_bytes",
-        positive_int,
-        "Snapshot files larger than this are rejected unread.",
+        byte_size,
+        "Snapshot files larger than this are rejected unread (8388608, 8MiB).",
         {
             "serve": DEFAULT_MAX_SNAPSHOT_BYTES,
             "demo": DEFAULT_MAX_SNAPSHOT_BYTES,

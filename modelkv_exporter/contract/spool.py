@@ -28,11 +28,22 @@ def snapshot_file_name(engine_id: str) -> str:
 
 
 def write_snapshot(spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> Path:
-    """Write ``snapshot`` atomically into ``spool_dir`` and return its path."""
+    """Write ``snapshot`` atomically into ``spool_dir`` and return its path.
+
+    A missing spool directory (or a file in its place) raises ``FileNotFoundError`` or
+    ``NotADirectoryError`` naming the directory; it is never created here, since a directory
+    the sidecar does not share would hide the snapshot.
+    """
     directory = Path(spool_dir)
     target = directory / snapshot_file_name(snapshot.engine.engine_id)
     data = snapshot.to_json()
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{target.stem}.", suffix=".tmp")
+    try:
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{target.stem}.", suffix=".tmp")
+    except (FileNotFoundError, NotADirectoryError) as error:
+        what = "does not exist" if isinstance(error, FileNotFoundError) else "is not a directory"
+        raise type(error)(
+            error.errno, f"spool directory {what} (create it, or give the directory the sidecar reads)", str(directory)
+        ) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

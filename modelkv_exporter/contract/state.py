@@ -6,9 +6,11 @@ Metrics, the JSON API, the landing page and ``inspect`` all classify a scan with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 from modelkv_exporter.contract.scan import SpoolEntry, SpoolScan
 from modelkv_exporter.contract.snapshot import Snapshot
@@ -36,15 +38,25 @@ class EngineState(str, Enum):
     """Stale or ended for longer than ``forget_after``: nothing is exported, the file is only counted."""
 
 
-def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
-    """Stale when a beating snapshot missed its heartbeats: older than max(stale_after, 3 intervals).
+def stale_at(snapshot: Snapshot, stale_after: float) -> float:
+    """When a beating snapshot goes stale: older than max(stale_after, 3 intervals) (infinity for a one-shot one).
 
     A one-shot snapshot (no heartbeat interval) promises no heartbeat and is never stale.
     """
     interval = snapshot.heartbeat_interval_seconds
     if interval is None:
-        return False
-    return now - snapshot.heartbeat_at > max(stale_after, 3 * interval)
+        return math.inf
+    return snapshot.heartbeat_at + max(stale_after, 3 * interval)
+
+
+def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
+    """Stale when a beating snapshot missed its heartbeats (see ``stale_at``)."""
+    return now > stale_at(snapshot, stale_after)
+
+
+def forget_at(snapshot: Snapshot, forget_after: float) -> float:
+    """When an ended or stale snapshot is forgotten: ``forget_after`` seconds after its heartbeat (0: never)."""
+    return snapshot.heartbeat_at + forget_after if forget_after > 0 else math.inf
 
 
 def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_after: float = 0.0) -> EngineState:
@@ -59,9 +71,7 @@ def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_afte
         state = EngineState.STALE
     else:
         return EngineState.EXPORTED
-    if forget_after > 0 and now - snapshot.heartbeat_at > forget_after:
-        return EngineState.FORGOTTEN
-    return state
+    return EngineState.FORGOTTEN if now > forget_at(snapshot, forget_after) else state
 
 
 def snapshot_age(snapshot: Snapshot, now: float) -> float:
@@ -85,13 +95,25 @@ class Classified:
 
 @dataclass(frozen=True)
 class SpoolView:
-    """A scan with every entry classified at one instant."""
+    """A scan with every entry classified at one instant.
+
+    ``until`` is the first instant at which a state of this classification could change
+    without the spool changing (an exported engine going stale, a stale or ended one being
+    forgotten): until then the same classification holds for any later ``now``.
+    """
 
     scan: SpoolScan
     now: float
     entries: tuple[Classified, ...]
+    until: float = math.inf
 
-    @property
+    def at(self, now: float) -> SpoolView:
+        """The same classification at a later instant before ``until`` (what was derived from it kept)."""
+        later = object.__new__(SpoolView)
+        later.__dict__.update(self.__dict__, now=now)
+        return later
+
+    @cached_property
     def counts(self) -> Mapping[EngineState, int]:
         """Files by state, every state present (0 when none)."""
         counts = dict.fromkeys(EngineState, 0)
@@ -99,14 +121,14 @@ class SpoolView:
             counts[item.state] += 1
         return counts
 
-    @property
+    @cached_property
     def exported(self) -> list[Classified]:
         """Engines whose figures are exported: fresh and stale ones (stale ones show only identity)."""
         return [item for item in self.entries if item.state in (EngineState.EXPORTED, EngineState.STALE)]
 
     @property
     def usable(self) -> list[Classified]:
-        """Every entry holding a snapshot, ended and forgotten ones included."""
+        """Every entry holding a snapshot, ended ones included."""
         return [item for item in self.entries if item.state is not EngineState.REJECTED]
 
     @property
@@ -117,13 +139,17 @@ class SpoolView:
 
 def classify(scan: SpoolScan, now: float, stale_after: float, forget_after: float = 0.0) -> SpoolView:
     """Every entry of ``scan`` with its state at ``now``; ``forget_after`` 0 never forgets."""
-    return SpoolView(
-        scan,
-        now,
-        tuple(
-            Classified(entry, EngineState.REJECTED)
-            if entry.snapshot is None
-            else Classified(entry, engine_state(entry.snapshot, now, stale_after, forget_after))
-            for entry in scan.entries
-        ),
-    )
+    entries = []
+    until = math.inf
+    for entry in scan.entries:
+        snapshot = entry.snapshot
+        if snapshot is None:
+            entries.append(Classified(entry, EngineState.REJECTED))
+            continue
+        state = engine_state(snapshot, now, stale_after, forget_after)
+        if state is EngineState.EXPORTED:
+            until = min(until, stale_at(snapshot, stale_after))
+        elif state is not EngineState.FORGOTTEN:
+            until = min(until, forget_at(snapshot, forget_after))
+        entries.append(Classified(entry, state))
+    return SpoolView(scan, now, tuple(entries), until)

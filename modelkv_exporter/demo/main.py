@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing.context
+import socket
 import tempfile
 import threading
 import time
@@ -54,8 +55,11 @@ def _summary(reader: SpoolReader) -> str:
     return table(["engine", "stage", "owner", "cache", "rows", "declared peak"], rows)
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """Start the demo engines and serve their spool until interrupted or ``--duration`` passes."""
+def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
+    """Start the demo engines and serve their spool on ``sock`` until interrupted or ``--duration`` passes.
+
+    ``sock`` is bound by the caller before anything slow starts, so a taken port fails at once.
+    """
     temporary = None if args.spool_dir else tempfile.TemporaryDirectory(prefix="modelkv-demo-")
     spool_dir = Path(args.spool_dir or temporary.name)  # type: ignore[union-attr]
     spool_dir.mkdir(parents=True, exist_ok=True)
@@ -66,9 +70,10 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         reader = _wait_for_snapshots(spool_dir, processes)
         print(_summary(reader), flush=True)
-        config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes, args.forget_after)
+        config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes, forget_after=args.forget_after)
         server = build_server(config, host=args.host, port=args.port, log_level=args.log_level)
-        base = f"http://{args.host}:{args.port}"
+        host, port = sock.getsockname()[:2]
+        base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(
             f"\nServing on {base}\n"
             f"  page:     {base}/\n"
@@ -82,7 +87,7 @@ def run_demo(args: argparse.Namespace) -> int:
         timer.daemon = True
         if args.duration > 0:
             timer.start()
-        server.run()
+        server.run(sockets=[sock])
         timer.cancel()
     finally:
         stop.set()

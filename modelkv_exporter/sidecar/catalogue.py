@@ -83,7 +83,19 @@ _METRICS: list[Metric] = [
         "modelkv_declaration_info",
         "info",
         "Geometry, dtype and diagnostic notes of one declaration (strings cut to 128 characters).",
-        ("engine", "owner", "cache", "dtype", "geometry", "capacity_source", "rows_reason", "allocation_note"),
+        # model and stage came later: appended, so no existing label moved.
+        (
+            "engine",
+            "owner",
+            "cache",
+            "dtype",
+            "geometry",
+            "capacity_source",
+            "rows_reason",
+            "allocation_note",
+            "model",
+            "stage",
+        ),  # fmt: skip
         _D,
     ),
     Metric(
@@ -219,3 +231,11 @@ _METRICS: list[Metric] = [
 
 CATALOGUE: dict[str, Metric] = {metric.name: metric for metric in _METRICS}
 MAX_LABELS = 8
+"""Labels of a value series (gauge, counter): few, so aggregations stay cheap."""
+MAX_INFO_LABELS = 10
+"""Labels of an info series: one per declaration or engine, joined on and never aggregated, so it may carry more."""
+
+
+def label_limit(metric: Metric) -> int:
+    """The most labels ``metric`` may have."""
+    return MAX_INFO_LABELS if metric.kind == "info" else MAX_LABELS

@@ -91,6 +91,8 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> Non
                 label(d.capacity_source),
                 label(d.rows_reason),
                 label(d.allocation_note),
+                engine[1],
+                engine[2],
             ],
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,91 @@ def test_a_command_checks_only_its_own_variables(tmp_path: Path) -> None:
         env={"PATH": "/usr/bin:/bin", "MODELKV_PORT": "x"},
     )
     assert result.returncode == 2 and "modelkv-exporter serve: error: MODELKV_PORT='x'" in result.stderr
+
+
+def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The real command in a clean environment (no terminal: reports use their widest width)."""
+    return subprocess.run(
+        [sys.executable, "-m", "modelkv_exporter", *argv],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+
+
+def option_help(help_text: str, flag: str) -> str:
+    """The text argparse prints for ``flag`` under "options:", joined into one line."""
+    lines = help_text.split("\noptions:\n", 1)[-1].splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"  {flag} ")), None)
+    if start is None:
+        return ""
+    block = [lines[start]]
+    for line in lines[start + 1 :]:
+        if line.startswith("  -") or not line.startswith("   "):
+            break
+        block.append(line)
+    return " ".join(" ".join(block).split())
+
+
+def test_no_arguments_print_the_help() -> None:
+    result = run_cli()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: modelkv-exporter")
+    for command in ("serve", "demo", "inspect", "plan"):
+        assert command in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("command", [None, "serve", "demo", "inspect", "plan"])
+def test_help_is_plain_text_about_its_own_command(command: str | None) -> None:
+    result = run_cli(*([command] if command else []), "--help")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "`" not in text, "no reST or Markdown markup in help"
+    assert "None" not in text and "default unset" not in text and "default required" not in text
+    spool_help = option_help(text, "--spool-dir")
+    if command == "serve":
+        assert "[env MODELKV_SPOOL_DIR; required]" in spool_help
+        for other in ("demo", "inspect", "plan", "DIR", "plugin"):
+            assert not re.search(rf"\b{other}\b", spool_help), f"serve's --spool-dir help talks about {other}"
+    if command in ("inspect", "plan"):
+        assert "DIR argument" in spool_help and "demo" not in spool_help
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["plan", "d", "--max-num-seqs", "x"], "argument --max-num-seqs: 'x' is not a whole number"),
+        (["plan", "d", "--max-num-seqs", "0"], "argument --max-num-seqs: 0 is not 1 or more"),
+        (["plan", "d", "--max-num-seqs", "8", "--budget", "0"], "argument --budget: '0' is not a size above 0 bytes"),
+        (["plan", "d", "--max-num-seqs", "8", "--budget", "lots"], "'lots' is not a size such as"),
+        (["inspect", "d", "--stale-after", "soon"], "argument --stale-after: 'soon' is not a number"),
+        (["inspect", "d", "--stale-after", "nan"], "'nan' is not a finite number"),
+        (["serve", "--spool-dir", "s", "--port", "http"], "argument --port: 'http' is not a whole number"),
+        (["plan", "d", "--max-num-seqs", "8", "--max-snapshot-bytes", "-1"], "'-1' is not a size such as"),
+    ],
+)
+def test_bad_values_are_plain_errors_ending_in_a_newline(argv: list[str], message: str) -> None:
+    result = run_cli(*argv)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stderr.endswith("\n")
+    for python in ("invalid literal", "int()", "float(", "Traceback", "ValueError"):
+        assert python not in result.stderr
+
+
+def test_sizes_take_units_wherever_bytes_are_set() -> None:
+    assert parse(["plan", "d", "--max-num-seqs", "1", "--max-snapshot-bytes", "8MiB"]).max_snapshot_bytes == 8 << 20
+    assert parse(["serve"], MODELKV_SPOOL_DIR="/s", MODELKV_MAX_SNAPSHOT_BYTES="64KiB").max_snapshot_bytes == 64 << 10
+    assert parse(["plan", "d", "--max-num-seqs", "1", "--budget", "2GiB"]).budget == 2 << 30
+    assert parse(["plan", "d", "--max-num-seqs", "1"]).budget is None
+
+
+def test_an_unreadable_spool_is_an_error_on_stderr_ending_in_a_newline(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    for spool in (tmp_path / "missing", tmp_path / "a-file"):
+        for argv in (["inspect", str(spool)], ["plan", str(spool), "--max-num-seqs", "8"]):
+            result = run_cli(*argv)
+            assert result.returncode == 1 and result.stdout == ""
+            assert result.stderr.startswith(f"modelkv-exporter {argv[0]}: cannot read the spool: {spool}")
+            assert result.stderr.endswith("\n") and result.stderr.count("\n") == 1

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
+from tests.support.exposition import Exposition
 from tests.support.processes import Sidecar, free_port, wait_http
 
 EXPECTED_PEAKS = {
@@ -52,7 +53,7 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/healthz", timeout=240, process=process)
         text = Sidecar(process, url, spool).get("/metrics").text
-        families = {f.name: f for f in text_string_to_metric_families(text)}
+        families = {f.name: f for f in Exposition(text)}
         peaks = {
             (s.labels["engine"], s.labels["cache"]): s.value for s in families["modelkv_declared_peak_bytes"].samples
         }
@@ -79,3 +80,22 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
     assert "Serving on" in output and "engines stopped" in output
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
     assert len(snapshots) == 5 and all(s["ended"] for s in snapshots)
+
+
+def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:
+    """The demo binds its port first: a taken one ends it at once, naming the flag and the variable."""
+    spool = tmp_path / "spool"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [str(VENV_BIN / "modelkv-exporter"), "demo", "--spool-dir", str(spool), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "--port" in result.stderr and "MODELKV_PORT" in result.stderr and result.stderr.endswith("\n")
+    assert "starting" not in result.stdout and not spool.exists(), "no engine was started"

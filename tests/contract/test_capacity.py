@@ -71,7 +71,7 @@ def test_inspect_prints_every_field_and_every_rejection(spool: Path) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for text in ("engine code2wav [exported]", "stage code2wav", "req", "pool", "request", "model", "max_num_seqs",
-                 "8 x 16 x 64", "sliding_window(72) - 1", "because", "35.5 MiB", "31.1 MiB", "(no declarations)",
+                 "8x16x64x71", "sliding_window(72) - 1", "because", "35.5 MiB", "31.1 MiB", "(no declarations)",
                  "broken.json: invalid_json"):  # fmt: skip
         assert text in out, text
 

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from modelkv_exporter.contract.decode import RejectReason, SnapshotError, parse_snapshot
-from modelkv_exporter.contract.scan import SpoolReader, read_snapshot_file
+from modelkv_exporter.contract.scan import FULL_SCAN_EVERY_SECONDS, SETTLE_NS, SpoolReader, read_snapshot_file
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, DroppedDeclaration
 from modelkv_exporter.contract.spool import snapshot_file_name, write_snapshot
 from tests.support import ROOT
@@ -187,7 +187,7 @@ def test_reader_skips_and_counts_every_bad_file_and_keeps_the_good_ones(spool: P
     impostor = make_snapshot("good-1", heartbeat_at=time.time() + 100)
     (spool / "impostor.json").write_bytes(impostor.to_json())
 
-    reader = SpoolReader(spool)
+    reader = SpoolReader(spool, monotonic=Ticks(step=FULL_SCAN_EVERY_SECONDS))
     started = time.monotonic()
     scan = reader.scan()
     assert time.monotonic() - started < 5, "a FIFO or a 100 MB file must not stall the scan"
@@ -212,6 +212,41 @@ def test_reader_skips_and_counts_every_bad_file_and_keeps_the_good_ones(spool: P
     (spool / "bad-00.json").write_bytes(b"{still bad")
     reader.scan()
     assert reader.rejections["invalid_json"] == expected["invalid_json"] + 1, "a changed file is read again"
+
+
+class Ticks:
+    """A monotonic clock that moves ``step`` seconds at every reading."""
+
+    def __init__(self, step: float = 0.0) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_an_unchanged_settled_directory_is_not_listed_until_the_full_scan_interval(spool: Path) -> None:
+    write_snapshot(spool, make_snapshot("a", max_num_seqs=1))
+    ticks = Ticks()
+    settled = spool.stat().st_mtime_ns + SETTLE_NS + 1
+    reader = SpoolReader(spool, monotonic=ticks, wall_ns=lambda: settled)
+    first = reader.scan()
+    (spool / "a.json").write_bytes(make_snapshot("a", max_num_seqs=2).to_json())  # in place: the directory is unchanged
+    assert reader.scan() is first, "an unchanged, settled directory is not listed again"
+    ticks.now += FULL_SCAN_EVERY_SECONDS
+    assert reader.scan().snapshots[0][1].settings.max_num_seqs == 2, "the periodic full scan sees it"
+    write_snapshot(spool, make_snapshot("a", max_num_seqs=3))  # a writer renames: the directory changes
+    assert reader.scan().snapshots[0][1].settings.max_num_seqs == 3, "a rename is seen at once"
+
+
+def test_a_directory_changed_within_the_settle_margin_is_listed_every_time(spool: Path) -> None:
+    write_snapshot(spool, make_snapshot("a", max_num_seqs=1))
+    unsettled = spool.stat().st_mtime_ns + SETTLE_NS // 2
+    reader = SpoolReader(spool, monotonic=Ticks(), wall_ns=lambda: unsettled)
+    reader.scan()
+    (spool / "a.json").write_bytes(make_snapshot("a", max_num_seqs=2).to_json())
+    assert reader.scan().snapshots[0][1].settings.max_num_seqs == 2, "the last scan was too close to be trusted"
 
 
 def test_missing_and_unlistable_spools_are_reported_not_raised(tmp_path: Path) -> None:

@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.fixtures.tiny_model import make_tiny_qwen2
 from tests.support import ROOT
+from tests.support.exposition import Exposition
+from tests.support.polling import eventually
 from tests.support.processes import Sidecar, start_sidecar, stop_process
 
 pytestmark = pytest.mark.slow
@@ -99,9 +100,8 @@ def engine_and_sidecar(model_dir: Path, spool: Path) -> Iterator[tuple[Engine, S
 
 def metrics(sidecar: Sidecar) -> dict[str, list[tuple[dict[str, str], float]]]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(sidecar.get("/metrics").text):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    for sample in Exposition(sidecar.get("/metrics").text).samples:
+        out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
     return out
 
 
@@ -149,13 +149,14 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
 
     snapshot = sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]
     before = snapshot["heartbeat_at"]
-    time.sleep(2.5)
-    assert sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]["heartbeat_at"] > before, "it beats"
+    eventually(
+        lambda: sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]["heartbeat_at"] > before,
+        "a heartbeat",
+        timeout=10,
+    )
 
     os.kill(snapshot["engine"]["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and only(metrics(sidecar)["modelkv_engine_up"])[1] != 0:
-        time.sleep(0.5)
+    eventually(lambda: only(metrics(sidecar)["modelkv_engine_up"])[1] == 0, "the killed engine to go stale", timeout=20)
     m = metrics(sidecar)
     assert only(m["modelkv_engine_up"])[1] == 0
     assert "modelkv_declared_peak_bytes" not in m, "a dead engine's memory is not reported as held"

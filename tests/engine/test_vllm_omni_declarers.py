@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 from transformers import DynamicCache, Qwen2Config
 from vllm_omni.model_executor.models.ming_flash_omni.talker_module import MingAudioGenerator  # noqa: E402
@@ -18,6 +17,7 @@ from vllm_omni.model_executor.models.qwen3_tts.tokenizer_12hz.modeling_qwen3_tts
 
 from modelkv_exporter import publish
 from modelkv_exporter.demo.owners import cache_bytes
+from tests.support.exposition import Exposition
 from tests.support.processes import Sidecar
 
 CODEC_ROW = 2 * 8 * 16 * 64 * 71 * 4
@@ -62,7 +62,7 @@ def retained_cache(rows: int) -> DynamicCache:
 
 
 def declared(sidecar: Sidecar) -> dict[tuple[str, str], float]:
-    families = text_string_to_metric_families(sidecar.get("/metrics").text)
+    families = Exposition(sidecar.get("/metrics").text)
     return {
         (s.labels["engine"], s.labels["cache"]): s.value
         for f in families

@@ -6,7 +6,7 @@ import re
 
 from modelkv_exporter.cli.docgen import expected_files
 from modelkv_exporter.contract.settings import ENGINE, SETTINGS
-from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_LABELS
+from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
 from tests.support import ROOT
 
 
@@ -19,7 +19,7 @@ def test_metric_names_follow_the_house_rules() -> None:
     for metric in CATALOGUE.values():
         assert re.fullmatch(r"modelkv_[a-z0-9_]+", metric.name), metric.name
         assert ":" not in metric.name
-        assert len(metric.labels) <= MAX_LABELS
+        assert len(metric.labels) <= label_limit(metric)
         assert not {"pod", "namespace"} & set(metric.labels)
         if metric.kind == "counter":
             assert metric.name.endswith("_total")
@@ -40,3 +40,9 @@ def test_every_setting_and_metric_is_documented() -> None:
             assert setting.flag in readme
     for name in CATALOGUE:
         assert f"`{name}`" in metrics_doc
+
+
+def test_the_readme_names_every_part_of_the_package() -> None:
+    readme = (ROOT / "README.md").read_text()
+    parts = [p.name for p in (ROOT / "modelkv_exporter").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert parts and all(f"`{part}/`" in readme or f"{part}/:" in readme for part in parts), parts

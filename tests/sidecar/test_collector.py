@@ -7,17 +7,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.snapshot import DroppedDeclaration, EngineSettings
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
-from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_LABELS
+from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.labels import label
 from modelkv_exporter.sidecar.source import SpoolSource
+from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_snapshot
 
 
@@ -34,7 +34,7 @@ def scrape(collector: SpoolCollector) -> dict[str, dict[tuple[tuple[str, str], .
     registry.register(collector)
     text = generate_latest(registry).decode()
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in Exposition(text):
         for sample in family.samples:
             out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
     return out
@@ -54,7 +54,7 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
     (spool / "broken.json").write_text("{")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpoolCollector(SpoolSource(SpoolReader(spool))))
-    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    families = list(Exposition(generate_latest(registry).decode()))
     emitted = set()
     for family in families:
         name = family.name + ("_total" if family.type == "counter" else "_info" if family.type == "info" else "")
@@ -66,7 +66,7 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
         for sample in family.samples:
             assert set(sample.labels) == set(metric.labels), (metric.name, sample.labels)
     assert emitted == set(CATALOGUE), set(CATALOGUE) - emitted
-    assert all(len(m.labels) <= MAX_LABELS for m in CATALOGUE.values())
+    assert all(len(m.labels) <= label_limit(m) for m in CATALOGUE.values())
 
 
 def test_declared_values_and_engine_figures(spool: Path) -> None:
@@ -85,6 +85,22 @@ def test_declared_values_and_engine_figures(spool: Path) -> None:
     assert values(m, "modelkv_engine_declared_per_sequence_bytes", engine="e") == [per_seq.bytes_per_row]
     assert values(m, "modelkv_engine_declarations", engine="e") == [2]
     assert values(m, "modelkv_declaration_info", cache="pool", geometry="8x16x64", dtype="float32") == [1]
+
+
+def test_declaration_info_carries_the_model_and_stage_of_its_value_series(spool: Path) -> None:
+    """Selecting declarations by model or stage works on the info series as on the values it annotates."""
+    write_snapshot(spool, make_snapshot("t0", served_model_name="qwen3-tts", stage_name="talker"))
+    write_snapshot(spool, make_snapshot("c1", served_model_name="qwen3-tts", stage_id=1))
+    m = scrape(SpoolCollector(SpoolSource(SpoolReader(spool))))
+    identity = ("engine", "model", "stage", "owner", "cache")
+    peaks = {tuple(dict(k)[n] for n in identity) for k in m["modelkv_declared_peak_bytes"]}
+    infos = {tuple(dict(k)[n] for n in identity) for k in m["modelkv_declaration_info"]}
+    assert (
+        infos
+        == peaks
+        == {("t0", "qwen3-tts", "talker", "decoder", "cache"), ("c1", "qwen3-tts", "1", "decoder", "cache")}
+    )
+    assert values(m, "modelkv_declaration_info", model="qwen3-tts", stage="talker", engine="t0") == [1]
 
 
 def test_unmeasured_figures_are_absent_with_availability_zero(spool: Path) -> None:

@@ -19,8 +19,6 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
-from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.contract.decode import SnapshotError, parse_snapshot
 from modelkv_exporter.contract.scan import SpoolReader
@@ -29,6 +27,7 @@ from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.http.app import SidecarConfig, make_app
 from modelkv_exporter.sidecar.source import SpoolSource
 from tests.support import FULL_SCALE
+from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_snapshot
 
 VALID = make_snapshot(
@@ -102,7 +101,7 @@ def render(spool: Path) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpoolCollector(SpoolSource(SpoolReader(spool))))
     text = generate_latest(registry).decode()
-    list(text_string_to_metric_families(text))
+    list(Exposition(text))
     return text
 
 
@@ -158,8 +157,8 @@ def test_a_spool_of_hostile_documents_never_fails_a_request_and_loses_nothing(
         "api": client.get("/api/v1/engines"),
     }
     assert {name: r.status_code for name, r in responses.items()} == dict.fromkeys(responses, 200)
-    families = {f.name: f for f in text_string_to_metric_families(responses["text"].text)}
-    list(parse_openmetrics(responses["openmetrics"].text))
+    families = {f.name: f for f in Exposition(responses["text"].text)}
+    list(Exposition(responses["openmetrics"].text, openmetrics=True))
     assert _stable(responses["gzip"].text) == _stable(responses["text"].text)
     engines = {s.labels["engine"] for s in families["modelkv_engine_up"].samples}
     assert "good-engine" in engines, "a valid snapshot beside hostile ones is still exported"

@@ -5,17 +5,16 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
-from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.contract.spool import write_snapshot
 from tests.contract.test_spool import BAD_DOCUMENTS
+from tests.support.exposition import Exposition
+from tests.support.polling import eventually
 from tests.support.processes import Sidecar, require_tool, stop_process
 from tests.support.prometheus import query, running_prometheus, scrape_config
 from tests.support.snapshots import make_declaration, make_snapshot
@@ -24,9 +23,7 @@ from tests.support.snapshots import make_declaration, make_snapshot
 def peaks(text: str) -> dict[str, float]:
     return {
         s.labels["engine"] + "/" + s.labels["cache"]: s.value
-        for f in text_string_to_metric_families(text)
-        if f.name == "modelkv_declared_peak_bytes"
-        for s in f.samples
+        for s in Exposition(text).all("modelkv_declared_peak_bytes")
     }
 
 
@@ -39,7 +36,7 @@ def test_metrics_text_openmetrics_and_gzip(sidecar: Sidecar) -> None:
     om = sidecar.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert om.headers["content-type"].startswith("application/openmetrics-text")
     assert om.text.endswith("# EOF\n")
-    names = {f.name for f in parse_openmetrics(om.text)}
+    names = Exposition(om.text, openmetrics=True).names()
     assert {"modelkv_declared_peak_bytes", "modelkv_declaration", "modelkv_exporter_snapshot_rejections"} <= names
 
     raw = httpx.get(sidecar.url + "/metrics", headers={"Accept-Encoding": "gzip"}, timeout=10)
@@ -93,8 +90,7 @@ def test_bad_spool_input_never_fails_a_request(sidecar: Sidecar) -> None:
         assert set(peaks(response.text)) == {"good/cache", 'nasty "/q" \\'}
     rejected = sidecar.get("/api/v1/engines").json()["rejected"]
     assert len(rejected) == len(BAD_DOCUMENTS) + 1 and all(r["reason"] and r["detail"] for r in rejected)
-    families = {f.name: f for f in text_string_to_metric_families(sidecar.get("/metrics").text)}
-    counted = {s.labels["reason"]: s.value for s in families["modelkv_exporter_snapshot_rejections"].samples}
+    counted = Exposition(sidecar.get("/metrics").text).by("modelkv_exporter_snapshot_rejections_total", "reason")
     assert counted["too_large"] == 1 and sum(counted.values()) == len(BAD_DOCUMENTS) + 1
 
 
@@ -139,11 +135,10 @@ def test_a_real_prometheus_scrapes_the_declared_values(sidecar: Sidecar, prometh
         sidecar.spool_dir,
         make_snapshot("stage-1", declarations=(per_seq, pool), max_num_seqs=16, stage_name="code2wav"),
     )
-    deadline = time.monotonic() + 30
-    result: list[dict] = []
-    while time.monotonic() < deadline and len(result) < 2:
-        result = query(prometheus, 'modelkv_declared_peak_bytes{job="modelkv"}')
-        time.sleep(0.5)
+    result = eventually(
+        lambda: len(found := query(prometheus, 'modelkv_declared_peak_bytes{job="modelkv"}')) == 2 and found,
+        "both declarations in Prometheus",
+    )
     got = {r["metric"]["cache"]: float(r["value"][1]) for r in result}
     assert got == {"req": per_seq.bytes_per_row * 16, "pool": pool.bytes_per_row * 3}
     assert all(r["metric"]["stage"] == "code2wav" and r["metric"]["rows"] for r in result)

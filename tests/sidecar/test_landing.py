@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.snapshot import DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.contract.state import classify
+from modelkv_exporter.sidecar.http.landing import render_landing
 from tests.support.browser import chromium_run
 from tests.support.processes import Sidecar
 from tests.support.snapshots import make_declaration, make_snapshot
@@ -87,3 +91,29 @@ def test_landing_page_renders_in_headless_chromium(sidecar: Sidecar, tmp_path: P
     data = shot.read_bytes()
     assert _png_size(data) == (1280, 900)
     assert len(data) > 20_000, "a blank page compresses to a few KiB"
+
+
+def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(spool: Path) -> None:
+    now = 1_790_000_000.0  # 2026-09-21 14:13:20 UTC
+    write_snapshot(
+        spool,
+        make_snapshot(
+            "talker-s0",
+            declarations=(make_declaration("kv", layers=16, kv_heads=8, head_dim=128, positions=4096),),
+            measured={"process_resident": 3 << 20},
+            baseline={"process_resident": 1 << 20},
+            heartbeat_at=now,
+        ),
+    )
+    html = render_landing(classify(SpoolReader(spool).scan(), now, 30.0), spool_dir=str(spool), version="0")
+    engines = html.split("<h2>Engines</h2>", 1)[1].split("<h2>Declarations</h2>", 1)[0]
+    headers = re.findall(r"<th>([^<]*)</th>", engines)
+    assert "growth since baseline" in headers and "growth source" in headers and "growth" not in headers
+    (row,) = [r for r in re.findall(r"<tr>(.*?)</tr>", engines) if "talker-s0" in r]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    growth = headers.index("growth since baseline")
+    assert cells[growth] == "2.0 MiB" and cells[headers.index("growth source")] == "<code>process_resident</code>"
+    assert "post-initialisation baseline" in html
+    assert "16 × 8 × 128 × 4096 float32" in html
+    assert "geometry: layers × kv_heads × head_dim × positions per row" in html
+    assert "generated 2026-09-21 14:13:20 UTC" in html

@@ -23,12 +23,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.contract.snapshot import MemorySample
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from tests.support import FULL_SCALE, ROOT
+from tests.support.exposition import Exposition
+from tests.support.polling import eventually
 from tests.support.processes import Sidecar, start_sidecar, stop_process
 from tests.support.snapshots import make_declaration, make_snapshot
 
@@ -63,7 +64,7 @@ def victim_versions(path: Path) -> str:
 
 
 def families(text: str) -> dict[str, list]:
-    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+    return {f.name: f.samples for f in Exposition(text)}
 
 
 def consistent_victim(text: str) -> int:
@@ -218,9 +219,15 @@ def test_a_full_spool_makes_the_engine_log_and_go_on_and_keeps_the_last_good_sna
                 raise OSError(errno.ENOSPC, "No space left on device (simulated)")
 
             monkeypatch.setattr("modelkv_exporter.contract.spool.os.fsync", no_space)
+        beats: list[float] = []
+
+        def sample() -> MemorySample:
+            beats.append(time.time())
+            return MemorySample(time.time(), {"process_resident": 2})
+
         with caplog.at_level(logging.WARNING, logger="vllm.modelkv_exporter.heartbeat"):
-            publisher.start_heartbeat(0.05, lambda: MemorySample(time.time(), {"process_resident": 2}))
-            time.sleep(0.5)
+            publisher.start_heartbeat(0.05, sample)
+            eventually(lambda: len(beats) >= 5, "five failing beats", timeout=10)
         warnings = [r for r in caplog.records if "cannot refresh snapshot" in r.getMessage()]
         assert len(warnings) == 1, "logged once, not on every beat"
         assert not [p for p in spool.iterdir() if p.name.endswith(".tmp")], "no partial file left behind"
@@ -230,11 +237,14 @@ def test_a_full_spool_makes_the_engine_log_and_go_on_and_keeps_the_last_good_sna
             filler.unlink()
         else:
             monkeypatch.undo()
-        deadline = time.monotonic() + 10
-        while 'modelkv_memory_process_resident_bytes{engine="e",model="m",stage=""} 2.0' not in text:
-            assert time.monotonic() < deadline, "the heartbeat recovers once there is room"
-            time.sleep(0.1)
-            text = sidecar.get("/metrics").text
+        eventually(
+            lambda: (
+                'modelkv_memory_process_resident_bytes{engine="e",model="m",stage=""} 2.0'
+                in sidecar.get("/metrics").text
+            ),
+            "the heartbeat to recover once there is room",
+            timeout=10,
+        )
         print(f"\nfull spool: {'a real 64 KiB tmpfs' if small_filesystem else 'simulated ENOSPC'}")
     finally:
         publisher.stop()

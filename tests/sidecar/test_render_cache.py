@@ -8,14 +8,13 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
-from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.source import SpoolSource
+from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_snapshot
 
 NOW = 1_800_000_000.0
@@ -23,11 +22,9 @@ MOVING = {"modelkv_exporter_collect_duration_seconds"}
 
 
 def samples(text: str, openmetrics: bool = False) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
-    parse = parse_openmetrics if openmetrics else text_string_to_metric_families
     return {
         (s.name, tuple(sorted(s.labels.items())), s.value)
-        for family in parse(text)
-        for s in family.samples
+        for s in Exposition(text, openmetrics=openmetrics).samples
         if s.name not in MOVING
     }
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
@@ -25,6 +26,10 @@ class Exposition:
         parse = parse_openmetrics if openmetrics else parse_text
         self.families = list(parse(text))
         self.samples = [Sample(s.name, dict(s.labels), s.value) for f in self.families for s in f.samples]
+
+    def __iter__(self) -> Iterator[Metric]:
+        """The families, as prometheus_client's parser gives them."""
+        return iter(self.families)
 
     def __contains__(self, name: str) -> bool:
         return any(s.name == name for s in self.samples)

@@ -31,7 +31,7 @@ TARGET = "vllm.v1.worker.gpu_worker"
 MARKER = "__modelkv_wrapped__"
 
 Step = Callable[[Any, HookConfig], None]
-Wrap = Callable[[Callable[..., Any], str, Step], Callable[..., Any]]
+Wrap = Callable[[Callable[..., Any], Step], Callable[..., Any]]
 
 
 class Registration:
@@ -65,7 +65,7 @@ class Registration:
             self.patch_subclass(type(worker))
         self.guarded(step.__name__, step, worker, self.config)
 
-    def _after(self, original: Callable[..., Any], name: str, step: Step) -> Callable[..., Any]:
+    def _after(self, original: Callable[..., Any], step: Step) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(worker: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(worker, *args, **kwargs)
@@ -75,7 +75,7 @@ class Registration:
         setattr(wrapper, MARKER, True)
         return wrapper
 
-    def _before(self, original: Callable[..., Any], name: str, step: Step) -> Callable[..., Any]:
+    def _before(self, original: Callable[..., Any], step: Step) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(worker: Any, *args: Any, **kwargs: Any) -> Any:
             self.run_step(step, worker)
@@ -101,7 +101,7 @@ class Registration:
             original = cls.__dict__.get(name) if own_only else getattr(cls, name, None)
             if original is None or getattr(original, MARKER, False):
                 continue
-            setattr(cls, name, wrap(original, name, step))
+            setattr(cls, name, wrap(original, step))
             wrapped.append(name)
         return wrapped
 

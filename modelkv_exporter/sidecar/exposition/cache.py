@@ -115,6 +115,10 @@ class ExpositionCache:
         self._exporter_lines: tuple[object, str] = ((), "")
         self._blocks: dict[str, _Block] = {}
         self._joined: dict[bool, _Joined] = {}
+        self._headers = {
+            openmetrics: {name: family_header(metric, openmetrics) for name, metric in CATALOGUE.items()}
+            for openmetrics in (False, True)
+        }
         self.renders = 0
         """Engine renders so far: how often an engine's lines were built (for tests and benchmarks)."""
 
@@ -203,17 +207,15 @@ class ExpositionCache:
             assert entry.snapshot is not None
             prefix = self._engines[self._engine_key(entry, stale)].age_prefix
             ages.append(f"{prefix}{floatToGoString(snapshot_age(entry.snapshot, view.now))}\n")
-        age_metric = CATALOGUE["modelkv_engine_snapshot_age_seconds"]
-        text = family_header(age_metric, openmetrics) + "".join(ages) if ages else ""
+        headers = self._headers[openmetrics]
+        text = headers["modelkv_engine_snapshot_age_seconds"] + "".join(ages) if ages else ""
         key = self._exporter_key(view, openmetrics)
         if self._exporter_lines[0] != key:
             sink = LineSink()
             exporter_samples(view.scan.ok, view.counts, self.source.reader.rejections, sink.add, sink.info)
-            block = "".join(
-                family_header(CATALOGUE[name], openmetrics) + "".join(chunk) for name, chunk in sink.lines.items()
-            )
+            block = "".join(headers[name] + "".join(chunk) for name, chunk in sink.lines.items())
             self._exporter_lines = (key, block)
-        duration = CATALOGUE["modelkv_exporter_collect_duration_seconds"]
-        text += self._exporter_lines[1] + family_header(duration, openmetrics)
-        text += sample_line(duration, [], self.perf_counter() - started)
+        duration = "modelkv_exporter_collect_duration_seconds"
+        text += self._exporter_lines[1] + headers[duration]
+        text += f"{duration} {floatToGoString(self.perf_counter() - started)}\n"
         return (text + ("# EOF\n" if openmetrics else "")).encode()

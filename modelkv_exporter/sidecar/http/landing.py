@@ -7,6 +7,7 @@ clusters. Every value from a snapshot is HTML-escaped.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from html import escape
 
@@ -22,6 +23,11 @@ LINKS = (
     ("/healthz", "Liveness"),
     ("/readyz", "Readiness"),
 )
+GROWTH_LEGEND = (
+    "growth since baseline: measured memory now minus the engine's post-initialisation baseline; "
+    "growth source: the measurement it is taken from"
+)
+GEOMETRY_LEGEND = "geometry: layers × kv_heads × head_dim × positions per row, then the element type"
 
 _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -72,9 +78,15 @@ def _engine_row(snapshot: Snapshot, state: EngineState, now: float) -> list[str]
         str(snapshot.settings.max_num_seqs),
         str(len(snapshot.declarations)),
         human_bytes(snapshot.declared_peak_bytes),
-        "—" if growth is None else f"{_signed_bytes(growth[1])} <span class='muted'>{escape(growth[0])}</span>",
+        "—" if growth is None else _signed_bytes(growth[1]),
+        "" if growth is None else f"<code>{escape(growth[0])}</code>",
         f"{max(now - snapshot.heartbeat_at, 0):.0f} s",
     ]
+
+
+def generated_at(now: float) -> str:
+    """``now`` as the page shows it: UTC, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
 
 
 def _geometry(d: Declaration) -> str:
@@ -131,9 +143,12 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
     if view.scan.error:
         summary = f"<strong>spool not readable: {escape(view.scan.error)}</strong>"
     nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in LINKS)
-    headers = ["engine", "model", "stage", "state", "max_num_seqs", "caches", "declared peak", "growth", "age"]
-    engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(4, 5, 6, 7, 8))
-    if not live:
+    headers = ["engine", "model", "stage", "state", "max_num_seqs", "caches", "declared peak",
+               "growth since baseline", "growth source", "age"]  # fmt: skip
+    engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(4, 5, 6, 7, 9))
+    if live:
+        engines += f'<p class="muted">{escape(GROWTH_LEGEND)}</p>'
+    else:
         engines = '<p class="muted">No snapshot in the spool yet.</p>'
     sections = "".join(
         _engine_section(s) for s, state in live if state not in (EngineState.ENDED, EngineState.FORGOTTEN)
@@ -144,8 +159,9 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>modelkv-exporter</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>modelkv-exporter {escape(version)}</h1>"
-        f"<p>spool <code>{escape(spool_dir)}</code> · {summary}</p></header>"
+        f"<p>spool <code>{escape(spool_dir)}</code> · {summary} · generated {generated_at(view.now)}</p></header>"
         f"<main><nav>{nav}</nav><h2>Engines</h2>{engines}"
-        f"<h2>Declarations</h2>{sections or '<p class=muted>None.</p>'}"
+        f"<h2>Declarations</h2>"
+        f"{f'<p class=muted>{escape(GEOMETRY_LEGEND)}</p>{sections}' if sections else '<p class=muted>None.</p>'}"
         f"<h2>Rejected files</h2>{rejected_html}</main></body></html>\n"
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from modelkv_exporter import __version__
-from modelkv_exporter.sidecar.exposition.cache import Body, ExpositionCache
+from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.exposition.negotiation import accepts_gzip, wants_openmetrics
 from modelkv_exporter.sidecar.http.engines_document import engines_document
 from modelkv_exporter.sidecar.http.landing import CONTENT_SECURITY_POLICY, render_landing
@@ -17,13 +18,23 @@ READ = ["GET", "HEAD"]
 router = APIRouter()
 
 
-class ExpositionResponse(Response):
-    """A rendered /metrics body, sent in its cached pieces without joining them."""
+class MetricsEndpoint:
+    """``GET /metrics``: the cached rendering in the negotiated form, sent in its cached pieces.
 
-    def __init__(self, body: Body) -> None:
-        self.status_code = 200
-        self.background = None
-        self.parts = body.parts
+    A plain ASGI endpoint of the router (Starlette's ``Route`` runs it as it is): FastAPI's
+    request wrapping and dependency solving would cost more than the rest of a scrape of an
+    unchanged spool, and /metrics needs neither.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        accept = accept_encoding = None
+        for name, value in scope["headers"]:
+            if name == b"accept":
+                accept = value.decode("latin-1")
+            elif name == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
+        exposition: ExpositionCache = scope["app"].state.exposition
+        body = exposition.render(openmetrics=wants_openmetrics(accept), compress=accepts_gzip(accept_encoding))
         headers = [
             (b"content-type", body.content_type.encode()),
             (b"vary", b"Accept, Accept-Encoding"),
@@ -31,24 +42,13 @@ class ExpositionResponse(Response):
         ]
         if body.gzipped:
             headers.append((b"content-encoding", b"gzip"))
-        self.raw_headers = headers
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        last = len(self.parts) - 1
-        for i, part in enumerate(self.parts):
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        last = len(body.parts) - 1
+        for i, part in enumerate(body.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
 
 
-@router.api_route("/metrics", methods=READ, include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    """Prometheus metrics: the text format, OpenMetrics by ``Accept``, gzip by ``Accept-Encoding``."""
-    exposition: ExpositionCache = request.app.state.exposition
-    headers = request.headers
-    body = exposition.render(
-        openmetrics=wants_openmetrics(headers.get("accept")), compress=accepts_gzip(headers.get("accept-encoding"))
-    )
-    return ExpositionResponse(body)
+router.routes.append(Route("/metrics", MetricsEndpoint(), methods=READ, include_in_schema=False))
 
 
 @router.api_route("/healthz", methods=READ, include_in_schema=False)

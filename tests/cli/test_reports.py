@@ -1,0 +1,92 @@
+"""inspect and plan as a person reads them: states named as everywhere else, no line wider than 120 columns."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from modelkv_exporter.cli.reports import MAX_WIDTH, abbreviate, inspect_report, table
+from modelkv_exporter.contract.scan import SpoolReader
+from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.contract.state import EngineState, classify
+from tests.support.snapshots import make_declaration, make_snapshot
+
+LONG_OWNER = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"
+LONG_SOURCE = "min(config.max_position_embeddings, config.sliding_window * config.num_hidden_layers) " * 4
+
+
+def run_cli(*argv: str, columns: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", **({"COLUMNS": columns} if columns else {})}
+    return subprocess.run([sys.executable, "-m", "modelkv_exporter", *argv], capture_output=True, text=True, env=env)
+
+
+def _fill(spool: Path) -> None:
+    now = time.time()
+    write_snapshot(
+        spool,
+        make_snapshot(
+            "qwen3-omni-thinker-s0-tp0-pp0-dp0-" + "x" * 90,
+            declarations=(
+                make_declaration("long_context_" * 6, owner=LONG_OWNER, capacity_source=LONG_SOURCE),
+                make_declaration("pool", rows="fixed", rows_fixed=7, scope="model"),
+            ),
+            served_model_name="Qwen/Qwen3-Omni-30B-A3B-Instruct-with-a-very-long-served-model-name",
+            stage_name="thinker",
+        ),
+    )
+    write_snapshot(spool, make_snapshot("late", interval=1.0, heartbeat_at=now - 600))
+    write_snapshot(spool, replace(make_snapshot("done"), ended=True))
+    (spool / ("broken-" + "y" * 150 + ".json")).write_text("{")
+
+
+def test_inspect_names_states_as_the_page_and_metrics_do(spool: Path) -> None:
+    _fill(spool)
+    out = run_cli("inspect", str(spool)).stdout
+    assert "[exported]" in out and "[stale]" in out and "[ended]" in out
+    assert "[live]" not in out
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    assert {item.state for item in view.usable} == {EngineState.EXPORTED, EngineState.STALE, EngineState.ENDED}
+
+
+def test_inspect_and_plan_fit_120_columns_and_keep_every_word(spool: Path) -> None:
+    """Long names are cut in the table and given whole in the wrapped detail lines below it."""
+    _fill(spool)
+    for columns in (None, "300", "100"):
+        out = run_cli("inspect", str(spool), columns=columns).stdout
+        limit = MAX_WIDTH if columns is None else min(MAX_WIDTH, int(columns))
+        widest = max(len(line) for line in out.splitlines())
+        assert widest <= limit, f"COLUMNS={columns}: a line of {widest} columns"
+        words = " ".join(out.split())
+        unwrapped = "".join(out.split())
+        assert LONG_OWNER in unwrapped and "".join(LONG_SOURCE.split()) in unwrapped
+        assert "geometry: layers x kv_heads x head_dim x positions per row" in words
+        assert "8x16x64x71" in out and "Qwen/Qwen3-Omni-30B-A3B-Instruct" in unwrapped
+        plan = run_cli("plan", str(spool), "--max-num-seqs", "64", "--budget", "1GiB", columns=columns).stdout
+        assert max(len(line) for line in plan.splitlines()) <= limit
+        assert "largest max_num_seqs within 1.0 GiB" in plan
+
+
+def test_the_width_limit_is_what_keeps_lines_short(spool: Path) -> None:
+    """The same report without a width limit is far wider: the limit, not the data, keeps it at 120."""
+    _fill(spool)
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    assert max(len(line) for line in inspect_report(view, 120).splitlines()) <= 120
+    assert max(len(line) for line in inspect_report(view, 10_000).splitlines()) > 200
+
+
+def test_tables_cut_only_text_columns_in_the_middle() -> None:
+    assert abbreviate("abcdefghij", 5) == "ab…ij" and abbreviate("short", 8) == "short"
+    rows = [["x" * 100, "y" * 100, "1234567", "35.5 MiB"]]
+    lines = table(["owner", "cache", "n", "peak"], rows, width=60, narrow=(0, 1)).splitlines()
+    assert max(len(line) for line in lines) <= 60
+    assert lines[2].endswith("1234567  35.5 MiB"), "numbers and sizes stay whole"
+    assert "…" in lines[2]
+
+
+def test_plan_without_a_budget_has_no_budget_column(spool: Path) -> None:
+    _fill(spool)
+    plain = run_cli("plan", str(spool), "--max-num-seqs", "2").stdout
+    assert "largest" not in plain and "qwen3-omni-thinker" in plain
