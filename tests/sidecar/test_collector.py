@@ -6,11 +6,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.snapshot import DroppedDeclaration, EngineSettings
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.contract.state import EngineState
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
@@ -229,3 +231,20 @@ def test_dropped_declarations_are_exported_per_owner_and_in_total(spool: Path) -
     assert values(m, "modelkv_engine_declarations_dropped", engine="older") == [], "unreported is absent, not 0"
     assert values(m, "modelkv_declarations_dropped", engine="e", owner="talker", reason="declarer_raised") == [1]
     assert values(m, "modelkv_declarations_dropped", engine="e", owner="(root)", reason="unresolvable_spec") == [3]
+
+
+def test_a_reused_classification_ends_at_the_first_forget_deadline(spool: Path) -> None:
+    """The source reuses its classification while the spool is unchanged: a file must still be forgotten on time."""
+    clock = Clock()
+    write_snapshot(spool, make_snapshot("old-id", heartbeat_at=clock.now, interval=5.0))
+    reader = SpoolReader(spool, monotonic=lambda: 0.0, wall_ns=lambda: int(clock.now * 1e9) + 10**12)
+    source = SpoolSource(reader, stale_after=30, clock=clock, forget_after=600)
+    clock.now += 31
+    first = source.view()
+    assert first.counts[EngineState.STALE] == 1 and first.until == pytest.approx(
+        first.entries[0].snapshot.heartbeat_at + 600
+    )
+    clock.now += 500
+    assert source.view().scan is first.scan, "the same scan: the classification is reused"
+    clock.now += 100
+    assert source.view().counts[EngineState.FORGOTTEN] == 1
