@@ -126,6 +126,10 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
             parts += [_wrapped(_declaration_details(d), width, "  ") for d in snapshot.declarations]
         else:
             parts.append("(no declarations)")
+        for dropped in snapshot.dropped_declarations or ():
+            owner = dropped.owner or ROOT_OWNER
+            text = f"dropped: {dropped.count} of {owner} ({dropped.owner_class}), {dropped.reason}: {dropped.error}"
+            parts.append(_wrapped(text, width))
         parts.append("")
     if any(item.snapshot.declarations for item in view.usable):
         parts += [GEOMETRY_LEGEND, ""]

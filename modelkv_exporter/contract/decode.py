@@ -18,6 +18,7 @@ from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import (
     SCHEMA_VERSION,
     Declaration,
+    DroppedDeclaration,
     EngineIdentity,
     EngineSettings,
     Measured,
@@ -196,6 +197,20 @@ def _check_arithmetic(declaration: Declaration, max_num_seqs: int, where: str) -
         _invalid(f"{where}.peak_bytes", f"{declaration.peak_bytes} != {expected_row} x {expected_rows}")
 
 
+def _dropped(value: Any, where: str) -> DroppedDeclaration:
+    f = _Fields(value, where)
+    reason = f.text("reason")
+    if not SOURCE_NAME.fullmatch(reason):
+        _invalid(f"{where}.reason", f"{reason[:80]!r} is not a plain name")
+    return DroppedDeclaration(
+        owner=f.text("owner"),
+        owner_class=f.text("owner_class"),
+        reason=reason,
+        count=f.integer("count", minimum=1),
+        error=f.text("error", required=False) or "",
+    )
+
+
 def _sample(fields: _Fields | None) -> MemorySample | None:
     if fields is None:
         return None
@@ -249,6 +264,9 @@ def snapshot_from_dict(document: Any) -> Snapshot:
             _invalid(where, f"duplicate declaration {declaration.name!r} of owner {declaration.owner!r}")
         seen.add(key)
     interval = root.number("heartbeat_interval_seconds", required=False)
+    dropped = (
+        root.items("dropped_declarations", _dropped) if root.mapping().get("dropped_declarations") is not None else None
+    )
     return Snapshot(
         engine=engine,
         settings=settings,
@@ -259,6 +277,7 @@ def snapshot_from_dict(document: Any) -> Snapshot:
         heartbeat_interval_seconds=interval,
         ended=root.boolean("ended"),
         writer=root.text("writer", required=False) or "",
+        dropped_declarations=dropped,
         schema_version=version,
     )
 

@@ -95,6 +95,17 @@ class Declaration:
 
 
 @dataclass(frozen=True)
+class DroppedDeclaration:
+    """Declarations of one owner that the engine could not publish, and why."""
+
+    owner: str
+    owner_class: str
+    reason: str
+    count: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class MemorySample:
     """Measured bytes by source at one instant; a source that was not measured is absent."""
 
@@ -127,12 +138,21 @@ class Snapshot:
     heartbeat_interval_seconds: float | None = None
     ended: bool = False
     writer: str = ""
+    dropped_declarations: tuple[DroppedDeclaration, ...] | None = None
+    """Declarations the engine could not publish; None when the writer does not report them (older hooks)."""
     schema_version: int = SCHEMA_VERSION
 
     @property
     def declared_peak_bytes(self) -> int:
         """Sum of every declaration's peak bytes."""
         return sum(d.peak_bytes for d in self.declarations)
+
+    @property
+    def dropped_count(self) -> int | None:
+        """How many declarations the engine dropped (a declarer that raised counts once); None when unreported."""
+        if self.dropped_declarations is None:
+            return None
+        return sum(d.count for d in self.dropped_declarations)
 
     @property
     def per_sequence_bytes(self) -> int:
@@ -160,6 +180,9 @@ class Snapshot:
             "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
             "ended": self.ended,
             "writer": self.writer,
+            "dropped_declarations": None
+            if self.dropped_declarations is None
+            else [dict(vars(d)) for d in self.dropped_declarations],
         }
 
     def to_json(self) -> bytes:

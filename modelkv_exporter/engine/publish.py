@@ -12,8 +12,8 @@ from typing import Any
 from modelkv_exporter import __version__
 from modelkv_exporter.contract.snapshot import EngineIdentity, EngineSettings, Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.engine.protocol import collect_owned_specs
-from modelkv_exporter.engine.resolve import resolve_declarations
+from modelkv_exporter.engine.protocol import collect_declarations
+from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
 
 _IDENTITY_FIELDS = frozenset(f.name for f in fields(EngineIdentity)) - {"engine_id"}
 _SETTING_FIELDS = frozenset(f.name for f in fields(EngineSettings)) - {"max_num_seqs"}
@@ -21,6 +21,9 @@ _SETTING_FIELDS = frozenset(f.name for f in fields(EngineSettings)) - {"max_num_
 
 def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **identity: Any) -> Snapshot:
     """Collect ``model``'s declarations, resolve them at ``max_num_seqs``, and add identity.
+
+    Declarers that raised and specs that could not be resolved are recorded in
+    ``dropped_declarations`` (and logged), never raised.
 
     Keyword arguments name ``EngineIdentity`` fields (``model``, ``stage_name``,
     ``tp_rank``, ...) or ``EngineSettings`` fields (``gpu_memory_utilization``,
@@ -34,6 +37,8 @@ def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **ide
     who = {k: v for k, v in identity.items() if k in _IDENTITY_FIELDS}
     who.setdefault("pid", os.getpid())
     who.setdefault("hostname", socket.gethostname())
+    collected = collect_declarations(model)
+    declarations, unresolved = resolve_owned(collected.specs, max_num_seqs)
     now = time.time()
     return Snapshot(
         engine=EngineIdentity(engine_id=engine_id, **who),
@@ -41,10 +46,11 @@ def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **ide
             max_num_seqs=max_num_seqs,
             **{k: v for k, v in identity.items() if k in _SETTING_FIELDS},
         ),
-        declarations=resolve_declarations(collect_owned_specs(model), max_num_seqs),
+        declarations=declarations,
         started_at=now,
         heartbeat_at=now,
         writer=f"modelkv-exporter/{__version__}",
+        dropped_declarations=declarer_failures(collected.failures) + unresolved,
     )
 
 

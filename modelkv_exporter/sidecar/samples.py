@@ -64,6 +64,15 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> Non
         if value is not None:
             add(name, engine, value)
 
+    if snapshot.dropped_count is not None:
+        add("modelkv_engine_declarations_dropped", engine, snapshot.dropped_count)
+    dropped: dict[tuple[str, str], int] = {}
+    for item in snapshot.dropped_declarations or ():
+        key = (label(item.owner or ROOT_OWNER), label(item.reason))
+        dropped[key] = dropped.get(key, 0) + item.count
+    for (owner_label, reason), count in dropped.items():
+        add("modelkv_declarations_dropped", [*engine, owner_label, reason], count)
+
     for d in snapshot.declarations:
         owner = label(d.owner or ROOT_OWNER)
         series = [*engine, owner, label(d.name), d.scope, d.rows]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from modelkv_exporter.contract.capacity import declared_peak_at, largest_fitting
 from modelkv_exporter.contract.sizes import parse_bytes
+from modelkv_exporter.contract.snapshot import DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
 from tests.support.snapshots import make_declaration, make_snapshot
 
@@ -71,6 +74,16 @@ def test_inspect_prints_every_field_and_every_rejection(spool: Path) -> None:
                  "8x16x64x71", "sliding_window(72) - 1", "because", "35.5 MiB", "31.1 MiB", "(no declarations)",
                  "broken.json: invalid_json"):  # fmt: skip
         assert text in out, text
+
+
+def test_inspect_shows_dropped_declarations_and_forgotten_engines(spool: Path) -> None:
+    dropped = (DroppedDeclaration("talker.decoder", "TalkerDecoder", "declarer_raised", 1, "KeyError: 'heads'"),)
+    write_snapshot(spool, replace(make_snapshot("broken-declarer"), dropped_declarations=dropped))
+    write_snapshot(spool, make_snapshot("old-id", heartbeat_at=time.time() - 7200, interval=5.0))
+    out = cli("inspect", str(spool)).stdout
+    assert "dropped: 1 of talker.decoder (TalkerDecoder), declarer_raised: KeyError: 'heads'" in out
+    assert "engine old-id [forgotten]" in out
+    assert "engine old-id [stale]" in cli("inspect", "--forget-after", "0", str(spool)).stdout
 
 
 def test_plan_answers_with_and_without_a_budget(spool: Path) -> None:

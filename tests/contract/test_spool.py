@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -18,7 +19,7 @@ import pytest
 
 from modelkv_exporter.contract.decode import RejectReason, SnapshotError, parse_snapshot
 from modelkv_exporter.contract.scan import FULL_SCAN_EVERY_SECONDS, SETTLE_NS, SpoolReader, read_snapshot_file
-from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, DroppedDeclaration
 from modelkv_exporter.contract.spool import snapshot_file_name, write_snapshot
 from tests.support import ROOT
 from tests.support.snapshots import make_declaration, make_snapshot
@@ -58,6 +59,19 @@ def test_file_names_are_distinct_and_safe() -> None:
     assert len(names) == 7
     assert all(not n.startswith(".") and "/" not in n and len(n) < 220 for n in names)
     assert snapshot_file_name("ok-1.2") == "ok-1.2.json"
+
+
+def test_dropped_declarations_round_trip_and_older_writers_report_none() -> None:
+    dropped = (
+        DroppedDeclaration("talker", "Talker", "declarer_raised", 1, "RuntimeError: boom"),
+        DroppedDeclaration("", "Root", "a_reason_from_a_newer_hook", 2),
+    )
+    snapshot = replace(make_snapshot("e"), dropped_declarations=dropped)
+    again = parse_snapshot(snapshot.to_json())
+    assert again.dropped_declarations == dropped and again.dropped_count == 3
+    jsonschema.validate(snapshot.to_dict(), SCHEMA)
+    older = {k: v for k, v in snapshot.to_dict().items() if k != "dropped_declarations"}
+    assert parse_snapshot(json.dumps(older).encode()).dropped_count is None, "not reported is not zero"
 
 
 def test_older_and_unknown_fields_are_read_newer_versions_are_refused() -> None:
@@ -114,6 +128,19 @@ BAD_DOCUMENTS: dict[str, tuple[bytes, RejectReason]] = {
         json.dumps(document(declarations=[document()["declarations"][0]] * 2)).encode(),
         RejectReason.INVALID_SNAPSHOT,
     ),
+    "dropped count 0": (
+        json.dumps(
+            document(dropped_declarations=[{"owner": "a", "owner_class": "A", "reason": "declarer_raised", "count": 0}])
+        ).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
+    "dropped odd reason": (
+        json.dumps(
+            document(dropped_declarations=[{"owner": "a", "owner_class": "A", "reason": 'x"}', "count": 1}])
+        ).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
+    "dropped not a list": (json.dumps(document(dropped_declarations={"a": 1})).encode(), RejectReason.INVALID_SNAPSHOT),
     "version 0": (json.dumps(document(schema_version=0)).encode(), RejectReason.INVALID_SNAPSHOT),
     "version string": (json.dumps(document(schema_version="1")).encode(), RejectReason.INVALID_SNAPSHOT),
 }

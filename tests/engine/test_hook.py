@@ -21,22 +21,43 @@ from tests.support import ROOT
 
 
 class FakeCuda:
+    """``torch.cuda``'s memory statistics for one device, as the caching allocator keeps them.
+
+    ``allocate``/``free`` move the live tensors; the peak follows them until it is reset. Every
+    call is recorded in ``calls``.
+    """
+
     def __init__(self, fail: set[str] | None = None) -> None:
         self.fail = fail or set()
+        self.allocated = 100
+        self.peak = 150
+        self.calls: list[str] = []
 
     def _value(self, name: str, value: Any) -> Any:
+        self.calls.append(name)
         if name in self.fail:
             raise RuntimeError(f"{name} unavailable")
         return value
 
+    def allocate(self, size: int) -> None:
+        self.allocated += size
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, size: int) -> None:
+        self.allocated -= size
+
     def memory_allocated(self, device: Any) -> int:
-        return self._value("memory_allocated", 100)
+        return self._value("memory_allocated", self.allocated)
 
     def memory_reserved(self, device: Any) -> int:
         return self._value("memory_reserved", 200)
 
     def max_memory_allocated(self, device: Any) -> int:
-        return self._value("max_memory_allocated", 150)
+        return self._value("max_memory_allocated", self.peak)
+
+    def reset_peak_memory_stats(self, device: Any) -> None:
+        self._value("reset_peak_memory_stats", None)
+        self.peak = self.allocated
 
     def mem_get_info(self, device: Any) -> tuple[int, int]:
         return self._value("mem_get_info", (700, 1000))
@@ -74,11 +95,114 @@ def test_cuda_sampler_reads_allocator_device_and_own_nvml_process() -> None:
         "torch_allocated": 100,
         "torch_reserved": 200,
         "torch_peak_allocated": 150,
+        "torch_allocated_high_water": 150,
         "device_used": 300,
         "device_total": 1000,
         "process_gpu": 321,
     }
     assert nvml.asked == ["GPU-abc"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_peak_statistics_are_only_read_until_the_engine_initialised() -> None:
+    """vLLM resets and reads torch's one peak while it loads and profiles; the sampler must leave it alone."""
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    for _ in range(5):
+        cuda.allocate(1000)  # loading weights, the profile run's activations, the paged KV cache
+        sampler()
+    cuda.free(800)
+    assert "reset_peak_memory_stats" not in cuda.calls
+    baseline = sampler.initialised(activation_budget=None)
+    assert cuda.calls[-1] == "reset_peak_memory_stats", "the first reset comes once initialisation is over"
+    assert baseline.values["torch_allocated_high_water"] == 5100, "the peak seen while initialising"
+    cuda.calls.clear()
+    sampler()
+    reads = [c for c in cuda.calls if c in ("max_memory_allocated", "reset_peak_memory_stats")]
+    assert reads == ["max_memory_allocated", "reset_peak_memory_stats"], "each sample reads its window, then resets"
+
+
+def profiled_activation_peak(cuda: FakeCuda, sample: Any) -> int:
+    """vLLM's memory_profiling around a profile run, with a heartbeat sample in the middle of it."""
+    cuda.reset_peak_memory_stats("cuda:0")
+    before = cuda.memory_allocated("cuda:0")
+    cuda.allocate(3000)  # the profile run's activations
+    cuda.free(3000)
+    sample()  # the heartbeat thread samples while the profile run goes on
+    cuda.allocate(1000)
+    cuda.free(1000)
+    return cuda.max_memory_allocated("cuda:0") - before
+
+
+@pytest.mark.parametrize("resetting", [False, True], ids=["as shipped", "broken: resets from the start"])
+def test_the_sampler_never_shrinks_the_peak_vllm_profiles(resetting: bool) -> None:
+    """The guard can fail: a sampler that resets peaks before initialisation makes vLLM budget too little."""
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    sampler.resetting = resetting
+    measured = profiled_activation_peak(cuda, sampler)
+    assert (measured == 3000) is not resetting, f"vLLM would budget {measured} bytes of activations"
+
+
+def test_the_high_water_mark_catches_an_allocation_that_lives_between_two_samples() -> None:
+    cuda, clock = FakeCuda(), Clock()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0", clock=clock)
+    sampler.initialised()
+    clock.now += 5
+    assert sampler().values["torch_allocated_high_water"] == 100
+    cuda.allocate(4000)  # a short-lived undeclared buffer, freed before the next sample
+    cuda.free(4000)
+    clock.now += 5
+    sample = sampler()
+    assert sample.values["torch_allocated"] == 100 and sample.values["torch_allocated_high_water"] == 4100
+    clock.now += engine_memory.HIGH_WATER_SECONDS - 1
+    assert sampler().values["torch_allocated_high_water"] == 4100, "seen by every scrape for two minutes"
+    clock.now += 2
+    later = sampler()
+    assert later.values["torch_allocated_high_water"] == 100, "then forgotten"
+    assert later.values["torch_peak_allocated"] == 4100, "the peak since start is kept across resets"
+
+
+def test_the_baseline_high_water_mark_allows_the_profiled_activation_peak() -> None:
+    cuda = FakeCuda()
+    cuda.allocate(20_000)
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    baseline = sampler.initialised(activation_budget=1_250)
+    assert baseline.values["torch_allocated"] == 20_100
+    assert baseline.values["torch_allocated_high_water"] == 21_350
+
+
+def test_the_hook_hands_vllms_activation_budget_to_the_sampler_after_warm_up(tmp_path: Any) -> None:
+    from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+    from tests.support.snapshots import make_snapshot
+
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    publisher = SnapshotPublisher(tmp_path, make_snapshot("e"))
+    worker = SimpleNamespace(peak_activation_memory=3000)
+    setattr(worker, lifecycle.ATTRIBUTE, lifecycle.WorkerHook(publisher, sampler))
+    config = HookConfig(tmp_path)
+    lifecycle.after_kv_init(
+        SimpleNamespace(
+            **vars(worker),
+            cache_config=SimpleNamespace(num_gpu_blocks=None),
+            model_runner=SimpleNamespace(),
+        ),
+        config,
+    )
+    assert "reset_peak_memory_stats" not in cuda.calls, "the paged KV cache is allocated; warm-up is still to come"
+    lifecycle.after_warm_up(worker, config)
+    baseline = publisher.snapshot.measured.baseline
+    assert baseline is not None and baseline.values["torch_allocated_high_water"] == 3100
+    assert sampler.resetting and "reset_peak_memory_stats" in cuda.calls
 
 
 @pytest.mark.parametrize(

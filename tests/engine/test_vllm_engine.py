@@ -143,6 +143,9 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
     assert "modelkv_memory_torch_allocated_bytes" not in m, "a CPU engine has no CUDA allocator figure, not a 0"
     assert "modelkv_engine_gpu_memory_utilization_ratio" not in m
     assert only(m["modelkv_engine_up"])[1] == 1
+    assert only(m["modelkv_engine_declarations_dropped"])[1] == 1, "the broken declarer is counted"
+    dropped, count = only(m["modelkv_declarations_dropped"])
+    assert (dropped["owner"], dropped["reason"], count) == ("broken", "declarer_raised", 1)
 
     snapshot = sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]
     before = snapshot["heartbeat_at"]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import struct
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from modelkv_exporter.contract.scan import SpoolReader
+from modelkv_exporter.contract.snapshot import DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.state import classify
 from modelkv_exporter.sidecar.http.landing import render_landing
@@ -29,7 +31,8 @@ def _fill(spool: Path) -> None:
             stage_name="talker",
         ),
     )
-    write_snapshot(spool, make_snapshot("plain-s1", declarations=()))
+    dropped = (DroppedDeclaration("talker.<b>", "T", "declarer_raised", 1, "KeyError: <heads>"),)
+    write_snapshot(spool, replace(make_snapshot("plain-s1", declarations=()), dropped_declarations=dropped))
     write_snapshot(spool, make_snapshot("gone-s2", interval=1.0, heartbeat_at=time.time() - 600))
     write_snapshot(spool, make_snapshot("evil", declarations=(make_declaration(HOSTILE, capacity_source=HOSTILE),)))
     (spool / "broken.json").write_text("{")
@@ -50,7 +53,11 @@ def test_landing_page_lists_engines_declarations_and_rejected_files(sidecar: Sid
         "broken.json",
     ):
         assert text in html, text
-    assert "3 exported" in html and "1 stale" in html and "1 rejected" in html
+    assert "3 exported" in html and "1 stale" in html and "1 rejected" in html and "0 forgotten" in html
+    assert (
+        "Dropped declarations:</strong> 1 of <code>talker.&lt;b&gt;</code> (declarer_raised: KeyError: &lt;heads&gt;)"
+        in html
+    )
     assert "2.0 MiB" in html and "process_resident" in html, "growth since the baseline"
     for link in ("/metrics", "/api/v1/engines", "/healthz", "/readyz"):
         assert f'href="{link}"' in html

@@ -3,7 +3,9 @@
 - after ``load_model``: collect the model's declarations once, resolve them at
   ``max_num_seqs``, add the engine's identity, publish, start the heartbeat;
 - after ``initialize_from_config``: add the paged KV cache, take the baseline;
-- after ``compile_or_warm_up_model``: take the baseline again (initialisation is over);
+- after ``compile_or_warm_up_model``: take the baseline again (initialisation is over), with the
+  activation peak vLLM profiled as the live tensors' headroom, and only from now on let the sampler
+  reset torch's peak statistics (vLLM resets and reads them while it loads and profiles);
 - before ``shutdown`` (and at exit): mark the snapshot ended.
 
 ``plugin`` runs every step guarded, so that no failure here reaches the engine.
@@ -20,7 +22,7 @@ from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher, with_baseline
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.publish import build_snapshot
-from modelkv_exporter.engine.samplers import Sampler, sampler_for
+from modelkv_exporter.engine.samplers import MemorySampler, sampler_for
 from modelkv_exporter.engine.vllm_hook.config import HookConfig
 from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, identity_of, model_of
 
@@ -34,7 +36,7 @@ class WorkerHook:
     """Per-worker state, kept on the worker object."""
 
     publisher: SnapshotPublisher
-    sampler: Sampler
+    sampler: MemorySampler
 
 
 def after_load_model(worker: Any, config: HookConfig) -> None:
@@ -54,10 +56,11 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     atexit.register(_end_at_exit, publisher)
     publisher.beat(sampler())
     logger.info(
-        "modelkv: %s publishes %d declaration(s) to %s",
+        "modelkv: %s publishes %d declaration(s) to %s (%d dropped)",
         engine_id,
         len(snapshot.declarations),
         publisher.spool_dir / snapshot_file_name(engine_id),
+        snapshot.dropped_count or 0,
     )
 
 
@@ -86,11 +89,19 @@ def after_kv_init(worker: Any, config: HookConfig) -> None:
     hook.publisher.update(record)
 
 
+def activation_budget(worker: Any) -> int | None:
+    """The activation peak vLLM measured while profiling and budgeted for (``peak_activation_memory``), if known."""
+    value = getattr(worker, "peak_activation_memory", None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    return None
+
+
 def after_warm_up(worker: Any, config: HookConfig) -> None:
     """Initialisation is over (graphs captured): this is the baseline growth is measured from."""
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
-        hook.publisher.set_baseline(hook.sampler())
+        hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
 
 
 def before_shutdown(worker: Any, config: HookConfig) -> None:
