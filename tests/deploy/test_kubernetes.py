@@ -17,6 +17,7 @@ import yaml
 from tests.support import ROOT
 from tests.support.processes import require_tool
 from tests.support.promql import DASHBOARDS, RULE_TESTS, RULES_FILE
+from tests.support.typescript import run_tsc
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 BUILDS = [KUBERNETES / "base", *sorted(p for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())]
@@ -90,25 +91,7 @@ def test_custom_resources_match_prometheus_operator_models(objects: list[dict[st
         source = MODELS / f"{name}.ts"
         source.write_text("\n".join(lines) + "\n")
         try:
-            tsc = subprocess.run(
-                [
-                    "node",
-                    str(MODELS / "node_modules" / "typescript" / "bin" / "tsc"),
-                    "--strict",
-                    "--noEmit",
-                    "--module",
-                    "nodenext",
-                    "--moduleResolution",
-                    "nodenext",
-                    "--target",
-                    "es2022",
-                    "--skipLibCheck",
-                    str(source),
-                ],
-                capture_output=True,
-                text=True,
-                cwd=MODELS,
-            )
+            tsc = run_tsc(MODELS / "node_modules", source, MODELS)
             if tsc.returncode != 0:
                 return tsc
             runtime = source.with_suffix(".mjs")

@@ -26,12 +26,13 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.typescript import run_tsc as compile_typescript
 
 HERE = Path(__file__).resolve().parent
 NPM_DIR = HERE.parent / "k8s"
@@ -216,35 +217,13 @@ def run_tsc(writer: Writer, npm_dir: Path, keep: bool) -> tuple[list[tuple[tuple
     # The .ts file goes to a temporary folder that links the npm folder's node_modules, so
     # that nothing is written beside the checked-in package.json (and parallel runs are safe).
     modules = (npm_dir / "node_modules").resolve()
-    tsc = modules / "typescript" / "bin" / "tsc"
     work = Path(tempfile.mkdtemp(prefix="dashboard-check-"))
     (work / "node_modules").symlink_to(modules, target_is_directory=True)
     (work / "package.json").write_text('{"private": true, "type": "module"}\n')
     source = work / "dashboard.ts"
     source.write_text("\n".join(writer.lines) + "\n")
     try:
-        result = subprocess.run(
-            [
-                "node",
-                str(tsc),
-                "--strict",
-                "--noEmit",
-                "--pretty",
-                "false",
-                "--module",
-                "nodenext",
-                "--moduleResolution",
-                "nodenext",
-                "--target",
-                "es2022",
-                "--skipLibCheck",
-                str(source),
-            ],
-            check=False,
-            capture_output=True,
-            text=True,
-            cwd=work,
-        )
+        result = compile_typescript(modules, source, work)
     finally:
         if keep:
             print(f"kept {source}", file=sys.stderr)
