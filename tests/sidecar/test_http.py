@@ -98,7 +98,7 @@ def test_engines_api_returns_the_snapshots(sidecar: Sidecar) -> None:
     snapshot = make_snapshot("e", stage_name="talker")
     write_snapshot(sidecar.spool_dir, snapshot)
     body = sidecar.get("/api/v1/engines").json()
-    assert body["spool_error"] is None and body["schema_version"] == 1
+    assert body["spool_error"] is None and body["schema_version"] == SCHEMA_VERSION
     (engine,) = body["engines"]
     assert engine["state"] == "exported"
     assert engine["snapshot"] == json.loads(snapshot.to_json())
