@@ -107,7 +107,10 @@ def test_a_version_1_sidecar_asks_for_an_upgrade_instead_of_calling_the_snapshot
 
 @pytest.mark.parametrize(
     "version,rows,problem",
-    [(1, "fixed", "settings.max_num_seqs: required field is missing"), (2, "max_num_seqs", "needs settings.max_num_seqs")],
+    [
+        (1, "fixed", "settings.max_num_seqs: required field is missing"),
+        (2, "max_num_seqs", "needs settings.max_num_seqs"),
+    ],
     ids=["version 1 requires it", "per-sequence rows need it"],
 )
 def test_what_an_absent_max_num_seqs_may_not_do(version: int, rows: str, problem: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.contract.spool import write_snapshot
 from tests.contract.test_spool import BAD_DOCUMENTS
 from tests.support.exposition import Exposition
