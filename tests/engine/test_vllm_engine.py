@@ -2,7 +2,8 @@
 
 The model is a tiny local Qwen2 under an out-of-tree architecture registered by a
 test-only plugin; one of its inner modules holds a real transformers StaticCache
-and declares it, another declarer raises.
+and declares it, another declarer raises. A tiny hybrid Gemma2 (one sliding-window,
+one full-attention layer) checks the paged KV bytes against what vLLM allocated.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.fixtures.tiny_model import make_tiny_qwen2
+from tests.engine.fixtures.tiny_model import make_tiny_gemma2, make_tiny_qwen2
 from tests.support import ROOT
 from tests.support.exposition import Exposition
 from tests.support.polling import eventually
@@ -117,6 +118,9 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
     assert engine.wait_for("GENERATED").split() == ["GENERATED", "16"]
     assert "deliberately broken declarer" in engine.output()
     assert "modelkv: publishing model-local KV declarations to" in engine.output()
+    assert "modelkv: hooked worker class vllm.v1.worker.cpu_worker.CPUWorker" in engine.output(), (
+        "the worker process loads the plugins inside init_worker: the class it builds is hooked there"
+    )
     m = metrics(sidecar)
 
     labels, peak = only(m["modelkv_declared_peak_bytes"])
@@ -188,3 +192,26 @@ def test_an_unwritable_spool_does_not_stop_the_engine(model_dir: Path, tmp_path:
         engine.wait_for("STOPPED", timeout=120)
     finally:
         engine.kill_all()
+
+
+def test_a_hybrid_model_publishes_the_kv_space_vllm_allocated(tmp_path: Path, spool: Path) -> None:
+    """Two KV-cache groups over one buffer: 1 GiB (VLLM_CPU_KVCACHE_SPACE), not 2 GiB (once per group)."""
+    model = make_tiny_gemma2(tmp_path / "gemma2")
+    sidecar = start_sidecar(spool)
+    engine = Engine(model, spool)
+    try:
+        assert engine.wait_for("GENERATED").split() == ["GENERATED", "16"]
+        block_size = int(engine.wait_for("BLOCK_SIZE").split()[1])
+        m = metrics(sidecar)
+        kv_bytes = only(m["modelkv_engine_paged_kv_bytes"])[1]
+        blocks = only(m["modelkv_engine_paged_kv_blocks"])[1]
+        page = 2 * block_size * 2 * 64 * 4  # K and V x tokens per block x 2 kv heads x head_dim 64 x float32
+        assert kv_bytes == 1024**3 == blocks * page, "each block of the shared pool holds one layer's page"
+        assert only(m["modelkv_engine_declarations"])[1] == 0
+        assert engine.process.stdin is not None
+        engine.process.stdin.write(b"stop\n")
+        engine.process.stdin.flush()
+        engine.wait_for("STOPPED", timeout=120)
+    finally:
+        engine.kill_all()
+        stop_process(sidecar.process)
