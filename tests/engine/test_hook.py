@@ -436,32 +436,37 @@ def test_an_override_that_calls_super_runs_each_step_once(monkeypatch: pytest.Mo
     assert [c[0] for c in worker.calls] == ["load_model", "initialize_from_config", "shutdown"]
 
 
-class DiffusionWorkerLike:
-    """Like vLLM-Omni's DiffusionWorker: the constructor itself loads the model."""
+def diffusion_worker_like() -> type:
+    """A fresh class like vLLM-Omni's DiffusionWorker: the constructor itself loads the model."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.calls: list[str] = []
-        self.load_model()
+    class DiffusionWorker:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+            self.calls: list[str] = []
+            self.load_model()
 
-    def load_model(self, load_format: str = "default") -> None:
-        self.calls.append("load_model")
+        def load_model(self, load_format: str = "default") -> None:
+            self.calls.append("load_model")
 
-    def set_kv_cache_configs(self, kv_cache_configs: list[Any], resolved_max_model_len: int) -> None:
-        self.calls.append("set_kv_cache_configs")
+        def set_kv_cache_configs(self, kv_cache_configs: list[Any], resolved_max_model_len: int) -> None:
+            self.calls.append("set_kv_cache_configs")
 
-    def shutdown(self) -> None:
-        self.calls.append("shutdown")
+        def shutdown(self) -> None:
+            self.calls.append("shutdown")
+
+    return DiffusionWorker
 
 
 def test_a_diffusion_worker_subclass_is_hooked_before_its_constructor_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = recording_steps(monkeypatch)
 
-    class PlatformDiffusionWorker(DiffusionWorkerLike):
+    base = diffusion_worker_like()
+
+    class PlatformDiffusionWorker(base):  # type: ignore[valid-type,misc]
         def load_model(self, load_format: str = "default") -> None:  # no super(): a platform's own loading
             self.calls.append("platform load_model")
 
-    module = SimpleNamespace(DiffusionWorker=DiffusionWorkerLike)
+    module = SimpleNamespace(DiffusionWorker=base)
     config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
     assert config is not None
     vllm_plugin.Registration(config).patch_diffusion_worker(module)  # type: ignore[arg-type]
@@ -470,3 +475,20 @@ def test_a_diffusion_worker_subclass_is_hooked_before_its_constructor_loads(monk
     worker.shutdown()
     assert worker.calls == ["platform load_model", "set_kv_cache_configs", "shutdown"]
     assert seen == ["after_load_model", "after_kv_init[['kv'], 128]", "before_shutdown"]
+
+
+def test_without_the_constructor_wrapper_a_platform_override_is_missed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same as above with the ``__init__`` wrapper taken away: the override's load goes unseen."""
+    seen = recording_steps(monkeypatch)
+    base = diffusion_worker_like()
+
+    class PlatformDiffusionWorker(base):  # type: ignore[valid-type,misc]
+        def load_model(self, load_format: str = "default") -> None:
+            self.calls.append("platform load_model")
+
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    vllm_plugin.Registration(config).patch_diffusion_worker(SimpleNamespace(DiffusionWorker=base))  # type: ignore[arg-type]
+    base.__init__ = base.__init__.__wrapped__
+    assert PlatformDiffusionWorker(0).calls == ["platform load_model"]
+    assert seen == []

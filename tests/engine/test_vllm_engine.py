@@ -39,24 +39,28 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Engine:
-    """The engine script in its own process group, driven through stdin."""
+    """An engine script (by default ``run_engine.py``) in its own process group, driven through stdin."""
 
-    def __init__(self, model_dir: Path, spool: Path) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        spool: Path,
+        script: str = "run_engine.py",
+        arguments: tuple[str, ...] = (str(MAX_NUM_SEQS),),
+        env: dict[str, str] | None = None,
+        path: tuple[Path, ...] = (),
+    ) -> None:
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "MODELKV_SPOOL_DIR": str(spool),
             "MODELKV_SAMPLE_INTERVAL": "1",
-            "PYTHONPATH": os.pathsep.join([str(PLUGIN_PATH), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join(str(p) for p in (PLUGIN_PATH, *path, ROOT)),
+            **(env or {}),
         }
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "tests" / "engine" / "fixtures" / "run_engine.py"),
-                str(model_dir),
-                str(MAX_NUM_SEQS),
-            ],
+            [sys.executable, str(ROOT / "tests" / "engine" / "fixtures" / script), str(model_dir), *arguments],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -79,6 +83,13 @@ class Engine:
 
     def output(self) -> str:
         return "".join(self.lines)
+
+    def stop(self, timeout: float = 120) -> None:
+        """Ask the script to shut the engine down cleanly and wait until it says so."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"stop\n")
+        self.process.stdin.flush()
+        self.wait_for("STOPPED", timeout=timeout)
 
     def kill_all(self) -> None:
         try:
@@ -170,10 +181,7 @@ def test_a_clean_stop_marks_the_engine_ended(engine_and_sidecar: tuple[Engine, S
     engine, sidecar = engine_and_sidecar
     engine.wait_for("GENERATED")
     assert only(metrics(sidecar)["modelkv_engine_up"])[1] == 1
-    assert engine.process.stdin is not None
-    engine.process.stdin.write(b"stop\n")
-    engine.process.stdin.flush()
-    engine.wait_for("STOPPED", timeout=120)
+    engine.stop()
     m = metrics(sidecar)
     assert "modelkv_engine_up" not in m and "modelkv_declared_peak_bytes" not in m
     assert [v for labels, v in m["modelkv_exporter_spool_files"] if labels["state"] == "ended"] == [1]
@@ -186,10 +194,7 @@ def test_an_unwritable_spool_does_not_stop_the_engine(model_dir: Path, tmp_path:
     try:
         assert engine.wait_for("GENERATED").split() == ["GENERATED", "16"]
         assert "modelkv: after_load_model failed; the engine continues without it" in engine.output()
-        assert engine.process.stdin is not None
-        engine.process.stdin.write(b"stop\n")
-        engine.process.stdin.flush()
-        engine.wait_for("STOPPED", timeout=120)
+        engine.stop()
     finally:
         engine.kill_all()
 
@@ -208,10 +213,7 @@ def test_a_hybrid_model_publishes_the_kv_space_vllm_allocated(tmp_path: Path, sp
         page = 2 * block_size * 2 * 64 * 4  # K and V x tokens per block x 2 kv heads x head_dim 64 x float32
         assert kv_bytes == 1024**3 == blocks * page, "each block of the shared pool holds one layer's page"
         assert only(m["modelkv_engine_declarations"])[1] == 0
-        assert engine.process.stdin is not None
-        engine.process.stdin.write(b"stop\n")
-        engine.process.stdin.flush()
-        engine.wait_for("STOPPED", timeout=120)
+        engine.stop()
     finally:
         engine.kill_all()
         stop_process(sidecar.process)

@@ -120,4 +120,4 @@ def before_shutdown(worker: Any, config: HookConfig) -> None:
     """Mark the snapshot ended so the sidecar stops exporting it."""
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
-        hook.publisher.end()
+        logger.info("modelkv: %s ended", hook.publisher.end())
