@@ -9,9 +9,11 @@ one full-attention layer) checks the paged KV bytes against what vLLM allocated.
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,17 +70,30 @@ class Engine:
             start_new_session=True,
         )
         self.lines: list[str] = []
+        self._pending: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name="engine-output", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            self._pending.put(raw.decode(errors="replace"))
+        self._pending.put(None)
 
     def wait_for(self, prefix: str, timeout: float = START_TIMEOUT) -> str:
-        assert self.process.stdout is not None
+        """The first line from now on that starts with ``prefix``; fails at the deadline or when output ends."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline().decode(errors="replace")
-            if not line and self.process.poll() is not None:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._pending.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                self._pending.put(None)
                 break
             self.lines.append(line)
-            if line.startswith(prefix):
-                return line
+            found = [part for part in line.split("\r") if part.startswith(prefix)]  # after a progress bar's \r
+            if found:
+                return found[0]
         raise AssertionError(f"engine never printed {prefix!r}; output:\n{''.join(self.lines[-60:])}")
 
     def output(self) -> str:
