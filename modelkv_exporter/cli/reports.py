@@ -77,7 +77,7 @@ def _wrapped(text: str, width: int, indent: str = "") -> str:
 
 def _max_num_seqs(snapshot: Snapshot) -> str:
     value = snapshot.settings.max_num_seqs
-    return "none (the engine has no such setting)" if value is None else str(value)
+    return "none" if value is None else str(value)
 
 
 def _engine_heading(snapshot: Snapshot, state: EngineState) -> str:
