@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import (
+    MAX_NUM_SEQS_OPTIONAL,
     SCHEMA_VERSION,
     Declaration,
     DroppedDeclaration,
@@ -25,7 +26,7 @@ from modelkv_exporter.contract.snapshot import (
     MemorySample,
     Snapshot,
 )
-from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES
+from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES, RowDriver
 
 MAX_INT = 2**63 - 1
 MAX_ENGINE_ID_CHARS = 256
@@ -137,12 +138,12 @@ def _engine(fields: _Fields) -> EngineIdentity:
     )
 
 
-def _settings(fields: _Fields) -> EngineSettings:
+def _settings(fields: _Fields, version: int) -> EngineSettings:
     utilization = fields.number("gpu_memory_utilization", required=False)
     if utilization is not None and utilization > 1:
         _invalid("settings.gpu_memory_utilization", f"{utilization} is above 1")
     return EngineSettings(
-        max_num_seqs=fields.integer("max_num_seqs", minimum=1),
+        max_num_seqs=fields.integer("max_num_seqs", minimum=1, required=version < MAX_NUM_SEQS_OPTIONAL),
         gpu_memory_utilization=utilization,
         paged_kv_bytes=fields.integer("paged_kv_bytes", required=False),
         paged_kv_blocks=fields.integer("paged_kv_blocks", required=False),
@@ -180,7 +181,9 @@ def _declaration(value: Any, where: str) -> Declaration:
     return declaration
 
 
-def _check_arithmetic(declaration: Declaration, max_num_seqs: int, where: str) -> None:
+def _check_arithmetic(declaration: Declaration, max_num_seqs: int | None, where: str) -> None:
+    if max_num_seqs is None and declaration.rows != RowDriver.FIXED.value:
+        _invalid(f"{where}.rows", f"{declaration.rows!r} needs settings.max_num_seqs, which is absent")
     expected_row = arithmetic.bytes_per_row(
         layers=declaration.layers,
         kv_heads=declaration.kv_heads,
@@ -188,7 +191,7 @@ def _check_arithmetic(declaration: Declaration, max_num_seqs: int, where: str) -
         positions=declaration.physical_capacity_positions,
         element_size=declaration.element_size,
     )
-    expected_rows = arithmetic.row_count(declaration.rows, declaration.rows_fixed, max_num_seqs)
+    expected_rows = arithmetic.row_count(declaration.rows, declaration.rows_fixed, max_num_seqs or 1)
     if declaration.bytes_per_row != expected_row:
         _invalid(f"{where}.bytes_per_row", f"{declaration.bytes_per_row} != geometry's {expected_row}")
     if declaration.row_count != expected_rows:
@@ -253,7 +256,7 @@ def snapshot_from_dict(document: Any) -> Snapshot:
             f"schema_version {version} is newer than this sidecar reads ({SCHEMA_VERSION}); upgrade the sidecar",
         )
     engine = _engine(root.child("engine"))  # type: ignore[arg-type]
-    settings = _settings(root.child("settings"))  # type: ignore[arg-type]
+    settings = _settings(root.child("settings"), version)  # type: ignore[arg-type]
     declarations = root.items("declarations", _declaration)
     seen: set[tuple[str, str]] = set()
     for i, declaration in enumerate(declarations):
@@ -278,7 +281,6 @@ def snapshot_from_dict(document: Any) -> Snapshot:
         ended=root.boolean("ended"),
         writer=root.text("writer", required=False) or "",
         dropped_declarations=dropped,
-        schema_version=version,
     )
 
 

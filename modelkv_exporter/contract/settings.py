@@ -198,7 +198,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "engine_id",
         str,
-        "Prefix of the engine ids the plugin publishes under (default: the served model name); "
+        "Prefix of the engine ids the plugin publishes under (default: the served model name, else the "
+        "model directory's name); "
         "set it when two engines in one pod serve the same model name.",
         {ENGINE: ""},
     ),

@@ -14,8 +14,16 @@ from typing import Any
 
 from modelkv_exporter.contract.vocabulary import RowDriver
 
-SCHEMA_VERSION = 1
-"""Bumped only by an incompatible change; additive fields keep the version."""
+SCHEMA_VERSION = 2
+"""The newest ``schema_version`` this package reads and writes.
+
+Bumped only by an incompatible change; additive fields keep the version. A document is
+written with the oldest version whose readers read it right (``Snapshot.schema_version``), so
+a sidecar that predates a bump keeps reading every document that does not need it.
+"""
+
+MAX_NUM_SEQS_OPTIONAL = 2
+"""The first version in which ``settings.max_num_seqs`` may be absent (an engine without one)."""
 
 
 @dataclass(frozen=True)
@@ -62,9 +70,13 @@ class EngineIdentity:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine settings that give declarations and memory their meaning."""
+    """Engine settings that give declarations and memory their meaning.
 
-    max_num_seqs: int
+    ``max_num_seqs`` is None when the engine has no such setting or does not say; its
+    declarations are then all ``FIXED``.
+    """
+
+    max_num_seqs: int | None
     gpu_memory_utilization: float | None = None
     paged_kv_bytes: int | None = None
     paged_kv_blocks: int | None = None
@@ -140,7 +152,15 @@ class Snapshot:
     writer: str = ""
     dropped_declarations: tuple[DroppedDeclaration, ...] | None = None
     """Declarations the engine could not publish; None when the writer does not report them (older hooks)."""
-    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def schema_version(self) -> int:
+        """The oldest version whose readers read this snapshot right: 1, or 2 without ``max_num_seqs``.
+
+        A version-1 sidecar requires ``max_num_seqs``; given a document without it, it must
+        say "upgrade the sidecar" (``unsupported_version``), not "invalid snapshot".
+        """
+        return SCHEMA_VERSION if self.settings.max_num_seqs is None else 1
 
     @property
     def declared_peak_bytes(self) -> int:

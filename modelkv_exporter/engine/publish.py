@@ -19,11 +19,14 @@ _IDENTITY_FIELDS = frozenset(f.name for f in fields(EngineIdentity)) - {"engine_
 _SETTING_FIELDS = frozenset(f.name for f in fields(EngineSettings)) - {"max_num_seqs"}
 
 
-def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **identity: Any) -> Snapshot:
+def build_snapshot(model: object, /, *, max_num_seqs: int | None, engine_id: str, **identity: Any) -> Snapshot:
     """Collect ``model``'s declarations, resolve them at ``max_num_seqs``, and add identity.
 
     Declarers that raised and specs that could not be resolved are recorded in
-    ``dropped_declarations`` (and logged), never raised.
+    ``dropped_declarations`` (and logged), never raised. ``max_num_seqs=None`` is for an
+    engine without one: only ``FIXED`` declarations are published (per-sequence ones are
+    dropped as unresolvable), and the snapshot says so (``settings.max_num_seqs`` absent,
+    schema_version 2).
 
     Keyword arguments name ``EngineIdentity`` fields (``model``, ``stage_name``,
     ``tp_rank``, ...) or ``EngineSettings`` fields (``gpu_memory_utilization``,
@@ -32,7 +35,7 @@ def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **ide
     unknown = identity.keys() - _IDENTITY_FIELDS - _SETTING_FIELDS
     if unknown:
         raise TypeError(f"unknown snapshot fields: {', '.join(sorted(unknown))}")
-    if max_num_seqs < 1:
+    if max_num_seqs is not None and max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
     who = {k: v for k, v in identity.items() if k in _IDENTITY_FIELDS}
     who.setdefault("pid", os.getpid())
@@ -59,7 +62,7 @@ def publish(
     /,
     *,
     spool_dir: str | os.PathLike[str],
-    max_num_seqs: int,
+    max_num_seqs: int | None,
     engine_id: str,
     **identity: Any,
 ) -> Path:

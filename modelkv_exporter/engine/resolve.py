@@ -8,7 +8,7 @@ from typing import Any
 
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import Declaration, DroppedDeclaration
-from modelkv_exporter.contract.vocabulary import DropReason
+from modelkv_exporter.contract.vocabulary import DropReason, RowDriver
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.protocol import DeclarerFailure, OwnedSpec, driver_value, element_size, error_text
 
@@ -20,9 +20,15 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_seqs: int) -> Declaration:
-    """One spec, duck-typed, resolved at the engine's ``max_num_seqs``."""
+def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_seqs: int | None) -> Declaration:
+    """One spec, duck-typed, resolved at the engine's ``max_num_seqs``.
+
+    Without ``max_num_seqs`` (an engine that has none) a per-sequence spec has no peak: it
+    raises rather than being published at a made-up row count.
+    """
     driver = driver_value(spec.rows)
+    if max_num_seqs is None and driver != RowDriver.FIXED.value:
+        raise ValueError(f"{spec.name!r} has rows per sequence, but this engine has no max_num_seqs")
     size = element_size(spec.dtype)
     per_row = arithmetic.bytes_per_row(
         layers=int(spec.layers),
@@ -31,7 +37,7 @@ def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_
         positions=int(spec.physical_capacity_positions),
         element_size=size,
     )
-    rows = arithmetic.row_count(driver, int(spec.rows_fixed), max_num_seqs)
+    rows = arithmetic.row_count(driver, int(spec.rows_fixed), max_num_seqs or 1)
     return Declaration(
         owner=owner_path,
         owner_class=owner_class,
@@ -54,13 +60,13 @@ def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_
     )
 
 
-def resolve_declarations(owned: Iterable[OwnedSpec], max_num_seqs: int) -> tuple[Declaration, ...]:
+def resolve_declarations(owned: Iterable[OwnedSpec], max_num_seqs: int | None) -> tuple[Declaration, ...]:
     """Resolve every owned spec; a spec that cannot be resolved is logged and skipped."""
     return resolve_owned(owned, max_num_seqs)[0]
 
 
 def resolve_owned(
-    owned: Iterable[OwnedSpec], max_num_seqs: int
+    owned: Iterable[OwnedSpec], max_num_seqs: int | None
 ) -> tuple[tuple[Declaration, ...], tuple[DroppedDeclaration, ...]]:
     """Resolve every owned spec, and count per owner those that cannot be resolved (logged and skipped).
 

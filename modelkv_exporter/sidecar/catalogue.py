@@ -122,7 +122,7 @@ _METRICS: list[Metric] = [
     Metric(
         "modelkv_engine_max_num_seqs",
         "gauge",
-        "The engine's max_num_seqs, at which MAX_NUM_SEQS declarations are resolved.",
+        "The engine's max_num_seqs, at which MAX_NUM_SEQS declarations are resolved (absent when it has none).",
         ENGINE,
         _E,
     ),

@@ -53,9 +53,9 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> Non
 
     settings = snapshot.settings
     add("modelkv_engine_declarations", engine, len(snapshot.declarations))
-    add("modelkv_engine_max_num_seqs", engine, settings.max_num_seqs)
     add("modelkv_engine_declared_per_sequence_bytes", engine, snapshot.per_sequence_bytes)
     optional = (
+        ("modelkv_engine_max_num_seqs", settings.max_num_seqs),
         ("modelkv_engine_gpu_memory_utilization_ratio", settings.gpu_memory_utilization),
         ("modelkv_engine_paged_kv_bytes", settings.paged_kv_bytes),
         ("modelkv_engine_paged_kv_blocks", settings.paged_kv_blocks),

@@ -97,3 +97,16 @@ def test_plan_answers_with_and_without_a_budget(spool: Path) -> None:
     assert "largest" not in plain and "code2wav" in plain
     assert cli("plan", str(spool)).returncode == 2
     assert "give DIR" in cli("inspect").stderr
+
+
+def test_inspect_and_plan_say_when_an_engine_has_no_max_num_seqs(spool: Path) -> None:
+    write_snapshot(spool, make_snapshot("image", declarations=(POOL,), max_num_seqs=None, stage_id=2))
+    inspected = cli("inspect", str(spool))
+    assert inspected.returncode == 0, inspected.stderr
+    assert "stage 2, max_num_seqs none\n" in inspected.stdout and "None" not in inspected.stdout
+    planned = cli("plan", str(spool), "--max-num-seqs", "64", "--budget", f"{ROW * 7}")
+    assert planned.returncode == 0, planned.stderr
+    (row,) = [line for line in planned.stdout.splitlines() if line.startswith("image")]
+    assert row.split()[:3] == ["image", "2", "—"]
+    assert row.count(f"{ROW * 7 / 2**20:.1f} MiB") == 2, "the peak now and at 64 sequences: the fixed part alone"
+    assert row.endswith("any (nothing scales with it)")

@@ -83,6 +83,49 @@ def test_older_and_unknown_fields_are_read_newer_versions_are_refused() -> None:
     assert caught.value.reason is RejectReason.UNSUPPORTED_VERSION and "upgrade the sidecar" in str(caught.value)
 
 
+def test_a_snapshot_without_max_num_seqs_is_version_2_and_every_other_stays_version_1() -> None:
+    without = make_snapshot("diffusion", max_num_seqs=None, interval=5.0)
+    doc = without.to_dict()
+    assert doc["schema_version"] == 2 and doc["settings"]["max_num_seqs"] is None
+    jsonschema.validate(doc, SCHEMA)
+    assert parse_snapshot(without.to_json()) == without
+    assert document()["schema_version"] == 1, "an ordinary snapshot stays readable by version-1 sidecars"
+    jsonschema.validate(document(), SCHEMA)
+
+
+def test_a_version_1_sidecar_asks_for_an_upgrade_instead_of_calling_the_snapshot_invalid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from modelkv_exporter.contract import decode
+
+    monkeypatch.setattr(decode, "SCHEMA_VERSION", 1)
+    assert parse_snapshot(json.dumps(document()).encode()).settings.max_num_seqs == 8
+    with pytest.raises(SnapshotError) as caught:
+        parse_snapshot(make_snapshot("diffusion", max_num_seqs=None).to_json())
+    assert caught.value.reason is RejectReason.UNSUPPORTED_VERSION and "upgrade the sidecar" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "version,rows,problem",
+    [
+        (1, "fixed", "settings.max_num_seqs: required field is missing"),
+        (2, "max_num_seqs", "needs settings.max_num_seqs"),
+    ],
+    ids=["version 1 requires it", "per-sequence rows need it"],
+)
+def test_what_an_absent_max_num_seqs_may_not_do(version: int, rows: str, problem: str) -> None:
+    doc = document(schema_version=version)
+    doc["settings"]["max_num_seqs"] = None
+    doc["declarations"][0]["rows"] = rows
+    if rows == "fixed":
+        doc["declarations"][0].update(rows_fixed=8)
+    with pytest.raises(SnapshotError) as caught:
+        parse_snapshot(json.dumps(doc).encode())
+    assert caught.value.reason is RejectReason.INVALID_SNAPSHOT and problem in str(caught.value)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, SCHEMA)
+
+
 def _declaration_with(**change: object) -> dict:
     doc = document()
     doc["declarations"][0].update(change)
@@ -322,7 +365,7 @@ def test_to_dict_has_every_field_of_every_dataclass() -> None:
     from modelkv_exporter.contract.snapshot import Snapshot
 
     snapshot = make_snapshot("e", measured={"a": 1}, baseline={"b": 2}, stage_name="s")
-    expected = asdict(snapshot)
+    expected = {"schema_version": snapshot.schema_version, **asdict(snapshot)}
     expected["declarations"] = list(expected["declarations"])
     assert snapshot.to_dict() == expected
-    assert list(snapshot.to_dict()) == [f.name for f in fields(Snapshot)][-1:] + [f.name for f in fields(Snapshot)][:-1]
+    assert list(snapshot.to_dict()) == ["schema_version", *(f.name for f in fields(Snapshot))]

@@ -306,16 +306,21 @@ def test_wrappers_forward_everything_and_swallow_our_failures(caplog: pytest.Log
 PROBE = """
 import os, sys
 import modelkv_exporter.engine.vllm_hook.plugin as plugin
+from modelkv_exporter.engine.vllm_hook.imports import PatchOnImport
 plugin.register(); plugin.register()
-print("PROBE imported-early", "vllm.v1.worker.gpu_worker" in sys.modules)
-print("PROBE finders", sum(type(f).__name__ == "_PatchOnImport" for f in sys.meta_path))
+targets = (plugin.WORKER_MODULE, plugin.WRAPPER_MODULE, plugin.DIFFUSION_MODULE)
+print("PROBE imported-early", any(name in sys.modules for name in targets))
+finders = [f for f in sys.meta_path if isinstance(f, PatchOnImport)]
+print("PROBE finders", len(finders), sorted(finders[0].waiting) == sorted(targets) if finders else None)
 if os.environ.get("IMPORT_WORKER"):
     from vllm.v1.worker.gpu_worker import Worker
     from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
     print("PROBE wrapped", all(getattr(getattr(Worker, n), plugin.MARKER, False)
                          for n in ("load_model", "initialize_from_config", "compile_or_warm_up_model", "shutdown")))
     print("PROBE cpu-inherits", getattr(CPUWorker.load_model, plugin.MARKER, False))
-    print("PROBE finders-after", sum(type(f).__name__ == "_PatchOnImport" for f in sys.meta_path))
+    print("PROBE init_worker-wrapped", getattr(WorkerWrapperBase.init_worker, plugin.MARKER, False))
+    print("PROBE still-waiting-for", [sorted(f.waiting) for f in sys.meta_path if isinstance(f, PatchOnImport)])
 """
 
 
@@ -331,7 +336,7 @@ def probe(**env: str) -> list[str]:
 
 
 def test_inactive_without_a_spool_dir() -> None:
-    assert probe() == ["imported-early False", "finders 0"]
+    assert probe() == ["imported-early False", "finders 0 None"]
 
 
 @pytest.mark.slow
@@ -339,10 +344,11 @@ def test_register_is_cheap_and_patches_the_worker_only_when_imported() -> None:
     lines = probe(MODELKV_SPOOL_DIR="/tmp/x", IMPORT_WORKER="1")
     assert lines == [
         "imported-early False",
-        "finders 1",
+        "finders 1 True",
         "wrapped True",
         "cpu-inherits True",
-        "finders-after 0",
+        "init_worker-wrapped True",
+        f"still-waiting-for [['{vllm_plugin.DIFFUSION_MODULE}']]",
     ]
 
 
@@ -364,7 +370,7 @@ def test_subclass_overrides_without_super_still_reach_the_hook(monkeypatch: pyte
     seen: list[str] = []
     for step in ("after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"):
 
-        def record(worker: Any, config: Any, step: str = step) -> None:
+        def record(worker: Any, config: Any, *arguments: Any, step: str = step) -> None:
             seen.append(step)
 
         record.__name__ = step
@@ -389,3 +395,100 @@ def test_subclass_overrides_without_super_still_reach_the_hook(monkeypatch: pyte
     worker.shutdown()
     assert seen == ["after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"]
     assert [c[0] for c in worker.calls] == ["load_model", "initialize_from_config", "cpu-warm", "shutdown"]
+
+
+def recording_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+
+    seen: list[str] = []
+    for step in ("after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"):
+
+        def record(worker: Any, config: Any, *arguments: Any, step: str = step) -> None:
+            seen.append(f"{step}{list(arguments) if arguments else ''}")
+
+        record.__name__ = step
+        monkeypatch.setattr(lifecycle, step, record)
+    return seen
+
+
+def test_an_override_that_calls_super_runs_each_step_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = recording_steps(monkeypatch)
+
+    base = type("Worker", (Worker,), {})
+
+    class Subclass(base):  # type: ignore[valid-type,misc]
+        def load_model(self, *args: Any, **kwargs: Any) -> str:
+            return super().load_model(*args, **kwargs)
+
+        def shutdown(self) -> None:
+            super().shutdown()
+
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    registration = vllm_plugin.Registration(config)
+    registration.patch_worker(SimpleNamespace(Worker=base))  # type: ignore[arg-type]
+    registration.patch_worker_class(Subclass)
+    worker = Subclass()
+    worker.load_model()
+    worker.initialize_from_config(kv_cache_config="kv")
+    worker.shutdown()
+    assert seen == ["after_load_model", "after_kv_init['kv']", "before_shutdown"]
+    assert [c[0] for c in worker.calls] == ["load_model", "initialize_from_config", "shutdown"]
+
+
+def diffusion_worker_like() -> type:
+    """A fresh class like vLLM-Omni's DiffusionWorker: the constructor itself loads the model."""
+
+    class DiffusionWorker:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+            self.calls: list[str] = []
+            self.load_model()
+
+        def load_model(self, load_format: str = "default") -> None:
+            self.calls.append("load_model")
+
+        def set_kv_cache_configs(self, kv_cache_configs: list[Any], resolved_max_model_len: int) -> None:
+            self.calls.append("set_kv_cache_configs")
+
+        def shutdown(self) -> None:
+            self.calls.append("shutdown")
+
+    return DiffusionWorker
+
+
+def test_a_diffusion_worker_subclass_is_hooked_before_its_constructor_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = recording_steps(monkeypatch)
+
+    base = diffusion_worker_like()
+
+    class PlatformDiffusionWorker(base):  # type: ignore[valid-type,misc]
+        def load_model(self, load_format: str = "default") -> None:  # no super(): a platform's own loading
+            self.calls.append("platform load_model")
+
+    module = SimpleNamespace(DiffusionWorker=base)
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    vllm_plugin.Registration(config).patch_diffusion_worker(module)  # type: ignore[arg-type]
+    worker = PlatformDiffusionWorker(0)
+    worker.set_kv_cache_configs(["kv"], 128)
+    worker.shutdown()
+    assert worker.calls == ["platform load_model", "set_kv_cache_configs", "shutdown"]
+    assert seen == ["after_load_model", "after_kv_init[['kv'], 128]", "before_shutdown"]
+
+
+def test_without_the_constructor_wrapper_a_platform_override_is_missed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same as above with the ``__init__`` wrapper taken away: the override's load goes unseen."""
+    seen = recording_steps(monkeypatch)
+    base = diffusion_worker_like()
+
+    class PlatformDiffusionWorker(base):  # type: ignore[valid-type,misc]
+        def load_model(self, load_format: str = "default") -> None:
+            self.calls.append("platform load_model")
+
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    vllm_plugin.Registration(config).patch_diffusion_worker(SimpleNamespace(DiffusionWorker=base))  # type: ignore[arg-type]
+    base.__init__ = base.__init__.__wrapped__
+    assert PlatformDiffusionWorker(0).calls == ["platform load_model"]
+    assert seen == []

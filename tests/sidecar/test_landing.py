@@ -117,3 +117,10 @@ def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(
     assert "16 × 8 × 128 × 4096 float32" in html
     assert "geometry: layers × kv_heads × head_dim × positions per row" in html
     assert "generated 2026-09-21 14:13:20 UTC" in html
+
+
+def test_an_engine_without_max_num_seqs_shows_none_of_it(spool: Path) -> None:
+    write_snapshot(spool, make_snapshot("diffusion-s2", max_num_seqs=None))
+    html = render_landing(classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir=str(spool), version="0")
+    row = html[html.index("diffusion-s2</a>") :].split("</tr>")[0]
+    assert '<td class="n">—</td>' in row and "None" not in row

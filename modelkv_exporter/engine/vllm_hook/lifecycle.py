@@ -1,8 +1,11 @@
 """What the hook does inside a worker process, at each point of the worker's life.
 
 - after ``load_model``: collect the model's declarations once, resolve them at
-  ``max_num_seqs``, add the engine's identity, publish, start the heartbeat;
-- after ``initialize_from_config``: add the paged KV cache, take the baseline;
+  ``max_num_seqs``, add the engine's identity, publish, start the heartbeat (a diffusion
+  worker, which has no later initialisation step, also takes its baseline; its sampler never
+  resets torch's peak statistics, which vLLM-Omni resets and reads around every request);
+- after ``initialize_from_config`` (a diffusion worker: ``set_kv_cache_configs``): add the
+  paged KV cache, take the baseline;
 - after ``compile_or_warm_up_model``: take the baseline again (initialisation is over), with the
   activation peak vLLM profiled as the live tensors' headroom, and only from now on let the sampler
   reset torch's peak statistics (vLLM resets and reads them while it loads and profiles);
@@ -24,7 +27,8 @@ from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.samplers import MemorySampler, sampler_for
 from modelkv_exporter.engine.vllm_hook.config import HookConfig
-from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, identity_of, model_of
+from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, facts_of
+from modelkv_exporter.engine.vllm_hook.paged_kv import paged_kv_blocks, paged_kv_bytes
 
 logger = get_logger("lifecycle")
 
@@ -44,17 +48,19 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     previous: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if previous is not None:
         previous.publisher.stop()
-    identity = identity_of(worker)
-    max_num_seqs = int(worker.vllm_config.scheduler_config.max_num_seqs)
-    engine_id = engine_id_for(identity, config.engine_id_prefix)
-    snapshot = build_snapshot(model_of(worker), max_num_seqs=max_num_seqs, engine_id=engine_id, **identity)
+    facts = facts_of(worker)
+    engine_id = engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank)
+    snapshot = build_snapshot(facts.model, max_num_seqs=facts.max_num_seqs, engine_id=engine_id, **facts.identity)
     config.spool_dir.mkdir(parents=True, exist_ok=True)
     sampler = sampler_for(getattr(worker, "device", None))
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
     publisher.start_heartbeat(config.sample_interval, sampler)
     setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler))
     atexit.register(_end_at_exit, publisher)
-    publisher.beat(sampler())
+    if facts.settled_at_load:
+        publisher.set_baseline(sampler())
+    else:
+        publisher.beat(sampler())
     logger.info(
         "modelkv: %s publishes %d declaration(s) to %s (%d dropped)",
         engine_id,
@@ -71,15 +77,21 @@ def _end_at_exit(publisher: SnapshotPublisher) -> None:
         logger.warning("modelkv: cannot mark %s ended at exit: %s", publisher.spool_dir, error)
 
 
-def after_kv_init(worker: Any, config: HookConfig) -> None:
-    """Record the paged KV cache and take the baseline."""
+def after_kv_init(worker: Any, config: HookConfig, *arguments: Any) -> None:
+    """Record the paged KV cache (its backing allocation, counted once) and take the baseline.
+
+    The ``KVCacheConfig`` is the call's argument where it is one (``initialize_from_config``;
+    vllm-ascend's worker does not copy its blocks to ``cache_config``), else the runner's.
+    """
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is None:
         return
-    blocks = getattr(worker.cache_config, "num_gpu_blocks", None)
-    tensors = getattr(getattr(worker.model_runner, "kv_cache_config", None), "kv_cache_tensors", None)
-    kv_bytes = sum(int(t.size) for t in tensors) if tensors else None
-    kv_blocks = None if blocks is None else int(blocks)
+    runner = getattr(worker, "model_runner", None)
+    given = [a for a in arguments if hasattr(a, "kv_cache_tensors")]
+    kv_config = given[0] if given else getattr(runner, "kv_cache_config", None)
+    vllm_config = getattr(worker, "vllm_config", None)
+    kv_bytes = paged_kv_bytes(kv_config, runner)
+    kv_blocks = paged_kv_blocks(kv_config, getattr(vllm_config, "cache_config", None))
     sample = hook.sampler()
 
     def record(snapshot: Snapshot) -> Snapshot:
@@ -108,4 +120,4 @@ def before_shutdown(worker: Any, config: HookConfig) -> None:
     """Mark the snapshot ended so the sidecar stops exporting it."""
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
-        hook.publisher.end()
+        logger.info("modelkv: %s ended", hook.publisher.end())

@@ -75,7 +75,7 @@ def _engine_row(snapshot: Snapshot, state: EngineState, now: float) -> list[str]
         escape(engine.model_label),
         escape(engine.stage_label),
         f'<span class="state {state.value}">{state.value}</span>',
-        str(snapshot.settings.max_num_seqs),
+        "—" if snapshot.settings.max_num_seqs is None else str(snapshot.settings.max_num_seqs),
         str(len(snapshot.declarations)),
         human_bytes(snapshot.declared_peak_bytes),
         "—" if growth is None else _signed_bytes(growth[1]),
