@@ -21,7 +21,9 @@ def serve(args: argparse.Namespace) -> int:
     from modelkv_exporter.sidecar.http.server import build_server
 
     logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", args.spool_dir, args.host, args.port)
-    config = SidecarConfig(Path(args.spool_dir), args.stale_after, args.max_snapshot_bytes)
+    config = SidecarConfig(
+        Path(args.spool_dir), args.stale_after, args.max_snapshot_bytes, forget_after=args.forget_after
+    )
     build_server(config, host=args.host, port=args.port, log_level=args.log_level).run()
     return 0
 
@@ -71,7 +73,8 @@ def inspect(args: argparse.Namespace) -> int:
     scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
     if not scan.ok:
         return _unreadable(args, scan.error)
-    sys.stdout.write(inspect_report(classify(scan, time.time(), args.stale_after), report_width()))
+    view = classify(scan, time.time(), args.stale_after, args.forget_after)
+    sys.stdout.write(inspect_report(view, report_width()))
     return 0
 
 

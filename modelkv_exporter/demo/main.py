@@ -89,7 +89,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
         reader = _wait_for_snapshots(spool_dir, processes)
         print(_summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
-        config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes)
+        config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes, forget_after=args.forget_after)
         server = build_server(config, host=args.host, port=args.port, log_level=args.log_level)
         host, port = sock.getsockname()[:2]
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"

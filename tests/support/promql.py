@@ -14,10 +14,20 @@ from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from tests.support import ROOT
 
 RULES_FILE = ROOT / "deploy" / "prometheus" / "modelkv-rules.yaml"
-RULE_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yaml"))
+RULE_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.test.yaml"))
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_METRICS = {"up", "scrape_duration_seconds"}
-_VARIABLES = {"$job": "modelkv-exporter", "$model": ".*", "$stage": ".*", "$engine": ".*", "$__rate_interval": "15s"}
+_VARIABLES = {
+    "$job": "modelkv-exporter",
+    "$namespace": ".*",
+    "$pod": ".*",
+    "$model": ".*",
+    "$stage": ".*",
+    "$engine": ".*",
+    "$device": ".*",
+    "$__rate_interval": "15s",
+    "$__interval": "15s",
+}
 
 
 @dataclass(frozen=True)
@@ -104,5 +114,5 @@ def metric_names(expr: str) -> set[str]:
 
 
 def known_metric(name: str) -> bool:
-    """A metric the exporter emits, a recording rule's output, or one Prometheus itself adds."""
+    """A metric the exporter emits, a recording rule's output, or one of Prometheus's."""
     return name in CATALOGUE or name in recorded_names() or name in PROMETHEUS_METRICS

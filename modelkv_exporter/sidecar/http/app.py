@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from modelkv_exporter import __version__
 from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, SpoolReader
-from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS
+from modelkv_exporter.contract.state import DEFAULT_FORGET_AFTER_SECONDS, DEFAULT_STALE_AFTER_SECONDS
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.http.routes import router
 from modelkv_exporter.sidecar.http.spool_watch import DEFAULT_CHECK_INTERVAL_SECONDS, watch_spool
@@ -28,6 +28,8 @@ class SidecarConfig:
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
     spool_check_interval: float = DEFAULT_CHECK_INTERVAL_SECONDS
     """Seconds between checks that the spool directory exists and can be listed (a warning while not)."""
+    forget_after: float = DEFAULT_FORGET_AFTER_SECONDS
+    """Seconds after its last heartbeat at which a stale or ended engine is forgotten (0: never)."""
 
 
 def _lifespan(directory: Path, interval: float) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
@@ -54,7 +56,9 @@ def make_app(config: SidecarConfig, source: SpoolSource | None = None) -> FastAP
     the send of cached bytes.
     """
     source = source or SpoolSource(
-        SpoolReader(config.spool_dir, max_bytes=config.max_snapshot_bytes), stale_after=config.stale_after
+        SpoolReader(config.spool_dir, max_bytes=config.max_snapshot_bytes),
+        stale_after=config.stale_after,
+        forget_after=config.forget_after,
     )
     app = FastAPI(
         title="modelkv-exporter",
