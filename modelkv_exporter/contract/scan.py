@@ -1,9 +1,11 @@
 """Reading the spool: every snapshot file parsed once per change, every bad file rejected with a reason.
 
 The reader parses only files whose inode, size or times changed since the last scan, never
-follows links, never opens anything but a regular file, and never blocks on FIFOs. Each
-version of a file it parses gets a number of its own (``SpoolEntry.version``), so a consumer
-can cache whatever it derives from an entry by ``(file_name, version)``.
+follows links, never opens anything ``lstat`` does not call a regular file, and never blocks
+on FIFOs. It reads the first snapshot files by name, at most ``max_files`` of them and
+``max_spool_bytes`` in all; the rest are counted as rejected (``over_budget``), not read. Each version of a file it parses gets a number of its own
+(``SpoolEntry.version``), so a consumer can cache whatever it derives from an entry by
+``(file_name, version)``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from modelkv_exporter.contract.decode import RejectReason, SnapshotError, parse_
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import SUFFIX, snapshot_file_name
 
-DEFAULT_MAX_SNAPSHOT_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024
+"""Parsing a document costs up to about 22 times its size in transient memory (many small JSON values) and
+holds the interpreter for about 75 ms at this size; a snapshot of 256 declarations is about 100 KiB."""
+DEFAULT_MAX_SPOOL_FILES = 256
+"""Snapshot files read per scan: one per engine process in the pod, with room to spare."""
+DEFAULT_MAX_SPOOL_BYTES = 16 * 1024 * 1024
+"""Bytes of snapshot files read per scan (the example deployment's spool holds 16 MiB at most)."""
 FULL_SCAN_EVERY_SECONDS = 1.0
 SETTLE_NS = 50_000_000
 """Directory timestamps are as coarse as the kernel's tick (1 to 10 ms); 50 ms is well past it."""
@@ -87,6 +95,8 @@ class SpoolScan:
 
     entries: tuple[SpoolEntry, ...] = ()
     error: str | None = None
+    skipped: int = 0
+    """Snapshot files past the reader's ``max_files`` or ``max_spool_bytes``: counted as rejected, never read."""
 
     @property
     def ok(self) -> bool:
@@ -100,6 +110,20 @@ class SpoolScan:
 
 
 _FileKey = tuple[int, int, int, int]
+Admit = Callable[[Snapshot], None]
+"""A check of a parsed snapshot that raises ``SnapshotError`` to reject it (the sidecar's budgets)."""
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> SnapshotError | None:
+    """Why an ``lstat`` mode is no snapshot file, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link")
+    kind = next((name for test, name in _KINDS if test(mode)), "a device or other special file")
+    return SnapshotError(RejectReason.NOT_REGULAR_FILE, f"is {kind}, not a regular file")
 
 
 @dataclass
@@ -107,18 +131,23 @@ class SpoolReader:
     """Scans a spool directory, re-parsing only files that changed since the last scan.
 
     ``rejections`` counts each rejected file version once, by reason, for the life of the
-    reader (it becomes a counter metric). Thread-safe. ``monotonic`` and ``wall_ns`` are the
-    clocks of the unchanged-directory shortcut, injectable for tests.
+    reader (it becomes a counter metric). Thread-safe. ``admit`` checks each parsed file version
+    once and may reject it. ``monotonic`` and ``wall_ns`` are the clocks of the
+    unchanged-directory shortcut, injectable for tests.
     """
 
     directory: Path
     max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+    max_files: int = DEFAULT_MAX_SPOOL_FILES
+    max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
+    admit: Admit | None = None
     full_scan_every: float = FULL_SCAN_EVERY_SECONDS
     monotonic: Callable[[], float] = time.monotonic
     wall_ns: Callable[[], int] = time.time_ns
     rejections: collections.Counter[str] = field(default_factory=collections.Counter)
     _cache: dict[str, tuple[_FileKey, SpoolEntry]] = field(default_factory=dict)
     _duplicates: set[tuple[str, _FileKey]] = field(default_factory=set)
+    _skipped: set[int] = field(default_factory=set)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _last: tuple[tuple[int, int, int], float, SpoolScan] | None = None
@@ -150,20 +179,54 @@ class SpoolReader:
             self._last = (key, now, scan) if settled and scan.ok else None
             return scan
 
+    def count(self, reason: RejectReason, files: int = 1) -> None:
+        """Count ``files`` file versions rejected for ``reason`` by a consumer of the scans (the sidecar's budgets)."""
+        with self._lock:
+            self.rejections[reason.value] += files
+
     def _full_scan(self) -> SpoolScan:
         try:
-            listing = sorted(os.scandir(self.directory), key=lambda e: e.name)
+            listing = sorted(
+                (e for e in os.scandir(self.directory) if not e.name.startswith(".") and e.name.endswith(SUFFIX)),
+                key=lambda e: e.name,
+            )
         except OSError as error:
             self._cache.clear()
             return SpoolScan(error=f"{self.directory}: {error.strerror or error}")
+        read = self._within_budget(listing)
         fresh: dict[str, tuple[_FileKey, SpoolEntry]] = {}
-        for dir_entry in listing:
-            name = dir_entry.name
-            if name.startswith(".") or not name.endswith(SUFFIX):
-                continue
-            fresh[name] = self._entry(dir_entry)
+        for dir_entry in listing[:read]:
+            fresh[dir_entry.name] = self._entry(dir_entry)
         self._cache = fresh
-        return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]))
+        skipped = self._count_skipped(listing[read:])
+        return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]), skipped=skipped)
+
+    def _within_budget(self, listing: list[os.DirEntry[str]]) -> int:
+        """How many of the first files fit in ``max_files`` and, by their ``lstat`` sizes, ``max_spool_bytes``."""
+        total = 0
+        for count, dir_entry in enumerate(listing[: self.max_files]):
+            try:
+                info = dir_entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_bytes:
+                total += info.st_size
+                if total > self.max_spool_bytes:
+                    return count
+        return min(len(listing), self.max_files)
+
+    def _count_skipped(self, beyond: list[os.DirEntry[str]]) -> int:
+        """Files past the budget: each version counted once as over budget, none opened."""
+        versions = set()
+        for dir_entry in beyond:
+            try:
+                info = dir_entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            versions.add(hash((dir_entry.name, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)))
+        self.rejections[RejectReason.OVER_BUDGET.value] += len(versions - self._skipped)
+        self._skipped = versions
+        return len(beyond)
 
     def _entry(self, dir_entry: os.DirEntry[str]) -> tuple[_FileKey, SpoolEntry]:
         try:
@@ -174,11 +237,15 @@ class SpoolReader:
         cached = self._cache.get(dir_entry.name)
         if cached is not None and cached[0] == key:
             return cached
-        if stat.S_ISLNK(info.st_mode):
-            link = SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link")
-            return key, self._reject(dir_entry.name, info.st_mtime, link)
+        unfit = _not_regular(info.st_mode)
+        if unfit is None and info.st_size > self.max_bytes:
+            unfit = SnapshotError(RejectReason.TOO_LARGE, f"{info.st_size} bytes > limit {self.max_bytes}")
+        if unfit is not None:
+            return key, self._reject(dir_entry.name, info.st_mtime, unfit)
         try:
             snapshot = read_snapshot_file(dir_entry.path, self.max_bytes)
+            if self.admit is not None:
+                self.admit(snapshot)
         except SnapshotError as error:
             return key, self._reject(dir_entry.name, info.st_mtime, error)
         return key, SpoolEntry(dir_entry.name, info.st_mtime, snapshot=snapshot, version=next(self._versions))

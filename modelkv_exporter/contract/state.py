@@ -16,6 +16,8 @@ from modelkv_exporter.contract.scan import SpoolEntry, SpoolScan
 from modelkv_exporter.contract.snapshot import Snapshot
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
+CLOCK_SKEW_SECONDS = 10.0
+"""How far in the future a heartbeat may be before its engine is called stale (engine and sidecar share a node's clock)."""
 
 
 class EngineState(str, Enum):
@@ -45,9 +47,18 @@ def stale_at(snapshot: Snapshot, stale_after: float) -> float:
     return snapshot.heartbeat_at + max(stale_after, 3 * interval)
 
 
+def trusted_from(snapshot: Snapshot) -> float:
+    """When the snapshot's heartbeat stops being in the future by more than ``CLOCK_SKEW_SECONDS``.
+
+    Before then no clock vouches for it, so its engine is stale whatever its interval: a heartbeat
+    ten years ahead would otherwise keep an engine fresh for ten years.
+    """
+    return snapshot.heartbeat_at - CLOCK_SKEW_SECONDS
+
+
 def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
-    """Stale when a beating snapshot missed its heartbeats (see ``stale_at``)."""
-    return now > stale_at(snapshot, stale_after)
+    """Stale when a beating snapshot missed its heartbeats (see ``stale_at``), or its heartbeat is in the future."""
+    return now > stale_at(snapshot, stale_after) or now < trusted_from(snapshot)
 
 
 def engine_state(snapshot: Snapshot, now: float, stale_after: float) -> EngineState:
@@ -102,6 +113,7 @@ class SpoolView:
         counts = dict.fromkeys(EngineState, 0)
         for item in self.entries:
             counts[item.state] += 1
+        counts[EngineState.REJECTED] += self.scan.skipped
         return counts
 
     @cached_property
@@ -131,9 +143,13 @@ def classify(scan: SpoolScan, now: float, stale_after: float) -> SpoolView:
         elif snapshot.ended:
             entries.append(Classified(entry, EngineState.ENDED))
         else:
-            deadline = stale_at(snapshot, stale_after)
-            stale = now > deadline
-            if not stale:
-                until = min(until, deadline)
+            deadline, trusted = stale_at(snapshot, stale_after), trusted_from(snapshot)
+            if now < trusted:
+                stale, changes = True, trusted
+            elif now > deadline:
+                stale, changes = True, math.inf
+            else:
+                stale, changes = False, deadline
+            until = min(until, changes)
             entries.append(Classified(entry, EngineState.STALE if stale else EngineState.EXPORTED))
     return SpoolView(scan, now, tuple(entries), until)

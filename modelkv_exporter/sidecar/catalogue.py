@@ -212,6 +212,14 @@ _METRICS: list[Metric] = [
         (),
         _X,
     ),
+    Metric(
+        "modelkv_exporter_http_refusals_total",
+        "counter",
+        "HTTP requests refused and connections cut short since the exporter started, by reason "
+        "(limits on heads, bodies, connections and time).",
+        ("reason",),
+        _X,
+    ),
 ]
 
 CATALOGUE: dict[str, Metric] = {metric.name: metric for metric in _METRICS}

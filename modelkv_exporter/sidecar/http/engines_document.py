@@ -6,23 +6,30 @@ from typing import Any
 
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.contract.state import EngineState, SpoolView
+from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 
 
-def engines_document(view: SpoolView, spool_dir: str) -> dict[str, Any]:
-    """Every engine's snapshot with its state, and every rejected file with its reason."""
+def engines_document(view: SpoolView, spool_name: str) -> dict[str, Any]:
+    """Every engine's snapshot with its state, and every rejected file with its reason.
+
+    ``spool_dir`` is the spool directory's name, not its path; file names are shown with any byte
+    that is not UTF-8 escaped; OS errors stay in the log.
+    """
     engines = []
     rejected = []
     for item in view.entries:
         entry = item.entry
+        file = visible(entry.file_name)
         if item.state is EngineState.REJECTED:
             assert entry.error is not None
-            rejected.append({"file": entry.file_name, "reason": entry.error.reason.value, "detail": entry.error.detail})
+            rejected.append({"file": file, "reason": entry.error.reason.value, "detail": public_detail(entry.error)})
         else:
-            engines.append({"file": entry.file_name, "state": item.state.value, "snapshot": item.snapshot.to_dict()})
+            engines.append({"file": file, "state": item.state.value, "snapshot": item.snapshot.to_dict()})
     return {
-        "spool_dir": spool_dir,
-        "spool_error": view.scan.error,
+        "spool_dir": spool_name,
+        "spool_error": None if view.scan.ok else SPOOL_UNREADABLE,
         "schema_version": SCHEMA_VERSION,
         "engines": engines,
         "rejected": rejected,
+        "unread_files": view.scan.skipped,
     }
