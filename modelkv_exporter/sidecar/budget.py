@@ -18,24 +18,21 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 
+from modelkv_exporter.contract import limits
 from modelkv_exporter.contract.decode import RejectReason, SnapshotError
 from modelkv_exporter.contract.scan import SpoolEntry, SpoolReader, SpoolScan
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.labels import engine_labels
 from modelkv_exporter.sidecar.samples import engine_samples
 
-DEFAULT_MAX_DECLARATIONS = 256
-DEFAULT_MAX_LABEL_BYTES = 256 * 1024
-DEFAULT_MAX_SERIES = 10_000
-
 
 @dataclass(frozen=True)
 class Budget:
     """The limits one sidecar admits the spool within."""
 
-    max_declarations: int = DEFAULT_MAX_DECLARATIONS
-    max_label_bytes: int = DEFAULT_MAX_LABEL_BYTES
-    max_series: int = DEFAULT_MAX_SERIES
+    max_declarations: int = limits.MAX_DECLARATIONS
+    max_label_bytes: int = limits.MAX_LABEL_BYTES
+    max_series: int = limits.MAX_SERIES
 
 
 @dataclass(frozen=True)
@@ -80,6 +77,7 @@ class Admission:
     budget: Budget = field(default_factory=Budget)
     _costs: dict[tuple[str, int], Cost] = field(default_factory=dict)
     _counted: set[tuple[str, int]] = field(default_factory=set)
+    _last: tuple[SpoolScan, SpoolScan] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def check(self, snapshot: Snapshot) -> None:
@@ -98,8 +96,13 @@ class Admission:
 
     def admit(self, scan: SpoolScan, reader: SpoolReader) -> SpoolScan:
         """``scan`` with the engines past the scrape's series budget, and later engines whose sanitised
-        engine label repeats an earlier one, turned into rejected entries (counted in ``reader``)."""
+        engine label repeats an earlier one, turned into rejected entries (counted in ``reader``).
+
+        The same scan object gives the same admitted scan object, so a view of an unchanged spool is reused.
+        """
         with self._lock:
+            if self._last is not None and self._last[0] is scan:
+                return self._last[1]
             costs: dict[tuple[str, int], Cost] = {}
             owners: dict[str, str] = {}
             series = 0
@@ -135,4 +138,7 @@ class Admission:
             self._counted = set(rejected)
         for reason in fresh:
             reader.count(reason)
-        return replace(scan, entries=tuple(entries))
+        admitted = replace(scan, entries=tuple(entries))
+        with self._lock:
+            self._last = (scan, admitted)
+        return admitted

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SPOOL_FILES, SpoolReader, SpoolScan
+from modelkv_exporter.contract.scan import (
+    DEFAULT_MAX_SNAPSHOT_BYTES,
+    DEFAULT_MAX_SPOOL_BYTES,
+    DEFAULT_MAX_SPOOL_FILES,
+    SpoolReader,
+    SpoolScan,
+)
 from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS, SpoolView, classify
 from modelkv_exporter.sidecar.budget import Admission, Budget
 from modelkv_exporter.sidecar.log import get_logger
@@ -22,9 +28,8 @@ class SpoolSource:
 
     The last classification is reused while the reader returns the same scan and no engine's
     heartbeat deadline has passed (``SpoolView.until``): a scrape of an unchanged spool
-    classifies nothing. Each new scan is logged for what HTTP clients are not told: why the
-    spool cannot be listed (once per change) and why each file version was rejected (once per
-    version, OS errors included).
+    classifies nothing. Why each file version was rejected is logged once per version, OS
+    errors included (HTTP clients are not told those; ``spool_watch`` logs a spool that cannot be listed).
     """
 
     reader: SpoolReader
@@ -32,7 +37,7 @@ class SpoolSource:
     clock: Callable[[], float] = field(default=time.time)
     admission: Admission | None = None
     _last: SpoolView | None = field(default=None, init=False, repr=False)
-    _logged: tuple[str | None, set[tuple[str, int]]] = field(default_factory=lambda: (None, set()), repr=False)
+    _logged: set[tuple[str, int]] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -43,12 +48,15 @@ class SpoolSource:
         budget: Budget,
         max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
         max_files: int = DEFAULT_MAX_SPOOL_FILES,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
         stale_after: float = DEFAULT_STALE_AFTER_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> SpoolSource:
         """A source over ``directory`` whose reader checks each snapshot against ``budget`` as it parses it."""
         admission = Admission(budget)
-        reader = SpoolReader(directory, max_bytes=max_bytes, max_files=max_files, admit=admission.check)
+        reader = SpoolReader(
+            directory, max_bytes=max_bytes, max_files=max_files, max_spool_bytes=max_spool_bytes, admit=admission.check
+        )
         return cls(reader, stale_after, clock, admission)
 
     def view(self) -> SpoolView:
@@ -69,13 +77,8 @@ class SpoolSource:
 
     def _log(self, scan: SpoolScan) -> None:
         with self._lock:
-            last_error, logged = self._logged
-            if scan.error != last_error and scan.error is not None:
-                LOG.warning("cannot list the spool: %s", scan.error)
-            rejected = {(e.file_name, e.version): e for e in scan.entries if e.error is not None}
-            for key in rejected.keys() - logged:
-                error = rejected[key].error
-                assert error is not None
-                LOG.warning("spool file %r rejected (%s): %s", key[0], error.reason.value, error.detail)
-            self._logged = (scan.error, set(rejected))
->>>>>>> Stashed changes
+            rejected = {(e.file_name, e.version): e.error for e in scan.entries if e.error is not None}
+            for key, error in rejected.items():
+                if key not in self._logged:
+                    LOG.warning("spool file %r rejected (%s): %s", key[0], error.reason.value, error.detail)
+            self._logged = set(rejected)
