@@ -142,7 +142,7 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
     live = [(item.snapshot, item.state) for item in view.usable]
     summary = ", ".join(f"{n} {state.value}" for state, n in view.counts.items())
     if view.scan.skipped:
-        summary += f" ({view.scan.skipped} files past --max-spool-files not read)"
+        summary += f" ({view.scan.skipped} files past --max-spool-files or --max-spool-bytes not read)"
     if view.scan.error:
         summary = f"<strong>spool not readable: {escape(SPOOL_UNREADABLE)}</strong>"
     nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in LINKS)
