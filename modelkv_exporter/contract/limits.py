@@ -15,6 +15,9 @@ MAX_LABEL_BYTES = 256 * 1024
 MAX_SERIES = 10_000
 """Series of all engines in one scrape (the exporter's own come on top)."""
 
+MAX_SCRAPE_LABEL_BYTES = 4 * 1024 * 1024
+"""Bytes of label values of all engines' series in one scrape."""
+
 PROBE_PORT = 9401
 """The liveness port, answered from its own thread."""
 

@@ -29,8 +29,8 @@ DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024
 holds the interpreter for about 75 ms at this size; a snapshot of 256 declarations is about 100 KiB."""
 DEFAULT_MAX_SPOOL_FILES = 256
 """Snapshot files read per scan: one per engine process in the pod, with room to spare."""
-DEFAULT_MAX_SPOOL_BYTES = 16 * 1024 * 1024
-"""Bytes of snapshot files read per scan (the example deployment's spool holds 16 MiB at most)."""
+DEFAULT_MAX_SPOOL_BYTES = 4 * 1024 * 1024
+"""Bytes of snapshot files read per scan: 64 engines of 250 declarations each fit."""
 FULL_SCAN_EVERY_SECONDS = 1.0
 SETTLE_NS = 50_000_000
 """Directory timestamps are as coarse as the kernel's tick (1 to 10 ms); 50 ms is well past it."""

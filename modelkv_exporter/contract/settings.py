@@ -242,6 +242,13 @@ SETTINGS: tuple[Setting, ...] = (
         {"serve": limits.MAX_SERIES, "demo": limits.MAX_SERIES},
     ),
     Setting(
+        "max_scrape_label_bytes",
+        byte_size,
+        "Bytes of label values of all engines in one scrape; engines, in file-name order, that would pass it are "
+        "rejected (over_budget).",
+        {"serve": limits.MAX_SCRAPE_LABEL_BYTES, "demo": limits.MAX_SCRAPE_LABEL_BYTES},
+    ),
+    Setting(
         "probe_port",
         port_number,
         "TCP port of the liveness listener: GET /healthz answered from its own thread, 200 while the server's "

@@ -3,9 +3,9 @@
 Per snapshot, checked once per file version as the reader parses it (``Admission.check``):
 at most ``max_declarations`` declarations, at most ``max_label_bytes`` bytes of label values
 over all the series it exports, and no two of its series with the same labels once the
-label values are sanitised. Per scrape, checked on every scan (``Admission.admit``): engines
-in file-name order until ``max_series`` series; a later engine whose sanitised engine label
-equals an earlier one's is a duplicate. A snapshot outside its budget is rejected as
+label values are sanitised. Per scrape, checked on every new scan (``Admission.admit``):
+engines in file-name order until ``max_series`` series or ``max_scrape_label_bytes`` bytes of
+label values; a later engine whose sanitised engine label equals an earlier one's is a duplicate. A snapshot outside its budget is rejected as
 ``over_budget`` (a collision as ``invalid_snapshot`` or ``duplicate_engine``) and counted once
 per file version; every other engine is still exported.
 
@@ -33,6 +33,7 @@ class Budget:
     max_declarations: int = limits.MAX_DECLARATIONS
     max_label_bytes: int = limits.MAX_LABEL_BYTES
     max_series: int = limits.MAX_SERIES
+    max_scrape_label_bytes: int = limits.MAX_SCRAPE_LABEL_BYTES
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class Admission:
                 return self._last[1]
             costs: dict[tuple[str, int], Cost] = {}
             owners: dict[str, str] = {}
-            series = 0
+            series = label_bytes = 0
             entries: list[SpoolEntry] = []
             rejected: dict[tuple[str, int], RejectReason] = {}
             for entry in scan.entries:
@@ -126,9 +127,16 @@ class Admission:
                         RejectReason.OVER_BUDGET,
                         f"its {cost.series} series would take the scrape past {self.budget.max_series} series",
                     )
+                elif label_bytes + cost.label_bytes > self.budget.max_scrape_label_bytes:
+                    error = SnapshotError(
+                        RejectReason.OVER_BUDGET,
+                        f"its {cost.label_bytes} bytes of label values would take the scrape past "
+                        f"{self.budget.max_scrape_label_bytes}",
+                    )
                 if error is None:
                     owners[engine] = entry.file_name
                     series += cost.series
+                    label_bytes += cost.label_bytes
                     entries.append(entry)
                 else:
                     entries.append(SpoolEntry(entry.file_name, entry.mtime, error=error, version=entry.version))

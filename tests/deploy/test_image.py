@@ -206,7 +206,7 @@ def test_the_sidecar_image_is_the_dockerfiles_and_small(podman: Podman, sidecar_
     spec = sidecar_spec()
     assert config["User"] == f"{spec.security['runAsUser']}:{spec.security['runAsGroup']}"
     assert config["Entrypoint"] == ["modelkv-exporter", "serve"]
-    assert list(config["ExposedPorts"]) == [f"{spec.port}/tcp"]
+    assert set(config["ExposedPorts"]) == {f"{port['containerPort']}/tcp" for port in spec.spec["ports"]}
     version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
     assert version and config["Labels"]["org.opencontainers.image.version"] == version.group(1)
     assert spec.spec["image"].endswith(":" + version.group(1)), "the manifest runs this version's image"

@@ -14,7 +14,6 @@ from typing import Any
 from fastapi import FastAPI
 
 from modelkv_exporter import __version__
-from modelkv_exporter.contract import limits
 from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SPOOL_BYTES, DEFAULT_MAX_SPOOL_FILES
 from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS
 from modelkv_exporter.sidecar.budget import Budget
@@ -39,8 +38,8 @@ class SidecarConfig:
     max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
     budget: Budget = field(default_factory=Budget)
     http: HttpLimits = field(default_factory=HttpLimits)
-    probe_port: int = limits.PROBE_PORT
-    """The liveness listener's port; 0 for none."""
+    probe_port: int = 0
+    """The liveness listener's port; 0 for none (``serve`` listens on 9401 by default)."""
 
 
 def sidecar_config(settings: Any, spool_dir: Path | None = None) -> SidecarConfig:
@@ -52,7 +51,9 @@ def sidecar_config(settings: Any, spool_dir: Path | None = None) -> SidecarConfi
         max_snapshot_bytes=settings.max_snapshot_bytes,
         max_spool_files=settings.max_spool_files,
         max_spool_bytes=settings.max_spool_bytes,
-        budget=Budget(settings.max_declarations, settings.max_label_bytes, settings.max_series),
+        budget=Budget(
+            settings.max_declarations, settings.max_label_bytes, settings.max_series, settings.max_scrape_label_bytes
+        ),
         http=HttpLimits(
             max_connections=settings.http_max_connections,
             max_line_bytes=settings.http_max_line_bytes,

@@ -2,14 +2,18 @@
 
 Snapshot text can hold control characters, bidi overrides (U+202E) and other invisible format
 characters that make a page or a terminal show something else than the data; file names can
-hold bytes that are not UTF-8. Pages show them as visible escapes, the JSON API escapes every
-non-ASCII character (lossless), and why the sidecar could not read a file or list the spool is
+hold bytes that are not UTF-8. Pages show them as visible escapes, the JSON API writes them as
+``\\uXXXX`` escapes (lossless), and why the sidecar could not read a file or list the spool is
 in its log, not in a response.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import sys
+import unicodedata
 from typing import Any
 
 from modelkv_exporter.contract.decode import RejectReason, SnapshotError
@@ -39,6 +43,24 @@ def public_detail(error: SnapshotError) -> str:
     return error.detail
 
 
+@functools.cache
+def _invisible() -> re.Pattern[str]:
+    """Every control, format (bidi, zero-width), surrogate and line or paragraph separator character (built once)."""
+    hidden = ("Cc", "Cf", "Cs", "Zl", "Zp")
+    chars = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in hidden]
+    return re.compile("[" + "".join(re.escape(ch) for ch in chars) + "]")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
 def json_body(document: Any) -> bytes:
-    """Compact JSON, ASCII only: control, bidi and every other non-ASCII character escaped as ``\\uXXXX``."""
-    return json.dumps(document, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+    """Compact UTF-8 JSON whose control, format (bidi), surrogate and separator characters are ``\\uXXXX``
+    escapes: the same data for any JSON reader, nothing invisible or reordering for a person or terminal."""
+    text = json.dumps(document, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _invisible().sub(_json_escape, text).encode()
