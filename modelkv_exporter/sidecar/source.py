@@ -28,8 +28,8 @@ class SpoolSource:
 
     The last classification is reused while the reader returns the same scan and no engine's
     heartbeat deadline has passed (``SpoolView.until``): a scrape of an unchanged spool
-    classifies nothing. Why each file version was rejected is logged once per version, OS
-    errors included (HTTP clients are not told those; ``spool_watch`` logs a spool that cannot be listed).
+    classifies nothing. What HTTP clients are not told is logged: why the spool cannot be listed
+    (once per change) and why each file version was rejected (once per version), OS errors included.
     """
 
     reader: SpoolReader
@@ -38,6 +38,7 @@ class SpoolSource:
     admission: Admission | None = None
     _last: SpoolView | None = field(default=None, init=False, repr=False)
     _logged: set[tuple[str, int]] = field(default_factory=set, repr=False)
+    _listing_error: str | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -77,6 +78,9 @@ class SpoolSource:
 
     def _log(self, scan: SpoolScan) -> None:
         with self._lock:
+            if scan.error is not None and scan.error != self._listing_error:
+                LOG.warning("cannot list the spool: %s", scan.error)
+            self._listing_error = scan.error
             rejected = {(e.file_name, e.version): e.error for e in scan.entries if e.error is not None}
             for key, error in rejected.items():
                 if key not in self._logged:

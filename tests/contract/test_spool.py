@@ -115,11 +115,15 @@ BAD_DOCUMENTS: dict[str, tuple[bytes, RejectReason]] = {
         RejectReason.INVALID_SNAPSHOT,
     ),
     "version 0": (json.dumps(document(schema_version=0)).encode(), RejectReason.INVALID_SNAPSHOT),
+    "started after its heartbeat": (
+        json.dumps(document(started_at=2_000_000_000.0, heartbeat_at=1_900_000_000.0)).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
     "version string": (json.dumps(document(schema_version="1")).encode(), RejectReason.INVALID_SNAPSHOT),
 }
 
 
-BEYOND_SCHEMA = {"inconsistent peak", "duplicate declaration"}
+BEYOND_SCHEMA = {"inconsistent peak", "duplicate declaration", "started after its heartbeat"}
 """Arithmetic and uniqueness are checked in code; JSON Schema cannot say them."""
 
 

@@ -97,6 +97,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
         self._refused = False
         self._served = False
         self._in_head = True
@@ -130,6 +131,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection's timers and place in the idle order."""
         self._cancel_timer()
+        self._resume_sending()
         self.idle.pop(self, None)
         if self._refused:
             return
@@ -232,9 +234,13 @@ class GuardedProtocol(HttpToolsProtocol):
         self._count(STATUS_REFUSAL[status])
         self._cancel_timer()
         self.idle.pop(self, None)
-        if self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete:
-            self._shut()
-            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the app's answer, if it comes, is dropped
+            cycle.message_event.set()
+            if cycle.response_started:
+                self._shut()
+                return
         self.transport.write(ANSWERS[status])
         if not self.transport.can_write_eof():
             self.transport.close()
@@ -313,6 +319,29 @@ class GuardedProtocol(HttpToolsProtocol):
                 self._wait_idle()
 
     # Bytes out -------------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The client stopped taking bytes: it has ``send_timeout`` seconds to take them again."""
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_expired)
+
+    def resume_writing(self) -> None:
+        """The client takes bytes again."""
+        super().resume_writing()
+        self._resume_sending()
+
+    def _resume_sending(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_expired(self) -> None:
+        self._send_timer = None
+        self._count(Refusal.SEND_TIMEOUT)
+        self._cancel_timer()
+        self.idle.pop(self, None)
+        self.transport.abort()
 
     def on_response_complete(self) -> None:
         """A response is written: wait for the next request, or drop the rest of an unread body."""
