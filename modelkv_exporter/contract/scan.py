@@ -2,8 +2,9 @@
 
 The reader parses only files whose inode, size or times changed since the last scan, never
 follows links, never opens anything ``lstat`` does not call a regular file, and never blocks
-on FIFOs. It reads the first snapshot files by name, at most ``max_files`` of them and
-``max_spool_bytes`` in all; the rest are counted as rejected (``over_budget``), not read. Each version of a file it parses gets a number of its own
+on FIFOs. It reads snapshot files in name order, at most ``max_files`` of them and
+``max_spool_bytes`` in all (a file that does not fit is passed over); the rest are counted as
+rejected (``over_budget``), not read. Each version of a file it parses gets a number of its own
 (``SpoolEntry.version``), so a consumer can cache whatever it derives from an entry by
 ``(file_name, version)``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import os
 import stat
 import threading
@@ -113,6 +115,7 @@ _FileKey = tuple[int, int, int, int]
 Admit = Callable[[Snapshot], None]
 """A check of a parsed snapshot that raises ``SnapshotError`` to reject it (the sidecar's budgets)."""
 
+_name = operator.attrgetter("name")
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
 
 
@@ -187,45 +190,49 @@ class SpoolReader:
     def _full_scan(self) -> SpoolScan:
         try:
             listing = sorted(
-                (e for e in os.scandir(self.directory) if not e.name.startswith(".") and e.name.endswith(SUFFIX)),
-                key=lambda e: e.name,
+                (e for e in os.scandir(self.directory) if e.name.endswith(SUFFIX) and not e.name.startswith(".")),
+                key=_name,
             )
         except OSError as error:
             self._cache.clear()
             return SpoolScan(error=f"{self.directory}: {error.strerror or error}")
-        read = self._within_budget(listing)
+        read, beyond = self._within_budget(listing)
         fresh: dict[str, tuple[_FileKey, SpoolEntry]] = {}
-        for dir_entry in listing[:read]:
+        for dir_entry in read:
             fresh[dir_entry.name] = self._entry(dir_entry)
         self._cache = fresh
-        skipped = self._count_skipped(listing[read:])
+        skipped = self._count_skipped(beyond)
         return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]), skipped=skipped)
 
-    def _within_budget(self, listing: list[os.DirEntry[str]]) -> int:
-        """How many of the first files fit in ``max_files`` and, by their ``lstat`` sizes, ``max_spool_bytes``."""
+    def _within_budget(self, listing: list[os.DirEntry[str]]) -> tuple[list[os.DirEntry[str]], list[os.DirEntry[str]]]:
+        """The files to read and the rest: in name order, each file whose ``lstat`` size still fits in
+        ``max_spool_bytes`` (a larger one is passed over, not the ones after it), ``max_files`` at most."""
+        read: list[os.DirEntry[str]] = []
+        beyond: list[os.DirEntry[str]] = []
         total = 0
-        for count, dir_entry in enumerate(listing[: self.max_files]):
+        for index, dir_entry in enumerate(listing):
+            if len(read) >= self.max_files:
+                return read, beyond + listing[index:]
+            size = 0
             try:
                 info = dir_entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_bytes:
+                    size = info.st_size
             except OSError:
-                continue
-            if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_bytes:
-                total += info.st_size
-                if total > self.max_spool_bytes:
-                    return count
-        return min(len(listing), self.max_files)
+                pass
+            if total + size > self.max_spool_bytes:
+                beyond.append(dir_entry)
+            else:
+                total += size
+                read.append(dir_entry)
+        return read, beyond
 
     def _count_skipped(self, beyond: list[os.DirEntry[str]]) -> int:
-        """Files past the budget: each version counted once as over budget, none opened."""
-        versions = set()
-        for dir_entry in beyond:
-            try:
-                info = dir_entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            versions.add(hash((dir_entry.name, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)))
-        self.rejections[RejectReason.OVER_BUDGET.value] += len(versions - self._skipped)
-        self._skipped = versions
+        """Files past the budget, none opened or even stat'ed: each counted once as over budget while it stays
+        past it (by name: tens of thousands of files cost a listing, not a stat each)."""
+        names = {hash(dir_entry.name) for dir_entry in beyond}
+        self.rejections[RejectReason.OVER_BUDGET.value] += len(names - self._skipped)
+        self._skipped = names
         return len(beyond)
 
     def _entry(self, dir_entry: os.DirEntry[str]) -> tuple[_FileKey, SpoolEntry]:
@@ -251,6 +258,9 @@ class SpoolReader:
         return key, SpoolEntry(dir_entry.name, info.st_mtime, snapshot=snapshot, version=next(self._versions))
 
     def _reject(self, name: str, mtime: float, error: SnapshotError) -> SpoolEntry:
+        # Kept for as long as the file: without its traceback, which holds the parse's frames and with
+        # them the whole decoded document (a 256 KiB file of small values is megabytes of objects).
+        error.__traceback__ = error.__context__ = error.__cause__ = None
         self.rejections[error.reason.value] += 1
         return SpoolEntry(name, mtime, error=error, version=next(self._versions))
 

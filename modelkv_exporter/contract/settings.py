@@ -258,7 +258,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "http_max_connections",
         positive_int,
-        "Open HTTP connections; a new one closes the longest-idle, else it is answered 503.",
+        "Open HTTP connections; a new one closes the longest-idle, else it is closed unanswered.",
         {"serve": limits.HTTP_MAX_CONNECTIONS, "demo": limits.HTTP_MAX_CONNECTIONS},
     ),
     Setting(

@@ -3,10 +3,12 @@ heartbeat from the future fresh (findings 6, 8 and 11 of the hardening issue).""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import stat
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -82,11 +84,17 @@ def test_the_reader_reads_the_first_files_within_its_file_and_byte_budgets(spool
     assert set(opened) == {f"e{i:02}.json" for i in range(8)}, "files past the budget are never opened"
     assert classify(scan, time.time(), 30).counts[EngineState.REJECTED] == 4
     time.sleep(0.06)
-    (spool / "zz-new.json").write_bytes(b"{}")
+    write_snapshot(spool, make_snapshot("zz-new"))
     reader.scan()
-    assert reader.rejections["over_budget"] == 5, "each version of a skipped file counted once"
+    assert reader.rejections["over_budget"] == 5, "each skipped file counted once"
+    reader.scan()
+    assert reader.rejections["over_budget"] == 5
     reader = SpoolReader(spool, max_files=10, max_spool_bytes=100 * size)
     assert reader.scan().skipped == 3, "beyond max_files"
+    (spool / "a-big.json").write_bytes(b" " * (20 * size))
+    reader = SpoolReader(spool, max_files=100, max_spool_bytes=19 * size)
+    scan = reader.scan()
+    assert scan.skipped == 1 and len(scan.entries) == 13, "a file too big for the rest is passed over, not the rest"
 
 
 def test_a_heartbeat_from_the_future_is_stale_until_the_clock_reaches_it(spool: Path) -> None:
@@ -100,3 +108,19 @@ def test_a_heartbeat_from_the_future_is_stale_until_the_clock_reaches_it(spool: 
     assert view.until == pytest.approx(now + CLOCK_SKEW_SECONDS / 2 + 30.0), "skewed goes stale first"
     later = classify(view.scan, now + 60, 30.0)
     assert {i.snapshot.engine.engine_id: i.state for i in later.entries}["soon"] is EngineState.EXPORTED
+
+
+def test_a_rejected_file_does_not_keep_its_decoded_document(spool: Path) -> None:
+    """The rejection outlives the parse; the parse's frames (and the document in them) must not."""
+    (spool / "junk.json").write_bytes(b'{"junk":[' + b",".join([b"[]"] * 80_000) + b"]}")
+    reader = SpoolReader(spool)
+    tracemalloc.start()
+    try:
+        scan = reader.scan()
+        gc.collect()
+        retained, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    (entry,) = scan.entries
+    assert entry.error is not None and entry.error.__traceback__ is None
+    assert retained < 512 * 1024, f"{retained} bytes retained after rejecting a 240 KB file"

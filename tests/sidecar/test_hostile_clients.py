@@ -195,7 +195,7 @@ def test_the_connection_cap_evicts_idle_connections_and_refuses_when_none_is_idl
         sock = connect(guarded)
         sock.sendall(b"GET /metrics HTTP/1.1\r\n")
         busy.append(sock)
-    eventually(lambda: _refused_at_connect(guarded), "a connection refused with 503 at the cap")
+    eventually(lambda: _refused_at_connect(guarded), "a connection closed unanswered at the cap")
     probe = httpx.get(guarded.probe_url + "/healthz")
     assert probe.status_code == 200, "the liveness port answers while the main port is full"
     for sock in busy:
@@ -210,8 +210,7 @@ def _refused_at_connect(sidecar: Sidecar) -> bool:
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         except OSError:
             return False
-        answer = read_all(sock)
-    return status(answer) == 503 and b"retry-after: 1" in answer
+        return read_all(sock) == b""
 
 
 def test_a_client_that_never_reads_its_response_is_cut_off(spool: Path) -> None:

@@ -14,7 +14,8 @@ and every bad request logs a warning. ``guarded_protocol`` returns a subclass of
 - a declared body over ``max_body_bytes``: 413; an unread body is dropped up to that size after
   the response, and beyond it the connection is closed;
 - ``max_connections`` open: a new connection closes the one idle longest, or, if none is idle,
-  is answered 503 and closed before anything is parsed;
+  is closed at once, unread and unanswered (an answer would mean reading its request: the work
+  the cap is there to refuse; a 503 would also count against the server as an error);
 - a response the client has not taken ``send_timeout`` seconds after it was written: aborted.
 
 Error answers are followed by a half-close and a short, bounded read of what the client still
@@ -72,7 +73,6 @@ def canned(status: int, extra: bytes = b"") -> bytes:
 
 
 ANSWERS = {status: canned(status) for status in STATUS_REFUSAL}
-BUSY = canned(503, b"retry-after: 1\r\n")
 
 
 class _Refused(Exception):
@@ -122,7 +122,6 @@ class GuardedProtocol(HttpToolsProtocol):
             self._refused = True
             self.transport = transport
             self._count(Refusal.CONNECTIONS)
-            transport.write(BUSY)
             transport.close()
             return
         super().connection_made(transport)

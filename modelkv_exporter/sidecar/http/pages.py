@@ -4,6 +4,10 @@ Each body is keyed by what it shows: every file's name, version and state, wheth
 could be listed, and how many files were not read; the landing page also by its age column's
 ``AGE_STEP_SECONDS`` step. Clients asking again get the same bytes object: a client hammering
 ``/`` costs a scan and a send, not a rendering, and responses in flight share one body.
+
+The JSON document is joined from one cached piece per file, so a heartbeat re-encodes one
+engine: the encoder holds the interpreter for the whole of what it encodes, and the whole
+document of a full spool would stall every other thread (the liveness listener's) for 100 ms.
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ from __future__ import annotations
 import threading
 
 from modelkv_exporter import __version__
-from modelkv_exporter.contract.state import SpoolView
-from modelkv_exporter.sidecar.http.engines_document import engines_document
+from modelkv_exporter.contract.state import EngineState, SpoolView
+from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
 from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.http.public import json_body
 from modelkv_exporter.sidecar.source import SpoolSource
@@ -36,6 +40,7 @@ class Pages:
         self._lock = threading.Lock()
         self._landing: tuple[object, bytes] = (None, b"")
         self._engines: tuple[object, bytes] = (None, b"")
+        self._pieces: dict[tuple[str, int, str], bytes] = {}
         self.renders = 0
         """Documents rendered so far (for tests)."""
 
@@ -56,6 +61,19 @@ class Pages:
             view = self.source.view()
             key = view_key(view)
             if self._engines[0] != key:
-                self._engines = (key, json_body(engines_document(view, self.source.reader.directory.name)))
+                self._engines = (key, self._document(view))
                 self.renders += 1
             return self._engines[1]
+
+    def _document(self, view: SpoolView) -> bytes:
+        pieces: dict[tuple[str, int, str], bytes] = {}
+        lists: dict[bool, list[bytes]] = {False: [], True: []}
+        for item in view.entries:
+            key = (item.entry.file_name, item.entry.version, item.state.value)
+            piece = pieces[key] = self._pieces.get(key) or json_body(entry_document(item))
+            lists[item.state is EngineState.REJECTED].append(piece)
+        self._pieces = pieces
+        fields = json_body(document_fields(view, self.source.reader.directory.name))
+        return b"".join(
+            (fields[:-1], b',"engines":[', b",".join(lists[False]), b'],"rejected":[', b",".join(lists[True]), b"]}")
+        )

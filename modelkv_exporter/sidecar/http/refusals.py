@@ -28,7 +28,7 @@ class Refusal(str, Enum):
     """Closed instead of reading and dropping more than ``--http-max-body-bytes`` of an unread body."""
 
     CONNECTIONS = "too_many_connections"
-    """503 and closed at once: ``--http-max-connections`` open and none of them idle."""
+    """Closed at once, unread and unanswered: ``--http-max-connections`` open and none of them idle."""
 
     EVICTED = "evicted_idle"
     """An idle keep-alive connection closed to make room for a new one."""
