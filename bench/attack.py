@@ -514,40 +514,65 @@ def finding_11_rough_edges(base: Path) -> dict[str, Any]:
         sidecar.stop()
 
 
-def worst_load(base: Path) -> dict[str, Any]:
-    """The worst admitted spool, four engines beating every second, 4 000 clients on /metrics for 30 s."""
-    spool = spool_dir(base, "worst")
-    worst = write_worst_spool(spool)
-    sidecar = Sidecar(spool)
-    stop = threading.Event()
-    beats = 0
+class Beats:
+    """Rewrites the first four engines' files every second with a new heartbeat (new versions to render)."""
 
-    def beat() -> None:
-        nonlocal beats
-        files = sorted(p for p in spool.iterdir() if p.name.startswith(("big-", "wide-")))[:4]
-        documents = [json.loads(p.read_bytes()) for p in files]
-        while not stop.is_set():
-            for path, document in zip(files, documents, strict=True):
+    def __init__(self, spool: Path) -> None:
+        self.files = sorted(p for p in spool.iterdir() if p.name.startswith(("big-", "wide-")))[:4]
+        self.documents = [json.loads(p.read_bytes()) for p in self.files]
+        self.written = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for path, document in zip(self.files, self.documents, strict=True):
                 document["heartbeat_at"] = time.time()
                 temporary = path.with_name("." + path.name + ".tmp")
                 temporary.write_text(json.dumps(document, separators=(",", ":")))
                 temporary.rename(path)
-                beats += 1
-            time.sleep(1)
+                self.written += 1
+            self.stop.wait(1)
 
+    def end(self) -> int:
+        self.stop.set()
+        self.thread.join()
+        return self.written
+
+
+def worst_load(base: Path) -> dict[str, Any]:
+    """The worst admitted spool, four engines beating every second, 4 000 clients on /metrics for 30 s
+    (as Prometheus asks: OpenMetrics, gzip) and three more reading / and /api/v1/engines."""
+    spool = spool_dir(base, "worst")
+    worst = write_worst_spool(spool)
+    sidecar = Sidecar(spool)
+    beats = Beats(spool)
+    stop = threading.Event()
+    pages = {"/": 0, "/api/v1/engines": 0}
+    failed_pages = []
+
+    def read_pages(path: str) -> None:
+        while not stop.is_set():
+            status = request(sidecar.port, path, timeout=30)[0]
+            pages[path] += 1
+            if status != 200:
+                failed_pages.append(status)
+
+    readers = [threading.Thread(target=read_pages, args=(path,)) for path in ("/", "/api/v1/engines", "/")]
     try:
-        for path in ("/", "/api/v1/engines"):
-            request(sidecar.port, path, timeout=30)
-        writer = threading.Thread(target=beat)
-        writer.start()
         prober = Prober(sidecar.probe_port, 32)
         main_port = Prober(sidecar.port, 32)
+        for reader in readers:
+            reader.start()
         load = wrk(
             f"http://127.0.0.1:{sidecar.port}/metrics", 4000, 30, "Accept-Encoding: gzip",
             "Accept: application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.2",
         )  # fmt: skip
         stop.set()
-        writer.join()
+        for reader in readers:
+            reader.join()
+        written = beats.end()
         during = sidecar.stats()
         final = sidecar.metrics()
         exported = {s.labels["engine"] for s in final.all("modelkv_engine_up")}
@@ -556,15 +581,50 @@ def worst_load(base: Path) -> dict[str, Any]:
             "wrk": load,
             "probe_port": prober.result(),
             "main_port_healthz": main_port.result(),
+            "pages_read": pages,
+            "pages_not_200": {str(code): failed_pages.count(code) for code in set(failed_pages)},
             "rss": f"{sidecar.start['rss_mib']:.0f} -> peak {during['peak_rss_mib']:.0f} MiB",
-            "peak_rss_mib": during["peak_rss_mib"],
             "server_fds": during["fds"],
-            "beats_written": beats,
+            "beats_written": written,
             "engines_exported_after": f"{len(exported)} of {len(worst.engines)}",
             "refusals": sidecar.refusals(),
         }
     finally:
         stop.set()
+        beats.end()
+        sidecar.stop()
+
+
+def slow_readers(base: Path) -> dict[str, Any]:
+    """The worst admitted spool, four engines beating every second, 256 clients asking for /metrics over 30 s
+    (each another version of a 6 MB body) and never reading their answers."""
+    spool = spool_dir(base, "slow")
+    write_worst_spool(spool)
+    sidecar = Sidecar(spool)
+    beats = Beats(spool)
+    sockets = []
+    try:
+        prober = Prober(sidecar.probe_port, 40)
+        started = time.monotonic()
+        for i in range(256):
+            sock = socket.create_connection(("127.0.0.1", sidecar.port), timeout=5)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            sockets.append(sock)
+            time.sleep(max(0.0, started + (i + 1) * 30 / 256 - time.monotonic()))
+        time.sleep(5)
+        during = sidecar.stats()
+        return {
+            "rss": f"{sidecar.start['rss_mib']:.0f} -> peak {during['peak_rss_mib']:.0f} MiB",
+            "server_fds": during["fds"],
+            "beats_written": beats.end(),
+            "probe_port": prober.result(),
+            "refusals": sidecar.refusals(),
+        }
+    finally:
+        for sock in sockets:
+            sock.close()
+        beats.end()
         sidecar.stop()
 
 
@@ -578,6 +638,7 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "negotiation": finding_10_negotiation,
     "rough_edges": finding_11_rough_edges,
     "worst_load": worst_load,
+    "slow_readers": slow_readers,
 }
 
 

@@ -40,3 +40,6 @@ HTTP_IDLE_TIMEOUT = 5.0
 
 HTTP_SEND_TIMEOUT = 30.0
 """Seconds a client has to take a response after it was written."""
+
+HTTP_MAX_UNSENT_BYTES = 32 * 1024 * 1024
+"""Response bytes written but not yet taken by their clients, all connections together."""

@@ -304,6 +304,13 @@ SETTINGS: tuple[Setting, ...] = (
         "Seconds a client has to take a response; then the connection is aborted.",
         {"serve": limits.HTTP_SEND_TIMEOUT, "demo": limits.HTTP_SEND_TIMEOUT},
     ),
+    Setting(
+        "http_max_unsent_bytes",
+        byte_size,
+        "Bytes held for responses clients have not taken yet (distinct bodies, and unsent bytes in connections); "
+        "past it the oldest response (or the connection holding the most) is aborted.",
+        {"serve": limits.HTTP_MAX_UNSENT_BYTES, "demo": limits.HTTP_MAX_UNSENT_BYTES},
+    ),
 )
 
 

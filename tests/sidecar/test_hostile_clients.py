@@ -231,6 +231,25 @@ def test_a_client_that_never_reads_its_response_is_cut_off(spool: Path) -> None:
         stop_process(running.process)
 
 
+def test_stalled_readers_together_hold_no_more_than_the_unsent_limit(spool: Path) -> None:
+    declarations = tuple(make_declaration(f"cache-{i}", owner=f"model.layers.{i}") for i in range(200))
+    write_snapshot(spool, make_snapshot("big", declarations=declarations))
+    running = start_sidecar(spool, "--http-max-unsent-bytes", "256KiB", "--http-send-timeout", "60")
+    try:
+        sockets = []
+        for _ in range(8):
+            sock = connect(running)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 100)
+            sockets.append(sock)
+        eventually(lambda: refusals(running)["unsent_bytes"] >= 1, "the heaviest stalled reader aborted")
+        assert refusals(running)["send_timeout"] == 0, "the limit, not the timeout, cut it"
+        for sock in sockets:
+            sock.close()
+    finally:
+        stop_process(running.process)
+
+
 def test_bad_requests_are_counted_and_the_log_is_rate_limited(guarded: Sidecar) -> None:
     for _ in range(300):
         assert status(exchange(guarded, b"GARBAGE\r\n\r\n")) == 400

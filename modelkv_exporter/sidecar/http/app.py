@@ -21,6 +21,7 @@ from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.http.limits import HttpLimits
 from modelkv_exporter.sidecar.http.pages import Pages
 from modelkv_exporter.sidecar.http.routes import router
+from modelkv_exporter.sidecar.http.sending import HeldBodies
 from modelkv_exporter.sidecar.http.spool_watch import DEFAULT_CHECK_INTERVAL_SECONDS, watch_spool
 from modelkv_exporter.sidecar.source import SpoolSource
 
@@ -63,6 +64,7 @@ def sidecar_config(settings: Any, spool_dir: Path | None = None) -> SidecarConfi
             header_timeout=settings.http_header_timeout,
             idle_timeout=settings.http_idle_timeout,
             send_timeout=settings.http_send_timeout,
+            max_unsent_bytes=settings.http_max_unsent_bytes,
         ),
         probe_port=settings.probe_port,
     )
@@ -114,6 +116,7 @@ def make_app(config: SidecarConfig, source: SpoolSource | None = None) -> FastAP
     app.state.refusals = collections.Counter()
     app.state.exposition = ExpositionCache(source, refusals=app.state.refusals)
     app.state.pages = Pages(source)
+    app.state.held = HeldBodies(config.http.max_unsent_bytes, app.state.refusals)
     app.state.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modelkv-spool")
     app.include_router(router)
     return app

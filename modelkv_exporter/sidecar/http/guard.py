@@ -16,7 +16,9 @@ and every bad request logs a warning. ``guarded_protocol`` returns a subclass of
 - ``max_connections`` open: a new connection closes the one idle longest, or, if none is idle,
   is closed at once, unread and unanswered (an answer would mean reading its request: the work
   the cap is there to refuse; a 503 would also count against the server as an error);
-- a response the client has not taken ``send_timeout`` seconds after it was written: aborted.
+- a response the client has not taken ``send_timeout`` seconds after it was written: aborted;
+- responses not yet taken holding more than ``max_unsent_bytes`` in all (slow readers each
+  pinning another version of a large body): the connection holding the most is aborted.
 
 Error answers are followed by a half-close and a short, bounded read of what the client still
 sends, so it reads the status rather than a reset. Each refusal is counted by ``Refusal``.
@@ -34,6 +36,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from modelkv_exporter.sidecar.http.limits import LINGER_SECONDS, HttpLimits
 from modelkv_exporter.sidecar.http.refusals import Refusal
+from modelkv_exporter.sidecar.http.sending import ABORT
 
 UVICORN_SURFACE = (
     "connection_made",
@@ -265,6 +268,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._body_seen = 0
         self._discarded = 0
         super().on_message_begin()
+        self.scope["extensions"] = {ABORT: self.transport.abort}  # type: ignore[dict-item]
 
     def on_url(self, url: bytes) -> None:
         """414 past ``max_line_bytes``."""
@@ -320,10 +324,27 @@ class GuardedProtocol(HttpToolsProtocol):
     # Bytes out -------------------------------------------------------------------------------
 
     def pause_writing(self) -> None:
-        """The client stopped taking bytes: it has ``send_timeout`` seconds to take them again."""
+        """The client stopped taking bytes: it has ``send_timeout`` seconds to take them again, and all
+        connections together may hold ``max_unsent_bytes``."""
         super().pause_writing()
         if self._send_timer is None:
             self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_expired)
+        self._check_unsent()
+
+    def _check_unsent(self) -> None:
+        unsent = {
+            c: c.transport.get_write_buffer_size()
+            for c in self.connections
+            if isinstance(c, GuardedProtocol) and not c.transport.is_closing()
+        }
+        total = sum(unsent.values())
+        while total > self.limits.max_unsent_bytes and unsent:
+            heaviest = max(unsent, key=unsent.__getitem__)
+            total -= unsent.pop(heaviest)
+            heaviest._count(Refusal.UNSENT)
+            heaviest._cancel_timer()
+            heaviest.idle.pop(heaviest, None)
+            heaviest.transport.abort()
 
     def resume_writing(self) -> None:
         """The client takes bytes again."""
@@ -348,6 +369,8 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_response_complete()
         self._unset_keepalive_if_required()
         self._served = True
+        if self.transport.get_write_buffer_size() > 0:
+            self._check_unsent()
         if self.transport.is_closing() or pipelined:
             return
         if not self._in_head:

@@ -23,3 +23,4 @@ class HttpLimits:
     header_timeout: float = limits.HTTP_HEADER_TIMEOUT
     idle_timeout: float = limits.HTTP_IDLE_TIMEOUT
     send_timeout: float = limits.HTTP_SEND_TIMEOUT
+    max_unsent_bytes: int = limits.HTTP_MAX_UNSENT_BYTES

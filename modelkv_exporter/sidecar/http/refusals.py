@@ -38,3 +38,7 @@ class Refusal(str, Enum):
 
     SEND_TIMEOUT = "send_timeout"
     """Aborted: the client had not taken its response ``--http-send-timeout`` seconds after it was written."""
+
+    UNSENT = "unsent_bytes"
+    """Aborted: unfinished responses held more than ``--http-max-unsent-bytes`` of bodies (or of unsent
+    bytes in their connections); the oldest (or the heaviest) was cut."""

@@ -21,6 +21,7 @@ from modelkv_exporter.sidecar.exposition.negotiation import GZIP, choose_encodin
 from modelkv_exporter.sidecar.http.landing import CONTENT_SECURITY_POLICY
 from modelkv_exporter.sidecar.http.pages import Pages
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE
+from modelkv_exporter.sidecar.http.sending import send_body
 from modelkv_exporter.sidecar.source import SpoolSource
 
 READ = ["GET", "HEAD"]
@@ -28,6 +29,14 @@ NOSNIFF = {"X-Content-Type-Options": "nosniff"}
 NOT_ACCEPTABLE = b"no acceptable content coding: this server sends identity or gzip\n"
 router = APIRouter()
 T = TypeVar("T")
+
+
+class BytesResponse(Response):
+    """A cached body, sent by ``send_body`` (in pieces, held within the app's ``HeldBodies``)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send_body(scope, send, (bytes(self.body),), getattr(scope["app"].state, "held", None))
 
 
 async def in_worker(app: Any, work: Callable[[], T]) -> T:
@@ -73,9 +82,7 @@ class MetricsEndpoint:
         if body.gzipped:
             headers.append((b"content-encoding", b"gzip"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        last = len(body.parts) - 1
-        for i, part in enumerate(body.parts):
-            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+        await send_body(scope, send, body.parts, getattr(scope["app"].state, "held", None))
 
 
 router.routes.append(Route("/metrics", MetricsEndpoint(), methods=READ, include_in_schema=False))
@@ -98,17 +105,17 @@ async def readyz(request: Request) -> PlainTextResponse:
 
 
 @router.api_route("/api/v1/engines", methods=READ, include_in_schema=False)
-async def engines(request: Request) -> Response:
+async def engines(request: Request) -> BytesResponse:
     """Every snapshot in the spool as JSON, with its state, and the rejected files."""
     pages: Pages = request.app.state.pages
     body = await in_worker(request.app, pages.engines)
-    return Response(body, media_type="application/json", headers=NOSNIFF)
+    return BytesResponse(body, media_type="application/json", headers=NOSNIFF)
 
 
 @router.api_route("/", methods=READ, include_in_schema=False)
-async def landing(request: Request) -> Response:
+async def landing(request: Request) -> BytesResponse:
     """A self-contained HTML page: engines, their declarations, rejected files, links."""
     pages: Pages = request.app.state.pages
     body = await in_worker(request.app, pages.landing)
     headers = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, **NOSNIFF}
-    return Response(body, media_type="text/html; charset=utf-8", headers=headers)
+    return BytesResponse(body, media_type="text/html; charset=utf-8", headers=headers)
