@@ -268,7 +268,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._body_seen = 0
         self._discarded = 0
         super().on_message_begin()
-        self.scope["extensions"] = {ABORT: self.transport.abort}  # type: ignore[dict-item]
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+        extensions[ABORT] = self.transport.abort
 
     def on_url(self, url: bytes) -> None:
         """414 past ``max_line_bytes``."""
