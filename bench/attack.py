@@ -656,9 +656,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="modelkv-attack-") as base:
         for name in args.only.split(","):
-            started = time.monotonic()
+            started, load = time.monotonic(), os.getloadavg()[0]
             results[name] = SCENARIOS[name](Path(base))
             results[name]["scenario_s"] = round(time.monotonic() - started, 1)
+            results[name]["host_load_average"] = f"{load:.1f} -> {os.getloadavg()[0]:.1f}"
             print(f"== {name}: {SCENARIOS[name].__doc__}\n{json.dumps(results[name], indent=1, ensure_ascii=False)}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")

@@ -17,6 +17,7 @@ from modelkv_exporter.contract.spool import write_snapshot
 from tests.support.exposition import Exposition
 from tests.support.processes import Sidecar, start_sidecar, stop_process
 from tests.support.snapshots import make_declaration, make_snapshot
+from tests.support.worst_spool import write_worst_spool
 
 SPOOF = "ad\u202emin\u2066x\u0000y\u001b[31mred\u200bz"
 INVISIBLE = ("\u202e", "\u2066", "\u0000", "\u001b", "\u200b")
@@ -93,5 +94,30 @@ def test_many_small_files_are_counted_not_all_read(spool: Path) -> None:
         document = running.get("/api/v1/engines").json()
         assert document["unread_files"] == 1900 and len(document["engines"]) == 100
         assert json.dumps(document).count("f0") == 100
+    finally:
+        stop_process(running.process)
+
+
+RSS_BOUND_MIB = 160
+"""The documented bound (docs/reliability.md): the worst admitted spool, every form of every page."""
+
+
+def test_the_worst_admitted_spool_stays_under_the_memory_bound(spool: Path) -> None:
+    worst = write_worst_spool(spool)
+    running = start_sidecar(spool)
+    try:
+        forms = ({}, {"Accept-Encoding": "gzip"}, {"Accept": "application/openmetrics-text"})
+        for headers in forms:
+            assert running.get("/metrics", headers=headers).status_code == 200
+        for path in ("/", "/api/v1/engines"):
+            assert running.get(path).status_code == 200
+        exposition = Exposition(running.get("/metrics").text)
+        assert len(exposition.all("modelkv_engine_up")) == len(worst.engines), "every engine exported"
+        status = Path(f"/proc/{running.process.pid}/status").read_text()
+        peak_mib = int(status.split("VmHWM:")[1].split()[0]) / 1024
+        print(
+            f"\nworst admitted spool ({worst.series} series, {len(worst.engines)} engines): peak RSS {peak_mib:.0f} MiB"
+        )
+        assert peak_mib < RSS_BOUND_MIB
     finally:
         stop_process(running.process)

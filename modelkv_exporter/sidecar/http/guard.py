@@ -136,6 +136,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._resume_sending()
         self.idle.pop(self, None)
         if self._refused:
+            self.parser = None  # type: ignore[assignment]  # no parser <-> protocol cycle left for the collector
             return
         self._unset_keepalive_if_required()
         super().connection_lost(exc)
