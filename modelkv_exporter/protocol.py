@@ -7,11 +7,14 @@ Declare a cache by implementing ``model_local_kv_specs()`` on the module that ow
 """
 
 from modelkv_exporter.engine.protocol import (
+    Collected,
+    DeclarerFailure,
     HasModelLocalKV,
     ModelLocalKVScope,
     ModelLocalKVSpec,
     OwnedSpec,
     RowDriver,
+    collect_declarations,
     collect_model_local_kv_specs,
     collect_owned_specs,
     driver_value,
@@ -20,11 +23,14 @@ from modelkv_exporter.engine.protocol import (
 )
 
 __all__ = [
+    "Collected",
+    "DeclarerFailure",
     "HasModelLocalKV",
     "ModelLocalKVScope",
     "ModelLocalKVSpec",
     "RowDriver",
     "OwnedSpec",
+    "collect_declarations",
     "collect_model_local_kv_specs",
     "collect_owned_specs",
     "driver_value",

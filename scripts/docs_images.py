@@ -73,14 +73,19 @@ def main() -> int:
         processes, stop = start_engines(str(spool), 1.0)
         scenario = start_scenario(spool)
         sidecar = start_sidecar(spool)
-        config = scrape_config({"modelkv-exporter": sidecar.url}, rule_files=(RULES_FILE,))
+        target = sidecar.url.removeprefix("http://")
+        job = (
+            "  - job_name: modelkv-exporter\n"
+            f"    static_configs: [{{targets: ['{target}'], labels: {{namespace: llm, pod: demo-0}}}}]\n"
+        )
+        config = scrape_config({}, rule_files=(RULES_FILE,), extra=job)
         try:
             with running_prometheus(tmp, config) as prometheus:
                 start = time.time()
                 low, high = declared_peak() // 2, declared_peak() + 3 * GIB // 2
                 while (elapsed := time.time() - start) < RUN_SECONDS:
                     with scenario.leak.lock:
-                        scenario.leak.growth = int(low + (high - low) * min(elapsed / (RUN_SECONDS * 0.8), 1.0))
+                        scenario.leak.live = int(low + (high - low) * min(elapsed / (RUN_SECONDS * 0.8), 1.0))
                     time.sleep(1)
                 shot = chromium_run(
                     sidecar.url + "/", tmp, f"--screenshot={IMAGES / 'landing-page.png'}", "--window-size=1400,1500"

@@ -76,7 +76,8 @@ def inspect(args: argparse.Namespace) -> int:
     ).scan()
     if not scan.ok:
         return _unreadable(args, scan.error)
-    sys.stdout.write(inspect_report(classify(scan, time.time(), args.stale_after), report_width()))
+    view = classify(scan, time.time(), args.stale_after, args.forget_after)
+    sys.stdout.write(inspect_report(view, report_width()))
     return 0
 
 

@@ -75,6 +75,11 @@ def _wrapped(text: str, width: int, indent: str = "") -> str:
     return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent + "    ")
 
 
+def _max_num_seqs(snapshot: Snapshot) -> str:
+    value = snapshot.settings.max_num_seqs
+    return "none" if value is None else str(value)
+
+
 def _engine_heading(snapshot: Snapshot, state: EngineState) -> str:
     who = snapshot.engine
     bits = [f"engine {who.engine_id} [{state.value}]", f"model {who.model_label or '?'}"]
@@ -84,7 +89,7 @@ def _engine_heading(snapshot: Snapshot, state: EngineState) -> str:
         bits.append(who.ranks_label)
     if who.device:
         bits.append(f"device {who.device}")
-    bits.append(f"max_num_seqs {snapshot.settings.max_num_seqs}")
+    bits.append(f"max_num_seqs {_max_num_seqs(snapshot)}")
     if snapshot.settings.paged_kv_bytes is not None:
         bits.append(f"paged KV {human_bytes(snapshot.settings.paged_kv_bytes)}")
     return ", ".join(bits)
@@ -126,6 +131,10 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
             parts += [_wrapped(_declaration_details(d), width, "  ") for d in snapshot.declarations]
         else:
             parts.append("(no declarations)")
+        for dropped in snapshot.dropped_declarations or ():
+            owner = dropped.owner or ROOT_OWNER
+            text = f"dropped: {dropped.count} of {owner} ({dropped.owner_class}), {dropped.reason}: {dropped.error}"
+            parts.append(_wrapped(text, width))
         parts.append("")
     if any(item.snapshot.declarations for item in view.usable):
         parts += [GEOMETRY_LEGEND, ""]
@@ -156,7 +165,7 @@ def plan_report(scan: SpoolScan, max_num_seqs: int, budget: int | None, width: i
         row = [
             snapshot.engine.engine_id,
             snapshot.engine.stage_label,
-            str(snapshot.settings.max_num_seqs),
+            "—" if snapshot.settings.max_num_seqs is None else str(snapshot.settings.max_num_seqs),
             human_bytes(snapshot.declared_peak_bytes),
             human_bytes(declared_peak_at(snapshot, max_num_seqs)),
             human_bytes(snapshot.per_sequence_bytes),

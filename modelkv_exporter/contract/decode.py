@@ -16,15 +16,17 @@ from typing import Any, NoReturn
 
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import (
+    MAX_NUM_SEQS_OPTIONAL,
     SCHEMA_VERSION,
     Declaration,
+    DroppedDeclaration,
     EngineIdentity,
     EngineSettings,
     Measured,
     MemorySample,
     Snapshot,
 )
-from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES
+from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES, RowDriver
 
 MAX_INT = 2**63 - 1
 MAX_ENGINE_ID_CHARS = 256
@@ -137,12 +139,12 @@ def _engine(fields: _Fields) -> EngineIdentity:
     )
 
 
-def _settings(fields: _Fields) -> EngineSettings:
+def _settings(fields: _Fields, version: int) -> EngineSettings:
     utilization = fields.number("gpu_memory_utilization", required=False)
     if utilization is not None and utilization > 1:
         _invalid("settings.gpu_memory_utilization", f"{utilization} is above 1")
     return EngineSettings(
-        max_num_seqs=fields.integer("max_num_seqs", minimum=1),
+        max_num_seqs=fields.integer("max_num_seqs", minimum=1, required=version < MAX_NUM_SEQS_OPTIONAL),
         gpu_memory_utilization=utilization,
         paged_kv_bytes=fields.integer("paged_kv_bytes", required=False),
         paged_kv_blocks=fields.integer("paged_kv_blocks", required=False),
@@ -180,7 +182,9 @@ def _declaration(value: Any, where: str) -> Declaration:
     return declaration
 
 
-def _check_arithmetic(declaration: Declaration, max_num_seqs: int, where: str) -> None:
+def _check_arithmetic(declaration: Declaration, max_num_seqs: int | None, where: str) -> None:
+    if max_num_seqs is None and declaration.rows != RowDriver.FIXED.value:
+        _invalid(f"{where}.rows", f"{declaration.rows!r} needs settings.max_num_seqs, which is absent")
     expected_row = arithmetic.bytes_per_row(
         layers=declaration.layers,
         kv_heads=declaration.kv_heads,
@@ -188,13 +192,27 @@ def _check_arithmetic(declaration: Declaration, max_num_seqs: int, where: str) -
         positions=declaration.physical_capacity_positions,
         element_size=declaration.element_size,
     )
-    expected_rows = arithmetic.row_count(declaration.rows, declaration.rows_fixed, max_num_seqs)
+    expected_rows = arithmetic.row_count(declaration.rows, declaration.rows_fixed, max_num_seqs or 1)
     if declaration.bytes_per_row != expected_row:
         _invalid(f"{where}.bytes_per_row", f"{declaration.bytes_per_row} != geometry's {expected_row}")
     if declaration.row_count != expected_rows:
         _invalid(f"{where}.row_count", f"{declaration.row_count} != driver's {expected_rows}")
     if declaration.peak_bytes != expected_row * expected_rows:
         _invalid(f"{where}.peak_bytes", f"{declaration.peak_bytes} != {expected_row} x {expected_rows}")
+
+
+def _dropped(value: Any, where: str) -> DroppedDeclaration:
+    f = _Fields(value, where)
+    reason = f.text("reason")
+    if not SOURCE_NAME.fullmatch(reason):
+        _invalid(f"{where}.reason", f"{reason[:80]!r} is not a plain name")
+    return DroppedDeclaration(
+        owner=f.text("owner"),
+        owner_class=f.text("owner_class"),
+        reason=reason,
+        count=f.integer("count", minimum=1),
+        error=f.text("error", required=False) or "",
+    )
 
 
 def _sample(fields: _Fields | None) -> MemorySample | None:
@@ -239,7 +257,7 @@ def snapshot_from_dict(document: Any) -> Snapshot:
             f"schema_version {version} is newer than this sidecar reads ({SCHEMA_VERSION}); upgrade the sidecar",
         )
     engine = _engine(root.child("engine"))  # type: ignore[arg-type]
-    settings = _settings(root.child("settings"))  # type: ignore[arg-type]
+    settings = _settings(root.child("settings"), version)  # type: ignore[arg-type]
     declarations = root.items("declarations", _declaration)
     seen: set[tuple[str, str]] = set()
     for i, declaration in enumerate(declarations):
@@ -253,6 +271,9 @@ def snapshot_from_dict(document: Any) -> Snapshot:
     started_at, heartbeat_at = root.number("started_at"), root.number("heartbeat_at")
     if started_at > heartbeat_at:
         _invalid("snapshot.started_at", f"{started_at!r} is after heartbeat_at {heartbeat_at!r}")
+    dropped = (
+        root.items("dropped_declarations", _dropped) if root.mapping().get("dropped_declarations") is not None else None
+    )
     return Snapshot(
         engine=engine,
         settings=settings,
@@ -263,7 +284,7 @@ def snapshot_from_dict(document: Any) -> Snapshot:
         heartbeat_interval_seconds=interval,
         ended=root.boolean("ended"),
         writer=root.text("writer", required=False) or "",
-        schema_version=version,
+        dropped_declarations=dropped,
     )
 
 

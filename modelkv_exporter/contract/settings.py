@@ -14,7 +14,7 @@ from typing import Any
 from modelkv_exporter.contract import limits
 from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SPOOL_BYTES, DEFAULT_MAX_SPOOL_FILES
 from modelkv_exporter.contract.sizes import parse_bytes
-from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS
+from modelkv_exporter.contract.state import DEFAULT_FORGET_AFTER_SECONDS, DEFAULT_STALE_AFTER_SECONDS
 
 
 def _whole_number(text: str) -> int:
@@ -160,6 +160,17 @@ SETTINGS: tuple[Setting, ...] = (
         },
     ),
     Setting(
+        "forget_after",
+        non_negative_float,
+        "Seconds after its last heartbeat at which a stale or ended engine's file is forgotten: no longer exported, "
+        'only counted (modelkv_exporter_spool_files{state="forgotten"}); 0 never forgets.',
+        {
+            "serve": DEFAULT_FORGET_AFTER_SECONDS,
+            "demo": DEFAULT_FORGET_AFTER_SECONDS,
+            "inspect": DEFAULT_FORGET_AFTER_SECONDS,
+        },
+    ),
+    Setting(
         "max_snapshot_bytes",
         byte_size,
         "Snapshot files larger than this are rejected unread (262144, 256KiB).",
@@ -196,7 +207,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "engine_id",
         str,
-        "Prefix of the engine ids the plugin publishes under (default: the served model name); "
+        "Prefix of the engine ids the plugin publishes under (default: the served model name, else the "
+        "model directory's name); "
         "set it when two engines in one pod serve the same model name.",
         {ENGINE: ""},
     ),

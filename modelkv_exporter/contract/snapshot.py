@@ -14,8 +14,16 @@ from typing import Any
 
 from modelkv_exporter.contract.vocabulary import RowDriver
 
-SCHEMA_VERSION = 1
-"""Bumped only by an incompatible change; additive fields keep the version."""
+SCHEMA_VERSION = 2
+"""The newest ``schema_version`` this package reads and writes.
+
+Bumped only by an incompatible change; additive fields keep the version. A document is
+written with the oldest version whose readers read it right (``Snapshot.schema_version``), so
+a sidecar that predates a bump keeps reading every document that does not need it.
+"""
+
+MAX_NUM_SEQS_OPTIONAL = 2
+"""The first version in which ``settings.max_num_seqs`` may be absent (an engine without one)."""
 
 
 @dataclass(frozen=True)
@@ -62,9 +70,13 @@ class EngineIdentity:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine settings that give declarations and memory their meaning."""
+    """Engine settings that give declarations and memory their meaning.
 
-    max_num_seqs: int
+    ``max_num_seqs`` is None when the engine has no such setting or does not say; its
+    declarations are then all ``FIXED``.
+    """
+
+    max_num_seqs: int | None
     gpu_memory_utilization: float | None = None
     paged_kv_bytes: int | None = None
     paged_kv_blocks: int | None = None
@@ -92,6 +104,17 @@ class Declaration:
     bytes_per_row: int
     row_count: int
     peak_bytes: int
+
+
+@dataclass(frozen=True)
+class DroppedDeclaration:
+    """Declarations of one owner that the engine could not publish, and why."""
+
+    owner: str
+    owner_class: str
+    reason: str
+    count: int
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,12 +150,29 @@ class Snapshot:
     heartbeat_interval_seconds: float | None = None
     ended: bool = False
     writer: str = ""
-    schema_version: int = SCHEMA_VERSION
+    dropped_declarations: tuple[DroppedDeclaration, ...] | None = None
+    """Declarations the engine could not publish; None when the writer does not report them (older hooks)."""
+
+    @property
+    def schema_version(self) -> int:
+        """The oldest version whose readers read this snapshot right: 1, or 2 without ``max_num_seqs``.
+
+        A version-1 sidecar requires ``max_num_seqs``; given a document without it, it must
+        say "upgrade the sidecar" (``unsupported_version``), not "invalid snapshot".
+        """
+        return SCHEMA_VERSION if self.settings.max_num_seqs is None else 1
 
     @property
     def declared_peak_bytes(self) -> int:
         """Sum of every declaration's peak bytes."""
         return sum(d.peak_bytes for d in self.declarations)
+
+    @property
+    def dropped_count(self) -> int | None:
+        """How many declarations the engine dropped (a declarer that raised counts once); None when unreported."""
+        if self.dropped_declarations is None:
+            return None
+        return sum(d.count for d in self.dropped_declarations)
 
     @property
     def per_sequence_bytes(self) -> int:
@@ -160,6 +200,9 @@ class Snapshot:
             "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
             "ended": self.ended,
             "writer": self.writer,
+            "dropped_declarations": None
+            if self.dropped_declarations is None
+            else [dict(vars(d)) for d in self.dropped_declarations],
         }
 
     def to_json(self) -> bytes:

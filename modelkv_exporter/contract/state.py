@@ -16,6 +16,7 @@ from modelkv_exporter.contract.scan import SpoolEntry, SpoolScan
 from modelkv_exporter.contract.snapshot import Snapshot
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
+DEFAULT_FORGET_AFTER_SECONDS = 3600.0
 CLOCK_SKEW_SECONDS = 10.0
 """How far in the future a heartbeat may be before its engine is called stale (engine and sidecar share a node's clock)."""
 
@@ -34,6 +35,9 @@ class EngineState(str, Enum):
 
     REJECTED = "rejected"
     """The file could not be used (see its reason): nothing is exported."""
+
+    FORGOTTEN = "forgotten"
+    """Stale or ended for longer than ``forget_after``: nothing is exported, the file is only counted."""
 
 
 def stale_at(snapshot: Snapshot, stale_after: float) -> float:
@@ -61,11 +65,24 @@ def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
     return now > stale_at(snapshot, stale_after) or now < trusted_from(snapshot)
 
 
-def engine_state(snapshot: Snapshot, now: float, stale_after: float) -> EngineState:
-    """``ENDED``, ``STALE`` or ``EXPORTED`` for a usable snapshot."""
+def forget_at(snapshot: Snapshot, forget_after: float) -> float:
+    """When an ended or stale snapshot is forgotten: ``forget_after`` seconds after its heartbeat (0: never)."""
+    return snapshot.heartbeat_at + forget_after if forget_after > 0 else math.inf
+
+
+def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_after: float = 0.0) -> EngineState:
+    """``ENDED``, ``STALE``, ``EXPORTED`` or ``FORGOTTEN`` for a usable snapshot.
+
+    An ended or stale snapshot whose heartbeat is older than ``forget_after`` seconds (0: never) is
+    forgotten. A fresh one never is, however long ``forget_after``: a one-shot snapshot is never stale.
+    """
     if snapshot.ended:
-        return EngineState.ENDED
-    return EngineState.STALE if is_stale(snapshot, now, stale_after) else EngineState.EXPORTED
+        state = EngineState.ENDED
+    elif is_stale(snapshot, now, stale_after):
+        state = EngineState.STALE
+    else:
+        return EngineState.EXPORTED
+    return EngineState.FORGOTTEN if now > forget_at(snapshot, forget_after) else state
 
 
 def snapshot_age(snapshot: Snapshot, now: float) -> float:
@@ -92,8 +109,8 @@ class SpoolView:
     """A scan with every entry classified at one instant.
 
     ``until`` is the first instant at which a state of this classification could change
-    without the spool changing (an exported engine going stale): until then the same
-    classification holds for any later ``now``.
+    without the spool changing (an exported engine going stale, a stale or ended one being
+    forgotten): until then the same classification holds for any later ``now``.
     """
 
     scan: SpoolScan
@@ -132,24 +149,21 @@ class SpoolView:
         return [item.entry for item in self.entries if item.state is EngineState.REJECTED]
 
 
-def classify(scan: SpoolScan, now: float, stale_after: float) -> SpoolView:
-    """Every entry of ``scan`` with its state at ``now``."""
+def classify(scan: SpoolScan, now: float, stale_after: float, forget_after: float = 0.0) -> SpoolView:
+    """Every entry of ``scan`` with its state at ``now``; ``forget_after`` 0 never forgets."""
     entries = []
     until = math.inf
     for entry in scan.entries:
         snapshot = entry.snapshot
         if snapshot is None:
             entries.append(Classified(entry, EngineState.REJECTED))
-        elif snapshot.ended:
-            entries.append(Classified(entry, EngineState.ENDED))
-        else:
-            deadline, trusted = stale_at(snapshot, stale_after), trusted_from(snapshot)
-            if now < trusted:
-                stale, changes = True, trusted
-            elif now > deadline:
-                stale, changes = True, math.inf
-            else:
-                stale, changes = False, deadline
-            until = min(until, changes)
-            entries.append(Classified(entry, EngineState.STALE if stale else EngineState.EXPORTED))
+            continue
+        state = engine_state(snapshot, now, stale_after, forget_after)
+        if state is EngineState.EXPORTED:
+            until = min(until, stale_at(snapshot, stale_after))
+        elif state is not EngineState.FORGOTTEN:
+            until = min(until, forget_at(snapshot, forget_after))
+            if now < trusted_from(snapshot):
+                until = min(until, trusted_from(snapshot))
+        entries.append(Classified(entry, state))
     return SpoolView(scan, now, tuple(entries), until)

@@ -66,8 +66,25 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement("device_total", "total bytes of the device (cudaMemGetInfo)", False),
     Measurement("process_gpu", "GPU bytes NVML attributes to the engine process", True),
     Measurement("process_resident", "resident host memory of the engine process (a CPU engine's device memory)", True),
+    Measurement(
+        "torch_allocated_high_water",
+        "highest bytes in live tensors over the last two minutes of samples (torch.cuda.max_memory_allocated, its "
+        "peak reset after each sample once the engine initialised); its baseline adds the activation peak vLLM "
+        "profiled to the live tensors after initialisation",
+        True,
+    ),
 )
 SOURCES: frozenset[str] = frozenset(m.source for m in MEASUREMENTS)
 
 GROWTH_SOURCES: tuple[str, ...] = ("process_gpu", "torch_reserved", "process_resident")
 """Sources an engine's memory growth is measured from, most complete first; the rules and the landing page agree."""
+
+
+class DropReason(str, Enum):
+    """Why an engine could not publish a declaration its model makes."""
+
+    DECLARER_RAISED = "declarer_raised"
+    """The owner's ``model_local_kv_specs()`` raised: how many specs it would have declared is unknown."""
+
+    UNRESOLVABLE_SPEC = "unresolvable_spec"
+    """A spec the owner returned could not be resolved (a missing or malformed field)."""

@@ -30,7 +30,10 @@ __all__ = [
     "ModelLocalKVScope",
     "ModelLocalKVSpec",
     "RowDriver",
+    "Collected",
+    "DeclarerFailure",
     "OwnedSpec",
+    "collect_declarations",
     "collect_model_local_kv_specs",
     "collect_owned_specs",
     "driver_value",
@@ -280,26 +283,55 @@ class OwnedSpec(NamedTuple):
     spec: Any
 
 
-def collect_owned_specs(model: object) -> list[OwnedSpec]:
-    """Every declaration in a loaded model, with its owner's path and class.
+ERROR_CHARS = 300
+"""How much of an exception's text a dropped declaration keeps."""
+
+
+def error_text(error: BaseException) -> str:
+    """``Type: message`` of an exception, cut to ``ERROR_CHARS``."""
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 1] + "…"
+
+
+class DeclarerFailure(NamedTuple):
+    """An owner whose ``model_local_kv_specs()`` raised (or returned something that is not a sequence)."""
+
+    owner_path: str
+    owner_class: str
+    error: str
+
+
+class Collected(NamedTuple):
+    """Every declaration a model made, and every declarer that failed to make its own."""
+
+    specs: list[OwnedSpec]
+    failures: list[DeclarerFailure]
+
+
+def collect_declarations(model: object) -> Collected:
+    """Every declaration in a loaded model with its owner's path and class, and the declarers that failed.
 
     Walks ``named_modules()`` from the unwrapped root; each owner is asked once.
-    A declarer that raises is logged and skipped: reporting memory must never
-    break model load. A model without declarers gives an empty list.
+    A declarer that raises is logged, recorded and skipped: reporting memory must
+    never break model load. A model without declarers gives two empty lists.
     """
     collected: list[OwnedSpec] = []
+    failures: list[DeclarerFailure] = []
     for path, owner in _owners(_unwrap_to_module(model)):
+        owner_class = type(owner).__name__
         try:
-            specs = owner.model_local_kv_specs()
-        except Exception:
-            logger.warning(
-                "model_local_kv_specs() raised on %s; skipping its declaration",
-                type(owner).__name__,
-                exc_info=True,
-            )
+            specs = list(owner.model_local_kv_specs())
+        except Exception as error:
+            logger.warning("model_local_kv_specs() raised on %s; skipping its declaration", owner_class, exc_info=True)
+            failures.append(DeclarerFailure(path, owner_class, error_text(error)))
             continue
-        collected.extend(OwnedSpec(path, type(owner).__name__, spec) for spec in specs)
-    return collected
+        collected.extend(OwnedSpec(path, owner_class, spec) for spec in specs)
+    return Collected(collected, failures)
+
+
+def collect_owned_specs(model: object) -> list[OwnedSpec]:
+    """Every declaration in a loaded model, with its owner's path and class (failed declarers logged and skipped)."""
+    return collect_declarations(model).specs
 
 
 def collect_model_local_kv_specs(model: object) -> list[tuple[str, Any]]:

@@ -12,15 +12,21 @@ from typing import Any
 from modelkv_exporter import __version__
 from modelkv_exporter.contract.snapshot import EngineIdentity, EngineSettings, Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.engine.protocol import collect_owned_specs
-from modelkv_exporter.engine.resolve import resolve_declarations
+from modelkv_exporter.engine.protocol import collect_declarations
+from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
 
 _IDENTITY_FIELDS = frozenset(f.name for f in fields(EngineIdentity)) - {"engine_id"}
 _SETTING_FIELDS = frozenset(f.name for f in fields(EngineSettings)) - {"max_num_seqs"}
 
 
-def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **identity: Any) -> Snapshot:
+def build_snapshot(model: object, /, *, max_num_seqs: int | None, engine_id: str, **identity: Any) -> Snapshot:
     """Collect ``model``'s declarations, resolve them at ``max_num_seqs``, and add identity.
+
+    Declarers that raised and specs that could not be resolved are recorded in
+    ``dropped_declarations`` (and logged), never raised. ``max_num_seqs=None`` is for an
+    engine without one: only ``FIXED`` declarations are published (per-sequence ones are
+    dropped as unresolvable), and the snapshot says so (``settings.max_num_seqs`` absent,
+    schema_version 2).
 
     Keyword arguments name ``EngineIdentity`` fields (``model``, ``stage_name``,
     ``tp_rank``, ...) or ``EngineSettings`` fields (``gpu_memory_utilization``,
@@ -29,11 +35,13 @@ def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **ide
     unknown = identity.keys() - _IDENTITY_FIELDS - _SETTING_FIELDS
     if unknown:
         raise TypeError(f"unknown snapshot fields: {', '.join(sorted(unknown))}")
-    if max_num_seqs < 1:
+    if max_num_seqs is not None and max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
     who = {k: v for k, v in identity.items() if k in _IDENTITY_FIELDS}
     who.setdefault("pid", os.getpid())
     who.setdefault("hostname", socket.gethostname())
+    collected = collect_declarations(model)
+    declarations, unresolved = resolve_owned(collected.specs, max_num_seqs)
     now = time.time()
     return Snapshot(
         engine=EngineIdentity(engine_id=engine_id, **who),
@@ -41,10 +49,11 @@ def build_snapshot(model: object, /, *, max_num_seqs: int, engine_id: str, **ide
             max_num_seqs=max_num_seqs,
             **{k: v for k, v in identity.items() if k in _SETTING_FIELDS},
         ),
-        declarations=resolve_declarations(collect_owned_specs(model), max_num_seqs),
+        declarations=declarations,
         started_at=now,
         heartbeat_at=now,
         writer=f"modelkv-exporter/{__version__}",
+        dropped_declarations=declarer_failures(collected.failures) + unresolved,
     )
 
 
@@ -53,7 +62,7 @@ def publish(
     /,
     *,
     spool_dir: str | os.PathLike[str],
-    max_num_seqs: int,
+    max_num_seqs: int | None,
     engine_id: str,
     **identity: Any,
 ) -> Path:

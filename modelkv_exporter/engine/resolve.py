@@ -7,9 +7,10 @@ from dataclasses import replace
 from typing import Any
 
 from modelkv_exporter.contract import arithmetic
-from modelkv_exporter.contract.snapshot import Declaration
+from modelkv_exporter.contract.snapshot import Declaration, DroppedDeclaration
+from modelkv_exporter.contract.vocabulary import DropReason, RowDriver
 from modelkv_exporter.engine.log import get_logger
-from modelkv_exporter.engine.protocol import OwnedSpec, driver_value, element_size
+from modelkv_exporter.engine.protocol import DeclarerFailure, OwnedSpec, driver_value, element_size, error_text
 
 logger = get_logger("resolve")
 
@@ -19,9 +20,15 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_seqs: int) -> Declaration:
-    """One spec, duck-typed, resolved at the engine's ``max_num_seqs``."""
+def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_seqs: int | None) -> Declaration:
+    """One spec, duck-typed, resolved at the engine's ``max_num_seqs``.
+
+    Without ``max_num_seqs`` (an engine that has none) a per-sequence spec has no peak: it
+    raises rather than being published at a made-up row count.
+    """
     driver = driver_value(spec.rows)
+    if max_num_seqs is None and driver != RowDriver.FIXED.value:
+        raise ValueError(f"{spec.name!r} has rows per sequence, but this engine has no max_num_seqs")
     size = element_size(spec.dtype)
     per_row = arithmetic.bytes_per_row(
         layers=int(spec.layers),
@@ -30,7 +37,7 @@ def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_
         positions=int(spec.physical_capacity_positions),
         element_size=size,
     )
-    rows = arithmetic.row_count(driver, int(spec.rows_fixed), max_num_seqs)
+    rows = arithmetic.row_count(driver, int(spec.rows_fixed), max_num_seqs or 1)
     return Declaration(
         owner=owner_path,
         owner_class=owner_class,
@@ -53,19 +60,29 @@ def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_
     )
 
 
-def resolve_declarations(owned: Iterable[OwnedSpec], max_num_seqs: int) -> tuple[Declaration, ...]:
-    """Resolve every owned spec; a spec that cannot be resolved is logged and skipped.
+def resolve_declarations(owned: Iterable[OwnedSpec], max_num_seqs: int | None) -> tuple[Declaration, ...]:
+    """Resolve every owned spec; a spec that cannot be resolved is logged and skipped."""
+    return resolve_owned(owned, max_num_seqs)[0]
+
+
+def resolve_owned(
+    owned: Iterable[OwnedSpec], max_num_seqs: int | None
+) -> tuple[tuple[Declaration, ...], tuple[DroppedDeclaration, ...]]:
+    """Resolve every owned spec, and count per owner those that cannot be resolved (logged and skipped).
 
     Two specs with the same owner and name (a declarer bug) keep both, the second
     renamed ``name#2``, so no bytes disappear and no exported series collides.
     """
     resolved: list[Declaration] = []
+    unresolved: dict[tuple[str, str], tuple[int, str]] = {}
     seen: set[tuple[str, str]] = set()
     for item in owned:
         try:
             declaration = declaration_from_spec(item.owner_path, item.owner_class, item.spec, max_num_seqs)
-        except Exception:
+        except Exception as error:
             logger.warning("cannot resolve a spec of %s; skipping it", item.owner_class, exc_info=True)
+            count, first = unresolved.get((item.owner_path, item.owner_class), (0, error_text(error)))
+            unresolved[(item.owner_path, item.owner_class)] = (count + 1, first)
             continue
         name, n = declaration.name, 1
         while (declaration.owner, name) in seen:
@@ -78,4 +95,15 @@ def resolve_declarations(owned: Iterable[OwnedSpec], max_num_seqs: int) -> tuple
             declaration = replace(declaration, name=name)
         seen.add((declaration.owner, name))
         resolved.append(declaration)
-    return tuple(resolved)
+    dropped = tuple(
+        DroppedDeclaration(path, owner_class, DropReason.UNRESOLVABLE_SPEC.value, count, error)
+        for (path, owner_class), (count, error) in unresolved.items()
+    )
+    return tuple(resolved), dropped
+
+
+def declarer_failures(failures: Iterable[DeclarerFailure]) -> tuple[DroppedDeclaration, ...]:
+    """Each failed declarer as a dropped declaration (count 1: how many specs it would have made is unknown)."""
+    return tuple(
+        DroppedDeclaration(f.owner_path, f.owner_class, DropReason.DECLARER_RAISED.value, 1, f.error) for f in failures
+    )

@@ -8,7 +8,9 @@ only the standard library; torch is imported when a CUDA device asks for it.
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +21,7 @@ from modelkv_exporter.engine.log import get_logger
 logger = get_logger("samplers")
 
 Sampler = Callable[[], MemorySample]
-"""Takes one sample of the engine process's memory."""
+"""Takes one sample of the engine process's memory (a ``MemorySampler`` or any function)."""
 
 
 def process_resident_bytes(pid: int | str = "self") -> int | None:
@@ -72,30 +74,116 @@ def nvml_process_bytes(nvml: Any, device_id: str | int, pid: int) -> int | None:
     return None
 
 
-def cuda_sampler(cuda: Any, device: Any, nvml: Any | None, nvml_device: str | int | None) -> Sampler:
-    """A sampler of the torch CUDA allocator, the whole device and (when available) NVML."""
-    pid = os.getpid()
+HIGH_WATER_SECONDS = 120.0
+"""How far back ``torch_allocated_high_water`` reaches: two scrapes at the common one-minute interval."""
 
-    def sample() -> MemorySample:
-        values: dict[str, int] = {}
-        readings: tuple[tuple[str, Callable[[], int]], ...] = (
-            ("torch_allocated", lambda: cuda.memory_allocated(device)),
-            ("torch_reserved", lambda: cuda.memory_reserved(device)),
-            ("torch_peak_allocated", lambda: cuda.max_memory_allocated(device)),
-        )
-        for source, read in readings:
-            try:
-                values[source] = int(read())
-            except Exception:
-                pass
+
+class MemorySampler:
+    """Takes samples of the engine process's memory; ``initialised`` marks the end of the engine's initialisation.
+
+    The base class samples what the host can tell (resident memory); ``CudaSampler`` adds CUDA and NVML.
+    """
+
+    def __call__(self) -> MemorySample:
+        """One sample now."""
+        return sample_host_memory()
+
+    def initialised(self, activation_budget: int | None = None) -> MemorySample:
+        """The engine finished initialising: return the baseline sample (the budget is for CUDA samplers)."""
+        return self()
+
+
+class CudaSampler(MemorySampler):
+    """Samples the torch CUDA allocator, the whole device, NVML (when available) and host memory.
+
+    ``torch_allocated_high_water`` is the highest live-tensor figure of the samples of the last
+    ``HIGH_WATER_SECONDS``, each sample reporting torch's peak since the one before, so that an
+    allocation that lives between two samples is still seen. Torch keeps a single peak per device,
+    which vLLM resets and reads while it loads and profiles: this sampler only reads it until
+    ``initialised`` is called, and from then on resets it after each reading.
+    """
+
+    def __init__(
+        self,
+        cuda: Any,
+        device: Any,
+        nvml: Any | None = None,
+        nvml_device: str | int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cuda = cuda
+        self.device = device
+        self.nvml = nvml
+        self.nvml_device = nvml_device
+        self.clock = clock
+        self.pid = os.getpid()
+        self.resetting = False
+        self._lock = threading.Lock()
+        self._peaks: collections.deque[tuple[float, int]] = collections.deque()
+        self._peak_since_start = 0
+
+    def __call__(self) -> MemorySample:
+        with self._lock:
+            return self._sample()
+
+    def initialised(self, activation_budget: int | None = None) -> MemorySample:
+        """The baseline sample, and the start of peak resets.
+
+        The baseline's high-water mark is the highest of the peak seen while initialising and the
+        live tensors now plus ``activation_budget`` (the activation peak the engine profiled and
+        budgeted for): what the engine's memory plan allows live tensors to reach.
+        """
+        with self._lock:
+            sample = self._sample()
+            self.resetting = True
+            self._reset_peak()
+            self._peaks.clear()
+            values = dict(sample.values)
+            allocated = values.get("torch_allocated")
+            if allocated is not None and activation_budget:
+                high = max(values.get("torch_allocated_high_water", 0), allocated + activation_budget)
+                values["torch_allocated_high_water"] = high
+            return MemorySample(sample.sampled_at, values)
+
+    def _reset_peak(self) -> None:
+        try:
+            self.cuda.reset_peak_memory_stats(self.device)
+        except Exception:
+            pass
+
+    def _read(self, read: Callable[[], Any]) -> int | None:
+        try:
+            return int(read())
+        except Exception:
+            return None
+
+    def _sample(self) -> MemorySample:
+        cuda, device = self.cuda, self.device
+        readings = {
+            "torch_allocated": self._read(lambda: cuda.memory_allocated(device)),
+            "torch_reserved": self._read(lambda: cuda.memory_reserved(device)),
+        }
+        values = {source: value for source, value in readings.items() if value is not None}
+        peak = self._read(lambda: cuda.max_memory_allocated(device))
+        if peak is not None:
+            if self.resetting:
+                self._reset_peak()
+            now = self.clock()
+            self._peaks.append((now, peak))
+            while self._peaks[0][0] < now - HIGH_WATER_SECONDS:
+                self._peaks.popleft()
+            high = max(p for _, p in self._peaks)
+            values["torch_allocated_high_water"] = max(high, values.get("torch_allocated", 0))
+            self._peak_since_start = max(self._peak_since_start, peak)
+            values["torch_peak_allocated"] = self._peak_since_start
         try:
             free, total = cuda.mem_get_info(device)
             values["device_used"] = int(total) - int(free)
             values["device_total"] = int(total)
         except Exception:
             pass
-        if nvml is not None and nvml_device is not None:
-            used = nvml_process_bytes(nvml, nvml_device, pid)
+        if self.nvml is not None and self.nvml_device is not None:
+            used = nvml_process_bytes(self.nvml, self.nvml_device, self.pid)
             if used is not None:
                 values["process_gpu"] = used
         rss = process_resident_bytes()
@@ -103,17 +191,20 @@ def cuda_sampler(cuda: Any, device: Any, nvml: Any | None, nvml_device: str | in
             values["process_resident"] = rss
         return MemorySample(sampled_at=time.time(), values=values)
 
-    return sample
+
+def cuda_sampler(cuda: Any, device: Any, nvml: Any | None, nvml_device: str | int | None) -> CudaSampler:
+    """A sampler of the torch CUDA allocator, the whole device and (when available) NVML."""
+    return CudaSampler(cuda, device, nvml, nvml_device)
 
 
-def sampler_for(device: Any) -> Sampler:
+def sampler_for(device: Any) -> MemorySampler:
     """The right sampler for a worker's ``torch.device``."""
     if getattr(device, "type", None) == "cuda":
         import torch
 
         nvml = load_nvml()
-        return cuda_sampler(torch.cuda, device, nvml, physical_device_id(device) if nvml else None)
-    return sample_host_memory  # a CPU engine keeps weights and KV in host memory: RSS is its device figure
+        return CudaSampler(torch.cuda, device, nvml, physical_device_id(device) if nvml else None)
+    return MemorySampler()  # a CPU engine keeps weights and KV in host memory: RSS is its device figure
 
 
 def physical_device_id(device: Any) -> str | int | None:

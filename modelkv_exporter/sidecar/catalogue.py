@@ -99,6 +99,13 @@ _METRICS: list[Metric] = [
         _D,
     ),
     Metric(
+        "modelkv_declarations_dropped",
+        "gauge",
+        "Declarations of one owner the engine could not publish, by reason (declarer_raised, unresolvable_spec).",
+        (*ENGINE, "owner", "reason"),
+        _D,
+    ),
+    Metric(
         "modelkv_engine_info",
         "info",
         "Identity of one engine process that publishes declarations.",
@@ -115,7 +122,7 @@ _METRICS: list[Metric] = [
     Metric(
         "modelkv_engine_max_num_seqs",
         "gauge",
-        "The engine's max_num_seqs, at which MAX_NUM_SEQS declarations are resolved.",
+        "The engine's max_num_seqs, at which MAX_NUM_SEQS declarations are resolved (absent when it has none).",
         ENGINE,
         _E,
     ),
@@ -157,6 +164,14 @@ _METRICS: list[Metric] = [
     Metric("modelkv_engine_snapshot_age_seconds", "gauge", "Seconds since the engine's last heartbeat.", ENGINE, _E),
     Metric(
         "modelkv_engine_start_time_seconds", "gauge", "Unix time the engine process started publishing.", ENGINE, _E
+    ),
+    Metric(
+        "modelkv_engine_declarations_dropped",
+        "gauge",
+        "Declarations the engine could not publish (a declarer that raised counts once); absent when its hook "
+        "does not report them.",
+        ENGINE,
+        _E,
     ),
     *[Metric(f"modelkv_memory_{m.source}_bytes", "gauge", f"Measured: {m.meaning}.", ENGINE, _M) for m in MEASUREMENTS],
     *[

@@ -60,9 +60,9 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> Non
 
     settings = snapshot.settings
     add("modelkv_engine_declarations", engine, len(snapshot.declarations))
-    add("modelkv_engine_max_num_seqs", engine, settings.max_num_seqs)
     add("modelkv_engine_declared_per_sequence_bytes", engine, snapshot.per_sequence_bytes)
     optional = (
+        ("modelkv_engine_max_num_seqs", settings.max_num_seqs),
         ("modelkv_engine_gpu_memory_utilization_ratio", settings.gpu_memory_utilization),
         ("modelkv_engine_paged_kv_bytes", settings.paged_kv_bytes),
         ("modelkv_engine_paged_kv_blocks", settings.paged_kv_blocks),
@@ -70,6 +70,15 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> Non
     for name, value in optional:
         if value is not None:
             add(name, engine, value)
+
+    if snapshot.dropped_count is not None:
+        add("modelkv_engine_declarations_dropped", engine, snapshot.dropped_count)
+    dropped: dict[tuple[str, str], int] = {}
+    for item in snapshot.dropped_declarations or ():
+        key = (label(item.owner or ROOT_OWNER), label(item.reason))
+        dropped[key] = dropped.get(key, 0) + item.count
+    for (owner_label, reason), count in dropped.items():
+        add("modelkv_declarations_dropped", [*engine, owner_label, reason], count)
 
     for d in snapshot.declarations:
         owner = label(d.owner or ROOT_OWNER)

@@ -15,7 +15,12 @@ from modelkv_exporter.contract.scan import (
     SpoolReader,
     SpoolScan,
 )
-from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS, SpoolView, classify
+from modelkv_exporter.contract.state import (
+    DEFAULT_FORGET_AFTER_SECONDS,
+    DEFAULT_STALE_AFTER_SECONDS,
+    SpoolView,
+    classify,
+)
 from modelkv_exporter.sidecar.budget import Admission, Budget
 from modelkv_exporter.sidecar.log import get_logger
 
@@ -24,18 +29,21 @@ LOG = get_logger("spool")
 
 @dataclass
 class SpoolSource:
-    """A spool reader, its admission, the staleness threshold and the clock: everything a view of the spool needs.
+    """A spool reader, its admission, the staleness and forgetting thresholds and the clock: everything a view
+    of the spool needs.
 
     The last classification is reused while the reader returns the same scan and no engine's
-    heartbeat deadline has passed (``SpoolView.until``): a scrape of an unchanged spool
-    classifies nothing. What HTTP clients are not told is logged: why the spool cannot be listed
-    (once per change) and why each file version was rejected (once per version), OS errors included.
+    deadline has passed (``SpoolView.until``: going stale, being forgotten, or a heartbeat from the
+    future coming due): a scrape of an unchanged spool classifies nothing. What HTTP clients are
+    not told is logged: why the spool cannot be listed (once per change) and why each file version
+    was rejected (once per version), OS errors included.
     """
 
     reader: SpoolReader
     stale_after: float = DEFAULT_STALE_AFTER_SECONDS
     clock: Callable[[], float] = field(default=time.time)
     admission: Admission | None = None
+    forget_after: float = DEFAULT_FORGET_AFTER_SECONDS
     _last: SpoolView | None = field(default=None, init=False, repr=False)
     _logged: set[tuple[str, int]] = field(default_factory=set, repr=False)
     _listing_error: str | None = field(default=None, repr=False)
@@ -51,6 +59,7 @@ class SpoolSource:
         max_files: int = DEFAULT_MAX_SPOOL_FILES,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
         stale_after: float = DEFAULT_STALE_AFTER_SECONDS,
+        forget_after: float = DEFAULT_FORGET_AFTER_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> SpoolSource:
         """A source over ``directory`` whose reader checks each snapshot against ``budget`` as it parses it."""
@@ -58,7 +67,7 @@ class SpoolSource:
         reader = SpoolReader(
             directory, max_bytes=max_bytes, max_files=max_files, max_spool_bytes=max_spool_bytes, admit=admission.check
         )
-        return cls(reader, stale_after, clock, admission)
+        return cls(reader, stale_after, clock, admission, forget_after)
 
     def view(self) -> SpoolView:
         """Scan the spool now, admit it within the budget, and classify every file."""
@@ -72,7 +81,7 @@ class SpoolSource:
         else:
             if last is None or last.scan is not scan:
                 self._log(scan)
-            view = classify(scan, now, self.stale_after)
+            view = classify(scan, now, self.stale_after, self.forget_after)
         self._last = view
         return view
 

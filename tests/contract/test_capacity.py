@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from modelkv_exporter.contract.capacity import declared_peak_at, largest_fitting
 from modelkv_exporter.contract.sizes import parse_bytes
+from modelkv_exporter.contract.snapshot import DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
 from tests.support.snapshots import make_declaration, make_snapshot
 
@@ -73,6 +76,16 @@ def test_inspect_prints_every_field_and_every_rejection(spool: Path) -> None:
         assert text in out, text
 
 
+def test_inspect_shows_dropped_declarations_and_forgotten_engines(spool: Path) -> None:
+    dropped = (DroppedDeclaration("talker.decoder", "TalkerDecoder", "declarer_raised", 1, "KeyError: 'heads'"),)
+    write_snapshot(spool, replace(make_snapshot("broken-declarer"), dropped_declarations=dropped))
+    write_snapshot(spool, make_snapshot("old-id", heartbeat_at=time.time() - 7200, interval=5.0))
+    out = cli("inspect", str(spool)).stdout
+    assert "dropped: 1 of talker.decoder (TalkerDecoder), declarer_raised: KeyError: 'heads'" in out
+    assert "engine old-id [forgotten]" in out
+    assert "engine old-id [stale]" in cli("inspect", "--forget-after", "0", str(spool)).stdout
+
+
 def test_plan_answers_with_and_without_a_budget(spool: Path) -> None:
     write_snapshot(spool, SNAPSHOT)
     result = cli("plan", "--spool-dir", str(spool), "--max-num-seqs", "64", "--budget", f"{ROW * 20 + 5}")
@@ -84,3 +97,16 @@ def test_plan_answers_with_and_without_a_budget(spool: Path) -> None:
     assert "largest" not in plain and "code2wav" in plain
     assert cli("plan", str(spool)).returncode == 2
     assert "give DIR" in cli("inspect").stderr
+
+
+def test_inspect_and_plan_say_when_an_engine_has_no_max_num_seqs(spool: Path) -> None:
+    write_snapshot(spool, make_snapshot("image", declarations=(POOL,), max_num_seqs=None, stage_id=2))
+    inspected = cli("inspect", str(spool))
+    assert inspected.returncode == 0, inspected.stderr
+    assert "stage 2, max_num_seqs none\n" in inspected.stdout and "None" not in inspected.stdout
+    planned = cli("plan", str(spool), "--max-num-seqs", "64", "--budget", f"{ROW * 7}")
+    assert planned.returncode == 0, planned.stderr
+    (row,) = [line for line in planned.stdout.splitlines() if line.startswith("image")]
+    assert row.split()[:3] == ["image", "2", "—"]
+    assert row.count(f"{ROW * 7 / 2**20:.1f} MiB") == 2, "the peak now and at 64 sequences: the fixed part alone"
+    assert row.endswith("any (nothing scales with it)")

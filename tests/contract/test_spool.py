@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -18,7 +19,7 @@ import pytest
 
 from modelkv_exporter.contract.decode import RejectReason, SnapshotError, parse_snapshot
 from modelkv_exporter.contract.scan import FULL_SCAN_EVERY_SECONDS, SETTLE_NS, SpoolReader, read_snapshot_file
-from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, DroppedDeclaration
 from modelkv_exporter.contract.spool import snapshot_file_name, write_snapshot
 from tests.support import ROOT
 from tests.support.snapshots import make_declaration, make_snapshot
@@ -60,6 +61,19 @@ def test_file_names_are_distinct_and_safe() -> None:
     assert snapshot_file_name("ok-1.2") == "ok-1.2.json"
 
 
+def test_dropped_declarations_round_trip_and_older_writers_report_none() -> None:
+    dropped = (
+        DroppedDeclaration("talker", "Talker", "declarer_raised", 1, "RuntimeError: boom"),
+        DroppedDeclaration("", "Root", "a_reason_from_a_newer_hook", 2),
+    )
+    snapshot = replace(make_snapshot("e"), dropped_declarations=dropped)
+    again = parse_snapshot(snapshot.to_json())
+    assert again.dropped_declarations == dropped and again.dropped_count == 3
+    jsonschema.validate(snapshot.to_dict(), SCHEMA)
+    older = {k: v for k, v in snapshot.to_dict().items() if k != "dropped_declarations"}
+    assert parse_snapshot(json.dumps(older).encode()).dropped_count is None, "not reported is not zero"
+
+
 def test_older_and_unknown_fields_are_read_newer_versions_are_refused() -> None:
     doc = document(future_field={"x": 1}, schema_version=SCHEMA_VERSION)
     doc["engine"]["future_identity"] = "y"
@@ -67,6 +81,49 @@ def test_older_and_unknown_fields_are_read_newer_versions_are_refused() -> None:
     with pytest.raises(SnapshotError) as caught:
         parse_snapshot(json.dumps(document(schema_version=SCHEMA_VERSION + 1)).encode())
     assert caught.value.reason is RejectReason.UNSUPPORTED_VERSION and "upgrade the sidecar" in str(caught.value)
+
+
+def test_a_snapshot_without_max_num_seqs_is_version_2_and_every_other_stays_version_1() -> None:
+    without = make_snapshot("diffusion", max_num_seqs=None, interval=5.0)
+    doc = without.to_dict()
+    assert doc["schema_version"] == 2 and doc["settings"]["max_num_seqs"] is None
+    jsonschema.validate(doc, SCHEMA)
+    assert parse_snapshot(without.to_json()) == without
+    assert document()["schema_version"] == 1, "an ordinary snapshot stays readable by version-1 sidecars"
+    jsonschema.validate(document(), SCHEMA)
+
+
+def test_a_version_1_sidecar_asks_for_an_upgrade_instead_of_calling_the_snapshot_invalid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from modelkv_exporter.contract import decode
+
+    monkeypatch.setattr(decode, "SCHEMA_VERSION", 1)
+    assert parse_snapshot(json.dumps(document()).encode()).settings.max_num_seqs == 8
+    with pytest.raises(SnapshotError) as caught:
+        parse_snapshot(make_snapshot("diffusion", max_num_seqs=None).to_json())
+    assert caught.value.reason is RejectReason.UNSUPPORTED_VERSION and "upgrade the sidecar" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "version,rows,problem",
+    [
+        (1, "fixed", "settings.max_num_seqs: required field is missing"),
+        (2, "max_num_seqs", "needs settings.max_num_seqs"),
+    ],
+    ids=["version 1 requires it", "per-sequence rows need it"],
+)
+def test_what_an_absent_max_num_seqs_may_not_do(version: int, rows: str, problem: str) -> None:
+    doc = document(schema_version=version)
+    doc["settings"]["max_num_seqs"] = None
+    doc["declarations"][0]["rows"] = rows
+    if rows == "fixed":
+        doc["declarations"][0].update(rows_fixed=8)
+    with pytest.raises(SnapshotError) as caught:
+        parse_snapshot(json.dumps(doc).encode())
+    assert caught.value.reason is RejectReason.INVALID_SNAPSHOT and problem in str(caught.value)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, SCHEMA)
 
 
 def _declaration_with(**change: object) -> dict:
@@ -114,6 +171,19 @@ BAD_DOCUMENTS: dict[str, tuple[bytes, RejectReason]] = {
         json.dumps(document(declarations=[document()["declarations"][0]] * 2)).encode(),
         RejectReason.INVALID_SNAPSHOT,
     ),
+    "dropped count 0": (
+        json.dumps(
+            document(dropped_declarations=[{"owner": "a", "owner_class": "A", "reason": "declarer_raised", "count": 0}])
+        ).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
+    "dropped odd reason": (
+        json.dumps(
+            document(dropped_declarations=[{"owner": "a", "owner_class": "A", "reason": 'x"}', "count": 1}])
+        ).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
+    "dropped not a list": (json.dumps(document(dropped_declarations={"a": 1})).encode(), RejectReason.INVALID_SNAPSHOT),
     "version 0": (json.dumps(document(schema_version=0)).encode(), RejectReason.INVALID_SNAPSHOT),
     "started after its heartbeat": (
         json.dumps(document(started_at=2_000_000_000.0, heartbeat_at=1_900_000_000.0)).encode(),
@@ -299,7 +369,7 @@ def test_to_dict_has_every_field_of_every_dataclass() -> None:
     from modelkv_exporter.contract.snapshot import Snapshot
 
     snapshot = make_snapshot("e", measured={"a": 1}, baseline={"b": 2}, stage_name="s")
-    expected = asdict(snapshot)
+    expected = {"schema_version": snapshot.schema_version, **asdict(snapshot)}
     expected["declarations"] = list(expected["declarations"])
     assert snapshot.to_dict() == expected
-    assert list(snapshot.to_dict()) == [f.name for f in fields(Snapshot)][-1:] + [f.name for f in fields(Snapshot)][:-1]
+    assert list(snapshot.to_dict()) == ["schema_version", *(f.name for f in fields(Snapshot))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ import yaml
 from modelkv_exporter.contract.settings import SETTINGS
 from tests.support import ROOT
 from tests.support.processes import require_tool
-from tests.support.promql import DASHBOARDS, RULES_FILE
+from tests.support.promql import DASHBOARDS, RULE_TESTS, RULES_FILE
+from tests.support.typescript import run_tsc
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 BUILDS = [KUBERNETES / "base", *sorted(p for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())]
@@ -90,25 +92,7 @@ def test_custom_resources_match_prometheus_operator_models(objects: list[dict[st
         source = MODELS / f"{name}.ts"
         source.write_text("\n".join(lines) + "\n")
         try:
-            tsc = subprocess.run(
-                [
-                    "node",
-                    str(MODELS / "node_modules" / "typescript" / "bin" / "tsc"),
-                    "--strict",
-                    "--noEmit",
-                    "--module",
-                    "nodenext",
-                    "--moduleResolution",
-                    "nodenext",
-                    "--target",
-                    "es2022",
-                    "--skipLibCheck",
-                    str(source),
-                ],
-                capture_output=True,
-                text=True,
-                cwd=MODELS,
-            )
+            tsc = run_tsc(MODELS / "node_modules", source, MODELS)
             if tsc.returncode != 0:
                 return tsc
             runtime = source.with_suffix(".mjs")
@@ -127,8 +111,44 @@ def test_custom_resources_match_prometheus_operator_models(objects: list[dict[st
     wrong_field["spec"]["podMetricsEndpoints"][0]["scrapeInterval"] = "30s"
     assert "scrapeInterval" in check([wrong_field], f"wrong-field-{tmp_path.name}").stdout
     wrong_value = copy.deepcopy(one(custom, "PrometheusRule"))
-    wrong_value["spec"]["groups"][1]["rules"][0]["for"] = "fifteen minutes"
+    (alerting,) = [g for g in wrong_value["spec"]["groups"] if g["name"] == "modelkv.alerts"]
+    alerting["rules"][0]["for"] = "fifteen minutes"
     assert check([wrong_value], f"wrong-value-{tmp_path.name}").returncode != 0
+
+
+def test_the_job_selector_and_runbook_address_are_configurable(tmp_path: Path) -> None:
+    """--job-selector and --runbook-url rewrite every selector and link; the rules still pass their unit tests."""
+    selector, runbook = 'job="serving-modelkv"', "https://wiki.example.com/modelkv/runbook.md"
+    out = tmp_path / "overlay"
+    args = ["--output-dir", str(out), "--job-selector", selector, "--runbook-url", runbook]
+    assert generate_manifests.main(args) == 0
+    assert generate_manifests.main([*args, "--check"]) == 0
+    rules_file = out / RULES_FILE.name
+    text = rules_file.read_text()
+    assert generate_manifests.JOB_SELECTOR not in text and generate_manifests.RUNBOOK_URL not in text
+    assert text.count(selector) == RULES_FILE.read_text().count(generate_manifests.JOB_SELECTOR)
+    rule = yaml.safe_load((out / "prometheusrule.yaml").read_text())
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert urls and all(url.startswith(runbook + "#") for url in urls)
+    promtool = require_tool("promtool")
+    checked = subprocess.run([promtool, "check", "rules", str(rules_file)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (out / "tests").mkdir()
+    for test_file in RULE_TESTS:
+        content = test_file.read_text().replace('job="modelkv-exporter"', selector)
+        content = content.replace("job: modelkv-exporter", "job: serving-modelkv")
+        (out / "tests" / test_file.name).write_text(content.replace(generate_manifests.RUNBOOK_URL, runbook))
+    tested = subprocess.run(
+        [promtool, "test", "rules", *(t.name for t in RULE_TESTS)], capture_output=True, text=True, cwd=out / "tests"
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    with pytest.raises(ValueError):
+        generate_manifests.rules_text(runbook_url="docs/runbook.md")
+
+    base = os.path.relpath(KUBERNETES / "base", out)
+    (out / "kustomization.yaml").write_text(f"resources: [{base}]\npatches:\n  - path: prometheusrule.yaml\n")
+    (patched,) = [o for o in build(out) if o["kind"] == "PrometheusRule"]
+    assert patched["spec"]["groups"] == rule["spec"]["groups"], "as a patch, it replaces the base's rules"
 
 
 def test_prometheus_rule_and_dashboards_equal_their_sources(objects: list[dict[str, Any]]) -> None:

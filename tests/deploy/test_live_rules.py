@@ -1,20 +1,27 @@
 """The rules and dashboards against a real Prometheus scraping the real sidecar over the demo's engines.
 
-Every expression the rule file and the dashboards contain is evaluated through
-Prometheus's query API and must return data; the undeclared-growth path is
-followed live, from a publisher's measured memory to the recording rule.
+Every expression the rule file and the dashboards contain is evaluated through Prometheus's
+query API and must return data; the growth signals are followed live, from a publisher's
+measured memory to the recording rules and the alerts: a plateau does not page, a live-tensor
+leak does, a dropped declaration does. Two sidecars stand for two replica pods (their targets
+carry the namespace and pod labels scrape discovery adds), and a second Prometheus federates
+only the recorded modelkv_engine:* series, on which the dashboard must still work.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import httpx
 import pytest
 
 from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
-from tests.support import polling
+from tests.support.polling import eventually
 from tests.support.processes import free_port, start_sidecar, stop_process
 from tests.support.prometheus import query, running_prometheus, scrape_config
 from tests.support.promql import (
@@ -25,67 +32,112 @@ from tests.support.promql import (
     substitute,
     variable_queries,
 )
-from tests.support.scenario import GIB, Scenario, declared_peak, start_scenario
+from tests.support.scenario import GIB, Scenario, declared_peak, start_replica, start_scenario
 
 JOB = "modelkv-exporter"
 TIMEOUT = 120.0
+SIMULATED = {
+    "sim-gpu-leak",
+    "sim-gpu-plateau",
+    "sim-gpu-tight",
+    "sim-gpu-tight-peer",
+    "sim-dropped",
+    "sim-shrinking",
+    "sim-replica",
+}
 
 
 @dataclass
 class Live:
-    """Prometheus scraping the scenario, and when it started."""
+    """Prometheus scraping the scenario, the federating Prometheus, and when they started."""
 
     prometheus: str
+    federated: str
     started_at: float
     scenario: Scenario
 
 
-def _relabelled(job: str, target: str) -> str:
+def _target(target: str, pod: str) -> str:
+    return f"{{targets: ['{target.removeprefix('http://')}'], labels: {{namespace: llm, pod: {pod}}}}}"
+
+
+def _jobs(sidecars: dict[str, str], broken: str, unreachable: str) -> str:
+    """The exporter's job over two replica pods, and two broken targets relabelled into it (as a PodMonitor would)."""
+    targets = ", ".join(_target(url, pod) for pod, url in sidecars.items())
+    lines = [f"  - job_name: {JOB}\n    static_configs: [{targets}]\n"]
+    for name, target, pod in (
+        ("modelkv-broken-spool", broken, "broken-0"),
+        ("modelkv-unreachable", unreachable, "gone-0"),
+    ):
+        lines.append(
+            f"  - job_name: {name}\n"
+            f"    static_configs: [{_target(target, pod)}]\n"
+            f"    relabel_configs: [{{target_label: job, replacement: {JOB}}}]\n"
+        )
+    return "".join(lines)
+
+
+def _federation(prometheus: str) -> str:
     return (
-        f"  - job_name: {job}\n"
-        f"    static_configs: [{{targets: ['{target}']}}]\n"
-        f"    relabel_configs: [{{target_label: job, replacement: {JOB}}}]\n"
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: federate\n"
+        "    honor_labels: true\n"
+        "    metrics_path: /federate\n"
+        "    params: {'match[]': ['{__name__=~\"modelkv_engine:.*\"}']}\n"
+        f"    static_configs: [{{targets: ['{prometheus.removeprefix('http://')}']}}]\n"
     )
 
 
-def eventually(check: Callable[[], object], what: str) -> object:
-    """The tests' polling helper with this module's patience (Prometheus scrapes and evaluates every second)."""
-    return polling.eventually(check, what, timeout=TIMEOUT, interval=0.5)
+def wait(check: Callable[[], object], what: str) -> object:
+    """Poll Prometheus (twice a second) until ``check`` returns something truthy."""
+    return eventually(check, what, timeout=TIMEOUT, interval=0.5)
+
+
+def _declared(prometheus: str, engine: str) -> float | None:
+    result = query(prometheus, f'modelkv_engine_declarations{{engine="{engine}"}}')
+    return float(result[0]["value"][1]) if result else None
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("live")
-    spool, gone = tmp / "spool", tmp / "gone"
-    spool.mkdir()
-    gone.mkdir()
+    spool, replica, gone = tmp / "spool", tmp / "replica", tmp / "gone"
+    for directory in (spool, replica, gone, tmp / "main", tmp / "federated"):
+        directory.mkdir()
     processes, stop = start_engines(str(spool), 1.0)
     scenario = start_scenario(spool)
-    sidecar = start_sidecar(spool)
+    replicas = [start_replica(spool), start_replica(replica)]
+    sidecar, other = start_sidecar(spool), start_sidecar(replica)
     broken = start_sidecar(gone)
     gone.rmdir()
-    extra = _relabelled("modelkv-broken-spool", broken.url.removeprefix("http://")) + _relabelled(
-        "modelkv-unreachable", f"127.0.0.1:{free_port()}"
-    )
-    config = scrape_config({JOB: sidecar.url}, rule_files=(RULES_FILE,), extra=extra)
+    extra = _jobs({"demo-0": sidecar.url, "demo-1": other.url}, broken.url, f"127.0.0.1:{free_port()}")
+    config = scrape_config({}, rule_files=(RULES_FILE,), extra=extra)
     started_at = time.time()
     try:
-        with running_prometheus(tmp, config) as prometheus:
-            engines = {e.engine_id for e in DEMO_ENGINES} | {"sim-gpu-leak", "sim-gpu-tight"}
-            eventually(
+        with contextlib.ExitStack() as stack:
+            prometheus = stack.enter_context(running_prometheus(tmp / "main", config))
+            engines = {e.engine_id for e in DEMO_ENGINES} | SIMULATED
+            wait(
                 lambda: engines <= {r["metric"]["engine"] for r in query(prometheus, "modelkv_engine_up == 1")},
                 "every demo and simulated engine to be scraped",
             )
-            yield Live(prometheus, started_at, scenario)
+            wait(lambda: _declared(prometheus, "sim-shrinking") == 2, "two declarations seen")
+            scenario.shrink()
+            wait(lambda: _declared(prometheus, "sim-shrinking") == 1, "one declaration seen")
+            federated = stack.enter_context(running_prometheus(tmp / "federated", _federation(prometheus)))
+            yield Live(prometheus, federated, started_at, scenario)
     finally:
         scenario.stop()
+        for publisher in replicas:
+            publisher.end()
         stop.set()
         for process in processes:
             process.join(timeout=15)
             if process.is_alive():
                 process.kill()
-        stop_process(sidecar.process)
-        stop_process(broken.process)
+        for process in (sidecar, other, broken):
+            stop_process(process.process)
 
 
 def _value(live: Live, promql: str) -> float | None:
@@ -93,47 +145,88 @@ def _value(live: Live, promql: str) -> float | None:
     return float(result[0]["value"][1]) if len(result) == 1 else None
 
 
-def test_growth_inside_the_declared_peak_is_zero_and_beyond_it_is_undeclared(live: Live) -> None:
+def _firing_or_pending(live: Live) -> list[dict[str, Any]]:
+    response = httpx.get(live.prometheus + "/api/v1/alerts", timeout=10)
+    assert response.status_code == 200
+    alerts_now: list[dict[str, Any]] = response.json()["data"]["alerts"]
+    return alerts_now
+
+
+def test_a_live_tensor_leak_is_undeclared_once_it_exceeds_the_declared_peak(live: Live) -> None:
     peak = declared_peak()
     leak = live.scenario.leak
     selector = '{engine="sim-gpu-leak"}'
     with leak.lock:
-        leak.growth = peak // 2
-    eventually(lambda: _value(live, f"modelkv_engine:memory_growth_bytes{selector}") == peak // 2, "growth of half")
+        leak.live = peak // 2
+    wait(lambda: _value(live, f"modelkv_engine:unbudgeted_growth_bytes{selector}") == peak // 2, "half")
     assert _value(live, f"modelkv_engine:undeclared_memory_bytes{selector}") == 0
     assert _value(live, f"modelkv_engine:declared_peak_pending_bytes{selector}") == peak - peak // 2
 
     with leak.lock:
-        leak.growth = peak
-    eventually(lambda: _value(live, f"modelkv_engine:memory_growth_bytes{selector}") == peak, "growth to the peak")
+        leak.live = peak
+    wait(lambda: _value(live, f"modelkv_engine:unbudgeted_growth_bytes{selector}") == peak, "growth to the peak")
     assert _value(live, f"modelkv_engine:undeclared_memory_bytes{selector}") == 0, "filling the peak is declared"
 
     with leak.lock:
-        leak.growth = peak + GIB
-    eventually(lambda: _value(live, f"modelkv_engine:undeclared_memory_bytes{selector}") == GIB, "1 GiB undeclared")
+        leak.live = peak + GIB
+    wait(lambda: _value(live, f"modelkv_engine:undeclared_memory_bytes{selector}") == GIB, "1 GiB undeclared")
     (series,) = query(live.prometheus, f"modelkv_engine:undeclared_memory_bytes{selector}")
-    assert series["metric"]["source"] == "process_gpu" and series["metric"]["job"] == JOB
+    assert "source" not in series["metric"], "one series whichever source answered"
+    assert {k: series["metric"][k] for k in ("job", "namespace", "pod")} == {
+        "job": JOB,
+        "namespace": "llm",
+        "pod": "demo-0",
+    }
     assert _value(live, 'modelkv_engine:undeclared_memory_bytes{engine="sim-gpu-tight"}') == 0
 
 
-def test_the_tight_device_fits_fewer_sequences(live: Live) -> None:
-    # 1 GiB free, 4 GiB + 1 GiB declared of which 2 GiB allocated: 3 GiB pending, 512 MiB a sequence.
-    selector = '{engine="sim-gpu-tight"}'
-    assert _value(live, f"modelkv_engine:declared_peak_pending_bytes{selector}") == declared_peak() - 2 * GIB
-    assert _value(live, f"modelkv_engine:device_free_bytes{selector}") == GIB
-    assert _value(live, f"modelkv_engine:max_num_seqs_fitting_device{selector}") == 8 + (GIB - 3 * GIB) // (GIB // 2)
+def test_an_allocator_plateau_is_measured_but_never_undeclared(live: Live) -> None:
+    selector = '{engine="sim-gpu-plateau"}'
+    wait(lambda: _value(live, f"modelkv_engine:memory_growth_bytes{selector}") == GIB, "the 1 GiB plateau")
+    assert _value(live, f"modelkv_engine:unbudgeted_growth_bytes{selector}") == 0
+    assert _value(live, f"modelkv_engine:live_tensor_growth_bytes{selector}") == -GIB // 4, (
+        "below the activation budget"
+    )
+    assert _value(live, f"max_over_time(modelkv_engine:undeclared_memory_bytes{selector}[1h])") == 0
+
+
+def test_engines_sharing_a_device_are_added_up(live: Live) -> None:
+    # Two engines on one device with 4 GiB free, each 5 GiB declared of which 2 GiB allocated: 6 GiB pending.
+    device = '{device_key="GPU-51a1ea4e-0000-4000-8000-000000000003"}'
+    assert _value(live, f"modelkv_engine:device_declared_pending_bytes:sum{device}") == 2 * (declared_peak() - 2 * GIB)
+    free = f"modelkv_engine:device_total_bytes:max{device} - modelkv_engine:device_used_bytes:max{device}"
+    assert _value(live, free) == 4 * GIB
+    for engine in ("sim-gpu-tight", "sim-gpu-tight-peer"):
+        fits = _value(live, f'modelkv_engine:max_num_seqs_fitting_device{{engine="{engine}"}}')
+        assert fits == 8 + (4 * GIB - 6 * GIB) // (GIB // 2), engine
+
+
+def test_replica_pods_of_one_engine_id_stay_apart(live: Live) -> None:
+    declared = query(live.prometheus, 'modelkv_engine:declared_peak_bytes:sum{engine="sim-replica"}')
+    assert sorted((r["metric"]["pod"], float(r["value"][1])) for r in declared) == [
+        ("demo-0", declared_peak()),
+        ("demo-1", declared_peak()),
+    ]
+    (by_owner,) = [e for e in dashboard_expressions() if "Declared peak by owner" in e.origin]
+    shown = query(live.prometheus, substitute(by_owner.expr).replace('engine=~".*"', 'engine="sim-replica"'))
+    assert {(r["metric"]["pod"], r["metric"]["cache"]) for r in shown} == {
+        (pod, cache) for pod in ("demo-0", "demo-1") for cache in ("talker_kv", "graph_pool")
+    }
 
 
 def test_every_rule_and_dashboard_expression_returns_data(live: Live) -> None:
     with live.scenario.leak.lock:
-        live.scenario.leak.growth = declared_peak() + GIB
+        live.scenario.leak.live = declared_peak() + GIB
     absent = [e for e in rule_expressions() if e.expr.startswith("absent(")]
     present = [e for e in rule_expressions() + dashboard_expressions() if e not in absent]
-    assert len(present) >= 30
+    assert len(present) >= 60
     for expression in present:
         promql = substitute(expression.expr)
-        assert "$" not in promql, expression.origin
-        eventually(lambda promql=promql: query(live.prometheus, promql), f"data from {expression.origin}: {promql}")
+        assert not re.search(r"\$[a-z_]", promql), f"{expression.origin}: a variable left in {promql}"
+        wait(
+            lambda promql=promql: query(live.prometheus, promql),
+            f"data from {expression.origin}: {promql}",
+        )
     for expression in absent:
         assert query(live.prometheus, expression.expr) == [], "the exporter is present"
         assert query(live.prometheus, expression.expr, at=live.started_at - 60), "and was absent before"
@@ -143,18 +236,54 @@ def test_every_rule_and_dashboard_expression_returns_data(live: Live) -> None:
         assert values - {None, ""}, f"{variable.origin} offers no values"
 
 
-def test_every_alert_goes_pending_or_firing_in_prometheus(live: Live) -> None:
+def test_the_dashboard_works_from_federated_recorded_series_alone(live: Live) -> None:
+    federated = '{__name__=~".+", job!="federate"}'
+    wait(lambda: query(live.federated, federated), "federated series")
+    names = {r["metric"]["__name__"] for r in query(live.federated, federated)}
+    assert all(name.startswith("modelkv_engine:") for name in names), sorted(names)
+    for expression in dashboard_expressions():
+        promql = substitute(expression.expr)
+        wait(
+            lambda promql=promql: query(live.federated, promql),
+            f"federated data for {expression.origin}: {promql}",
+        )
+    for variable in variable_queries():
+        selector, label = substitute(variable.expr).removeprefix("label_values(").removesuffix(")").rsplit(", ", 1)
+        values = {r["metric"].get(label) for r in query(live.federated, selector)}
+        assert values - {None, ""}, f"{variable.origin} offers no federated values"
+
+
+def test_every_alert_goes_pending_or_firing_and_a_plateau_never_does(live: Live) -> None:
     with live.scenario.leak.lock:
-        live.scenario.leak.growth = declared_peak() + GIB
+        live.scenario.leak.live = declared_peak() + GIB
     expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent"}
 
     def active() -> set[str]:
         return {r["metric"]["alertname"] for r in query(live.prometheus, "ALERTS")}
 
-    eventually(lambda: expected <= active(), f"alerts {sorted(expected)} (active: {sorted(active())})")
-    firing = {r["metric"]["alertname"] for r in query(live.prometheus, 'ALERTS{alertstate="firing"}')}
-    assert "ModelKVSnapshotsRejected" in firing, "an alert without 'for' fires at once"
+    wait(lambda: expected <= active(), f"alerts {sorted(expected)} (active: {sorted(active())})")
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for alert in _firing_or_pending(live):
+        by_name.setdefault(alert["labels"]["alertname"], []).append(alert)
+
+    undeclared = {a["labels"]["engine"] for a in by_name["ModelKVUndeclaredMemoryGrowth"]}
+    assert "sim-gpu-leak" in undeclared, "a live-tensor leak pages"
+    assert not undeclared & {"sim-gpu-plateau", "sim-gpu-tight", "sim-gpu-tight-peer"}, "a plateau never does"
+    assert query(live.prometheus, 'ALERTS{engine="sim-gpu-plateau"}') == []
+
+    dropped = {(a["labels"]["engine"], a["labels"]["cause"]) for a in by_name["ModelKVDeclarationsDropped"]}
+    assert dropped == {("sim-dropped", "declaration_failed"), ("sim-shrinking", "fewer_than_before")}
+
+    (will_not_fit,) = by_name["ModelKVDeclaredPeakWillNotFit"]
+    assert will_not_fit["labels"]["device"] == "GPU-51a1ea4e-0000-4000-8000-000000000003"
+    assert will_not_fit["annotations"]["description"].endswith(
+        "Engines on the device: llm/demo-0/sim-gpu-tight, llm/demo-0/sim-gpu-tight-peer."
+    )
+    predicted = by_name["ModelKVDeviceMemoryExhaustionPredicted"]
+    assert {a["labels"]["device"] for a in predicted} == {"GPU-51a1ea4e-0000-4000-8000-000000000001"}
+    assert sorted(a["labels"]["severity"] for a in predicted) == ["critical", "warning"], "once per device and tier"
+
     stale = query(live.prometheus, 'ALERTS{alertname="ModelKVSnapshotStale"}')
     assert {r["metric"]["engine"] for r in stale} == {"sim-stale"}
-    undeclared = query(live.prometheus, 'ALERTS{alertname="ModelKVUndeclaredMemoryGrowth"}')
-    assert "sim-gpu-tight" not in {r["metric"]["engine"] for r in undeclared}, "growth within the peak never pages"
+    for alert in _firing_or_pending(live):
+        assert alert["annotations"]["runbook_url"].startswith("https://"), alert["labels"]["alertname"]

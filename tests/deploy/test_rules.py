@@ -1,10 +1,12 @@
-"""The rule file: promtool accepts and unit-tests it, every alert is covered both ways and documented."""
+"""The rule file: promtool accepts and unit-tests it, the tests catch broken rules, every alert follows the conventions."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
+import pytest
 import yaml
 
 from modelkv_exporter.contract.vocabulary import GROWTH_SOURCES
@@ -14,6 +16,22 @@ from tests.support.promql import RULE_TESTS, RULES_FILE, alerts, metric_names, r
 from tests.support.promql import known_metric as is_known
 
 RUNBOOK = ROOT / "docs" / "runbook.md"
+RUNBOOK_URL = "https://modelkv-exporter.invalid/docs/runbook.md#"
+
+
+def promtool_test(rules_text: str, directory: Path, only: str = "") -> subprocess.CompletedProcess[str]:
+    """``promtool test rules`` of the test files (those named ``only``) against ``rules_text``, copied to ``directory``."""
+    (directory / "tests").mkdir(parents=True)
+    (directory / RULES_FILE.name).write_text(rules_text)
+    test_files = [t for t in RULE_TESTS if t.name.startswith(only)]
+    for test_file in test_files:
+        (directory / "tests" / test_file.name).write_text(test_file.read_text())
+    return subprocess.run(
+        [require_tool("promtool"), "test", "rules", *(t.name for t in test_files)],
+        capture_output=True,
+        text=True,
+        cwd=directory / "tests",
+    )
 
 
 def test_promtool_checks_the_rules() -> None:
@@ -24,32 +42,93 @@ def test_promtool_checks_the_rules() -> None:
     assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
-def test_promtool_unit_tests_pass() -> None:
-    assert RULE_TESTS, "no promtool test files"
-    result = subprocess.run(
-        [require_tool("promtool"), "test", "rules", *map(str, RULE_TESTS)],
-        capture_output=True,
-        text=True,
-        cwd=RULE_TESTS[0].parent,
-    )
+def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
+    assert len(RULE_TESTS) >= 4, "no promtool test files"
+    result = promtool_test(RULES_FILE.read_text(), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_unit_tests_catch_a_broken_rule(tmp_path) -> None:
-    """The unit tests can fail: declared peak added instead of subtracted must be caught."""
-    broken = RULES_FILE.read_text().replace("- ignoring (source) group_left", "+ ignoring (source) group_left")
-    assert broken != RULES_FILE.read_text()
-    (tmp_path / "tests").mkdir()
-    (tmp_path / RULES_FILE.name).write_text(broken)
-    for test_file in RULE_TESTS:
-        (tmp_path / "tests" / test_file.name).write_text(test_file.read_text())
-    result = subprocess.run(
-        [require_tool("promtool"), "test", "rules", *(t.name for t in RULE_TESTS)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path / "tests",
-    )
-    assert result.returncode != 0 and "ModelKVUndeclaredMemoryGrowth" in result.stdout + result.stderr
+BREAKS = {
+    "growth measured on the caching allocator": (
+        "modelkv_memory_torch_allocated_high_water_bytes - modelkv_memory_torch_allocated_high_water_baseline_bytes",
+        "modelkv_memory_torch_reserved_bytes - modelkv_memory_torch_reserved_baseline_bytes",
+        "ModelKVUndeclaredMemoryGrowth",
+        "undeclared-growth",
+    ),
+    "the high-water mark without the profiled activation peak": (
+        "modelkv_memory_torch_allocated_high_water_bytes - modelkv_memory_torch_allocated_high_water_baseline_bytes",
+        "modelkv_memory_torch_allocated_high_water_bytes - modelkv_memory_torch_allocated_baseline_bytes",
+        "ModelKVUndeclaredMemoryGrowth",
+        "undeclared-growth",
+    ),
+    "memory outside torch ignored": (
+        "+ clamp_min(modelkv_engine:non_torch_growth_bytes, 0)",
+        "+ 0 * modelkv_engine:non_torch_growth_bytes",
+        "ModelKVUndeclaredMemoryGrowth",
+        "undeclared-growth",
+    ),
+    "a missed NVML sample not bridged": (
+        "(last_over_time(modelkv_memory_process_gpu_bytes[5m]) - modelkv_memory_torch_reserved_bytes)",
+        "(modelkv_memory_process_gpu_bytes - modelkv_memory_torch_reserved_bytes)",
+        "ModelKVUndeclaredMemoryGrowth",
+        "undeclared-growth",
+    ),
+    "observed cache bytes ignored": (
+        "modelkv_observed_recent_peak_bytes\n            or\n",
+        "",
+        "ModelKVUndeclaredMemoryGrowth",
+        "undeclared-growth",
+    ),
+    "replicas summed": (
+        "sum without (owner, cache, scope, rows) (modelkv_declared_peak_bytes)\n",
+        "sum without (owner, cache, scope, rows, instance, pod) (modelkv_declared_peak_bytes)\n",
+        "modelkv_engine:declared_peak_bytes:sum",
+        "undeclared-growth",
+    ),
+    "every engine alone with the free memory of a shared device": (
+        "modelkv_engine:device_declared_pending_bytes:sum\n          > modelkv_engine:device_total_bytes:max"
+        " - modelkv_engine:device_used_bytes:max",
+        "modelkv_engine:declared_peak_pending_bytes > modelkv_engine:device_free_bytes",
+        "ModelKVDeclaredPeakWillNotFit",
+        "devices",
+    ),
+    "engines in start-up predicted": (
+        "\n          and on (device, device_key) modelkv_engine:device_engine_age_seconds:min > 5400",
+        "",
+        "ModelKVDeviceMemoryExhaustionPredicted",
+        "devices",
+    ),
+    "declared caches filling toward their peak predicted": (
+        "predict_linear(modelkv_engine:device_committed_bytes:sum[1h]",
+        "predict_linear(modelkv_engine:device_used_bytes:max[1h]",
+        "ModelKVDeviceMemoryExhaustionPredicted",
+        "devices",
+    ),
+    "a failed declarer ignored": (
+        "expr: modelkv_engine_declarations_dropped > 0",
+        "expr: modelkv_engine_declarations_dropped > 1",
+        "ModelKVDeclarationsDropped",
+        "declarations",
+    ),
+    "declarations compared with the last minute only": (
+        "(max_over_time(modelkv_engine_declarations[1d]))",
+        "(max_over_time(modelkv_engine_declarations[1m]))",
+        "ModelKVDeclarationsDropped",
+        "declarations",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BREAKS, ids=list(BREAKS))
+def test_promtool_unit_tests_catch_a_broken_rule(case: str, tmp_path: Path) -> None:
+    """Each rule the situations depend on, broken on purpose, fails its tests."""
+    old, new, name, test_file = BREAKS[case]
+    original = RULES_FILE.read_text()
+    assert old in original, "the rule to break is no longer written this way"
+    assert promtool_test(original, tmp_path / "intact", test_file).returncode == 0
+    result = promtool_test(original.replace(old, new), tmp_path / "broken", test_file)
+    assert result.returncode != 0, f"{case}: the unit tests still pass"
+    assert name in result.stdout + result.stderr
 
 
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:
@@ -62,18 +141,38 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
         assert set(cases.get(alert["alert"], [])) == {True, False}, f"{alert['alert']} needs both cases"
 
 
-def test_every_alert_is_annotated_and_has_a_runbook_section() -> None:
+def test_alerts_follow_the_monitoring_mixin_conventions() -> None:
+    """A `for` on every alert, static summaries, descriptions naming namespace and pod, absolute runbook URLs."""
     runbook = RUNBOOK.read_text()
     anchors = {re.sub(r"[^a-z0-9-]", "", h.lower().replace(" ", "-")) for h in re.findall(r"^## (.+)$", runbook, re.M)}
     for alert in alerts():
-        annotations = alert["annotations"]
-        assert annotations["summary"] and annotations["description"], alert["alert"]
+        name, annotations = alert["alert"], alert["annotations"]
+        assert re.fullmatch(r"\d+[mh]", alert.get("for", "")), f"{name} has no for"
         assert alert["labels"]["severity"] in {"critical", "warning", "info"}
-        path, anchor = annotations["runbook"].split("#")
-        assert (ROOT / path) == RUNBOOK and anchor in anchors, alert["alert"]
+        assert annotations["summary"] and "{{" not in annotations["summary"], f"{name}: summary is not static"
+        if name != "ModelKVExporterAbsent":
+            assert re.search(r"\.Labels\.namespace|\$labels\.namespace", annotations["description"]), name
+            assert re.search(r"\.Labels\.pod|\$labels\.pod", annotations["description"]), name
+        assert set(annotations) == {"summary", "description", "runbook_url"}, name
+        url = annotations["runbook_url"]
+        assert url.startswith(RUNBOOK_URL) and url.removeprefix(RUNBOOK_URL) in anchors, f"{name}: {url}"
+        assert url.removeprefix(RUNBOOK_URL) == name.lower()
     for rule in rules():
         if "record" in rule:
             assert f"`{rule['record']}`" in runbook, rule["record"]
+
+
+def test_predictions_warn_before_they_turn_critical() -> None:
+    by_name: dict[str, list[dict]] = {}
+    for alert in alerts():
+        by_name.setdefault(alert["alert"], []).append(alert)
+    predictions = by_name["ModelKVDeviceMemoryExhaustionPredicted"]
+    horizons = {a["labels"]["severity"]: re.search(r"\[1h\], ([^)]+)\)", a["expr"]).group(1) for a in predictions}  # type: ignore[union-attr]
+    assert horizons == {"warning": "4 * 3600", "critical": "3600"}
+    for alerts_of_name in by_name.values():
+        severities = [a["labels"]["severity"] for a in alerts_of_name]
+        if "critical" in severities and len(alerts_of_name) > 1:
+            assert "warning" in severities
 
 
 def test_rules_select_only_metrics_that_exist() -> None:
@@ -88,11 +187,19 @@ def test_growth_sources_agree_with_the_catalogue() -> None:
     (growth,) = [rule for rule in rules() if rule.get("record") == "modelkv_engine:memory_growth_bytes"]
     assert tuple(re.findall(r'"source", "(\w+)"', growth["expr"])) == GROWTH_SOURCES
     for source in GROWTH_SOURCES:
-        assert f"modelkv_memory_{source}_bytes - modelkv_memory_{source}_baseline_bytes" in growth["expr"]
+        assert f"modelkv_memory_{source}_bytes" in growth["expr"]
+        assert f"- modelkv_memory_{source}_baseline_bytes" in growth["expr"]
 
 
-def test_recording_rules_follow_the_naming_convention() -> None:
+def test_every_recorded_series_is_federated_by_one_pattern() -> None:
+    """Every recording rule records modelkv_engine:<metric>[:<operation>], so one match[] federates them all."""
     for rule in rules():
         if "record" in rule:
-            level, metric, *_ = rule["record"].split(":")
-            assert level == "modelkv_engine" and re.fullmatch(r"[a-z0-9_]+_(bytes|device|sum)", metric + "_sum")
+            assert re.fullmatch(r"modelkv_engine:[a-z0-9_]+(:[a-z0-9_]+)?", rule["record"]), rule["record"]
+
+
+def test_the_job_selector_is_written_the_same_way_everywhere() -> None:
+    """generate_manifests.py replaces it as one string: no other spelling may hide from it."""
+    text = RULES_FILE.read_text()
+    assert re.findall(r'job\s*=~?\s*"[^"]*"', text) == ['job="modelkv-exporter"'] * text.count('job="modelkv-exporter"')
+    assert text.count('job="modelkv-exporter"') >= 4

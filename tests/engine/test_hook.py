@@ -21,22 +21,43 @@ from tests.support import ROOT
 
 
 class FakeCuda:
+    """``torch.cuda``'s memory statistics for one device, as the caching allocator keeps them.
+
+    ``allocate``/``free`` move the live tensors; the peak follows them until it is reset. Every
+    call is recorded in ``calls``.
+    """
+
     def __init__(self, fail: set[str] | None = None) -> None:
         self.fail = fail or set()
+        self.allocated = 100
+        self.peak = 150
+        self.calls: list[str] = []
 
     def _value(self, name: str, value: Any) -> Any:
+        self.calls.append(name)
         if name in self.fail:
             raise RuntimeError(f"{name} unavailable")
         return value
 
+    def allocate(self, size: int) -> None:
+        self.allocated += size
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, size: int) -> None:
+        self.allocated -= size
+
     def memory_allocated(self, device: Any) -> int:
-        return self._value("memory_allocated", 100)
+        return self._value("memory_allocated", self.allocated)
 
     def memory_reserved(self, device: Any) -> int:
         return self._value("memory_reserved", 200)
 
     def max_memory_allocated(self, device: Any) -> int:
-        return self._value("max_memory_allocated", 150)
+        return self._value("max_memory_allocated", self.peak)
+
+    def reset_peak_memory_stats(self, device: Any) -> None:
+        self._value("reset_peak_memory_stats", None)
+        self.peak = self.allocated
 
     def mem_get_info(self, device: Any) -> tuple[int, int]:
         return self._value("mem_get_info", (700, 1000))
@@ -74,11 +95,114 @@ def test_cuda_sampler_reads_allocator_device_and_own_nvml_process() -> None:
         "torch_allocated": 100,
         "torch_reserved": 200,
         "torch_peak_allocated": 150,
+        "torch_allocated_high_water": 150,
         "device_used": 300,
         "device_total": 1000,
         "process_gpu": 321,
     }
     assert nvml.asked == ["GPU-abc"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_peak_statistics_are_only_read_until_the_engine_initialised() -> None:
+    """vLLM resets and reads torch's one peak while it loads and profiles; the sampler must leave it alone."""
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    for _ in range(5):
+        cuda.allocate(1000)  # loading weights, the profile run's activations, the paged KV cache
+        sampler()
+    cuda.free(800)
+    assert "reset_peak_memory_stats" not in cuda.calls
+    baseline = sampler.initialised(activation_budget=None)
+    assert cuda.calls[-1] == "reset_peak_memory_stats", "the first reset comes once initialisation is over"
+    assert baseline.values["torch_allocated_high_water"] == 5100, "the peak seen while initialising"
+    cuda.calls.clear()
+    sampler()
+    reads = [c for c in cuda.calls if c in ("max_memory_allocated", "reset_peak_memory_stats")]
+    assert reads == ["max_memory_allocated", "reset_peak_memory_stats"], "each sample reads its window, then resets"
+
+
+def profiled_activation_peak(cuda: FakeCuda, sample: Any) -> int:
+    """vLLM's memory_profiling around a profile run, with a heartbeat sample in the middle of it."""
+    cuda.reset_peak_memory_stats("cuda:0")
+    before = cuda.memory_allocated("cuda:0")
+    cuda.allocate(3000)  # the profile run's activations
+    cuda.free(3000)
+    sample()  # the heartbeat thread samples while the profile run goes on
+    cuda.allocate(1000)
+    cuda.free(1000)
+    return cuda.max_memory_allocated("cuda:0") - before
+
+
+@pytest.mark.parametrize("resetting", [False, True], ids=["as shipped", "broken: resets from the start"])
+def test_the_sampler_never_shrinks_the_peak_vllm_profiles(resetting: bool) -> None:
+    """The guard can fail: a sampler that resets peaks before initialisation makes vLLM budget too little."""
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    sampler.resetting = resetting
+    measured = profiled_activation_peak(cuda, sampler)
+    assert (measured == 3000) is not resetting, f"vLLM would budget {measured} bytes of activations"
+
+
+def test_the_high_water_mark_catches_an_allocation_that_lives_between_two_samples() -> None:
+    cuda, clock = FakeCuda(), Clock()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0", clock=clock)
+    sampler.initialised()
+    clock.now += 5
+    assert sampler().values["torch_allocated_high_water"] == 100
+    cuda.allocate(4000)  # a short-lived undeclared buffer, freed before the next sample
+    cuda.free(4000)
+    clock.now += 5
+    sample = sampler()
+    assert sample.values["torch_allocated"] == 100 and sample.values["torch_allocated_high_water"] == 4100
+    clock.now += engine_memory.HIGH_WATER_SECONDS - 1
+    assert sampler().values["torch_allocated_high_water"] == 4100, "seen by every scrape for two minutes"
+    clock.now += 2
+    later = sampler()
+    assert later.values["torch_allocated_high_water"] == 100, "then forgotten"
+    assert later.values["torch_peak_allocated"] == 4100, "the peak since start is kept across resets"
+
+
+def test_the_baseline_high_water_mark_allows_the_profiled_activation_peak() -> None:
+    cuda = FakeCuda()
+    cuda.allocate(20_000)
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    baseline = sampler.initialised(activation_budget=1_250)
+    assert baseline.values["torch_allocated"] == 20_100
+    assert baseline.values["torch_allocated_high_water"] == 21_350
+
+
+def test_the_hook_hands_vllms_activation_budget_to_the_sampler_after_warm_up(tmp_path: Any) -> None:
+    from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+    from tests.support.snapshots import make_snapshot
+
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    publisher = SnapshotPublisher(tmp_path, make_snapshot("e"))
+    worker = SimpleNamespace(peak_activation_memory=3000)
+    setattr(worker, lifecycle.ATTRIBUTE, lifecycle.WorkerHook(publisher, sampler))
+    config = HookConfig(tmp_path)
+    lifecycle.after_kv_init(
+        SimpleNamespace(
+            **vars(worker),
+            cache_config=SimpleNamespace(num_gpu_blocks=None),
+            model_runner=SimpleNamespace(),
+        ),
+        config,
+    )
+    assert "reset_peak_memory_stats" not in cuda.calls, "the paged KV cache is allocated; warm-up is still to come"
+    lifecycle.after_warm_up(worker, config)
+    baseline = publisher.snapshot.measured.baseline
+    assert baseline is not None and baseline.values["torch_allocated_high_water"] == 3100
+    assert sampler.resetting and "reset_peak_memory_stats" in cuda.calls
 
 
 @pytest.mark.parametrize(
@@ -182,16 +306,21 @@ def test_wrappers_forward_everything_and_swallow_our_failures(caplog: pytest.Log
 PROBE = """
 import os, sys
 import modelkv_exporter.engine.vllm_hook.plugin as plugin
+from modelkv_exporter.engine.vllm_hook.imports import PatchOnImport
 plugin.register(); plugin.register()
-print("PROBE imported-early", "vllm.v1.worker.gpu_worker" in sys.modules)
-print("PROBE finders", sum(type(f).__name__ == "_PatchOnImport" for f in sys.meta_path))
+targets = (plugin.WORKER_MODULE, plugin.WRAPPER_MODULE, plugin.DIFFUSION_MODULE)
+print("PROBE imported-early", any(name in sys.modules for name in targets))
+finders = [f for f in sys.meta_path if isinstance(f, PatchOnImport)]
+print("PROBE finders", len(finders), sorted(finders[0].waiting) == sorted(targets) if finders else None)
 if os.environ.get("IMPORT_WORKER"):
     from vllm.v1.worker.gpu_worker import Worker
     from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
     print("PROBE wrapped", all(getattr(getattr(Worker, n), plugin.MARKER, False)
                          for n in ("load_model", "initialize_from_config", "compile_or_warm_up_model", "shutdown")))
     print("PROBE cpu-inherits", getattr(CPUWorker.load_model, plugin.MARKER, False))
-    print("PROBE finders-after", sum(type(f).__name__ == "_PatchOnImport" for f in sys.meta_path))
+    print("PROBE init_worker-wrapped", getattr(WorkerWrapperBase.init_worker, plugin.MARKER, False))
+    print("PROBE still-waiting-for", [sorted(f.waiting) for f in sys.meta_path if isinstance(f, PatchOnImport)])
 """
 
 
@@ -207,7 +336,7 @@ def probe(**env: str) -> list[str]:
 
 
 def test_inactive_without_a_spool_dir() -> None:
-    assert probe() == ["imported-early False", "finders 0"]
+    assert probe() == ["imported-early False", "finders 0 None"]
 
 
 @pytest.mark.slow
@@ -215,10 +344,11 @@ def test_register_is_cheap_and_patches_the_worker_only_when_imported() -> None:
     lines = probe(MODELKV_SPOOL_DIR="/tmp/x", IMPORT_WORKER="1")
     assert lines == [
         "imported-early False",
-        "finders 1",
+        "finders 1 True",
         "wrapped True",
         "cpu-inherits True",
-        "finders-after 0",
+        "init_worker-wrapped True",
+        f"still-waiting-for [['{vllm_plugin.DIFFUSION_MODULE}']]",
     ]
 
 
@@ -240,7 +370,7 @@ def test_subclass_overrides_without_super_still_reach_the_hook(monkeypatch: pyte
     seen: list[str] = []
     for step in ("after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"):
 
-        def record(worker: Any, config: Any, step: str = step) -> None:
+        def record(worker: Any, config: Any, *arguments: Any, step: str = step) -> None:
             seen.append(step)
 
         record.__name__ = step
@@ -265,3 +395,100 @@ def test_subclass_overrides_without_super_still_reach_the_hook(monkeypatch: pyte
     worker.shutdown()
     assert seen == ["after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"]
     assert [c[0] for c in worker.calls] == ["load_model", "initialize_from_config", "cpu-warm", "shutdown"]
+
+
+def recording_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+
+    seen: list[str] = []
+    for step in ("after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"):
+
+        def record(worker: Any, config: Any, *arguments: Any, step: str = step) -> None:
+            seen.append(f"{step}{list(arguments) if arguments else ''}")
+
+        record.__name__ = step
+        monkeypatch.setattr(lifecycle, step, record)
+    return seen
+
+
+def test_an_override_that_calls_super_runs_each_step_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = recording_steps(monkeypatch)
+
+    base = type("Worker", (Worker,), {})
+
+    class Subclass(base):  # type: ignore[valid-type,misc]
+        def load_model(self, *args: Any, **kwargs: Any) -> str:
+            return super().load_model(*args, **kwargs)
+
+        def shutdown(self) -> None:
+            super().shutdown()
+
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    registration = vllm_plugin.Registration(config)
+    registration.patch_worker(SimpleNamespace(Worker=base))  # type: ignore[arg-type]
+    registration.patch_worker_class(Subclass)
+    worker = Subclass()
+    worker.load_model()
+    worker.initialize_from_config(kv_cache_config="kv")
+    worker.shutdown()
+    assert seen == ["after_load_model", "after_kv_init['kv']", "before_shutdown"]
+    assert [c[0] for c in worker.calls] == ["load_model", "initialize_from_config", "shutdown"]
+
+
+def diffusion_worker_like() -> type:
+    """A fresh class like vLLM-Omni's DiffusionWorker: the constructor itself loads the model."""
+
+    class DiffusionWorker:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+            self.calls: list[str] = []
+            self.load_model()
+
+        def load_model(self, load_format: str = "default") -> None:
+            self.calls.append("load_model")
+
+        def set_kv_cache_configs(self, kv_cache_configs: list[Any], resolved_max_model_len: int) -> None:
+            self.calls.append("set_kv_cache_configs")
+
+        def shutdown(self) -> None:
+            self.calls.append("shutdown")
+
+    return DiffusionWorker
+
+
+def test_a_diffusion_worker_subclass_is_hooked_before_its_constructor_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = recording_steps(monkeypatch)
+
+    base = diffusion_worker_like()
+
+    class PlatformDiffusionWorker(base):  # type: ignore[valid-type,misc]
+        def load_model(self, load_format: str = "default") -> None:  # no super(): a platform's own loading
+            self.calls.append("platform load_model")
+
+    module = SimpleNamespace(DiffusionWorker=base)
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    vllm_plugin.Registration(config).patch_diffusion_worker(module)  # type: ignore[arg-type]
+    worker = PlatformDiffusionWorker(0)
+    worker.set_kv_cache_configs(["kv"], 128)
+    worker.shutdown()
+    assert worker.calls == ["platform load_model", "set_kv_cache_configs", "shutdown"]
+    assert seen == ["after_load_model", "after_kv_init[['kv'], 128]", "before_shutdown"]
+
+
+def test_without_the_constructor_wrapper_a_platform_override_is_missed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same as above with the ``__init__`` wrapper taken away: the override's load goes unseen."""
+    seen = recording_steps(monkeypatch)
+    base = diffusion_worker_like()
+
+    class PlatformDiffusionWorker(base):  # type: ignore[valid-type,misc]
+        def load_model(self, load_format: str = "default") -> None:
+            self.calls.append("platform load_model")
+
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    vllm_plugin.Registration(config).patch_diffusion_worker(SimpleNamespace(DiffusionWorker=base))  # type: ignore[arg-type]
+    base.__init__ = base.__init__.__wrapped__
+    assert PlatformDiffusionWorker(0).calls == ["platform load_model"]
+    assert seen == []

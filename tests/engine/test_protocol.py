@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from modelkv_exporter.contract.decode import parse_snapshot
 from modelkv_exporter.engine import protocol
+from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.resolve import declaration_from_spec, resolve_declarations
 
 omni = importlib.import_module("vllm_omni.model_executor.models.model_local_kv")
@@ -186,6 +188,40 @@ def test_an_unresolvable_spec_is_skipped_not_raised(caplog: pytest.LogCaptureFix
     got = resolve_declarations([protocol.OwnedSpec("", "X", bad), protocol.OwnedSpec("", "X", good)], 2)
     assert [d.name for d in got] == ["good"]
     assert "cannot resolve" in caplog.text
+
+
+class NotASequence(nn.Module):
+    def model_local_kv_specs(self) -> object:
+        return None
+
+
+def test_dropped_declarations_are_recorded_in_the_snapshot_with_their_owners() -> None:
+    """A declarer that raises, one that returns no sequence, and specs that cannot be resolved: counted by owner."""
+    model = nn.Module()
+    model.talker = nn.Module()
+    model.talker.decoder = Raising()
+    model.vocoder = NotASequence()
+
+    class Half(nn.Module):
+        def model_local_kv_specs(self) -> list[object]:
+            bad = SimpleNamespace(name="bad", layers=None, rows="max_num_seqs")
+            return [spec(protocol, name="good"), bad, bad]
+
+    model.encoder = Half()
+    snapshot = build_snapshot(model, max_num_seqs=4, engine_id="e")
+    assert [d.name for d in snapshot.declarations] == ["good"]
+    dropped = {(d.owner, d.owner_class, d.reason, d.count) for d in snapshot.dropped_declarations or ()}
+    assert dropped == {
+        ("talker.decoder", "Raising", "declarer_raised", 1),
+        ("vocoder", "NotASequence", "declarer_raised", 1),
+        ("encoder", "Half", "unresolvable_spec", 2),
+    }
+    errors = {d.owner: d.error for d in snapshot.dropped_declarations or ()}
+    assert errors["talker.decoder"] == "RuntimeError: declarer bug"
+    assert snapshot.dropped_count == 4
+    again = parse_snapshot(snapshot.to_json())
+    assert again.dropped_declarations == snapshot.dropped_declarations
+    assert build_snapshot(nn.Linear(2, 2), max_num_seqs=1, engine_id="e").dropped_declarations == ()
 
 
 def random_tree(rng: random.Random, mod: ModuleType) -> nn.Module:

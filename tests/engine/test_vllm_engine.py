@@ -2,22 +2,25 @@
 
 The model is a tiny local Qwen2 under an out-of-tree architecture registered by a
 test-only plugin; one of its inner modules holds a real transformers StaticCache
-and declares it, another declarer raises.
+and declares it, another declarer raises. A tiny hybrid Gemma2 (one sliding-window,
+one full-attention layer) checks the paged KV bytes against what vLLM allocated.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.engine.fixtures.tiny_model import make_tiny_qwen2
+from tests.engine.fixtures.tiny_model import make_tiny_gemma2, make_tiny_qwen2
 from tests.support import ROOT
 from tests.support.exposition import Exposition
 from tests.support.polling import eventually
@@ -38,24 +41,28 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Engine:
-    """The engine script in its own process group, driven through stdin."""
+    """An engine script (by default ``run_engine.py``) in its own process group, driven through stdin."""
 
-    def __init__(self, model_dir: Path, spool: Path) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        spool: Path,
+        script: str = "run_engine.py",
+        arguments: tuple[str, ...] = (str(MAX_NUM_SEQS),),
+        env: dict[str, str] | None = None,
+        path: tuple[Path, ...] = (),
+    ) -> None:
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "MODELKV_SPOOL_DIR": str(spool),
             "MODELKV_SAMPLE_INTERVAL": "1",
-            "PYTHONPATH": os.pathsep.join([str(PLUGIN_PATH), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join(str(p) for p in (PLUGIN_PATH, *path, ROOT)),
+            **(env or {}),
         }
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "tests" / "engine" / "fixtures" / "run_engine.py"),
-                str(model_dir),
-                str(MAX_NUM_SEQS),
-            ],
+            [sys.executable, str(ROOT / "tests" / "engine" / "fixtures" / script), str(model_dir), *arguments],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -63,21 +70,41 @@ class Engine:
             start_new_session=True,
         )
         self.lines: list[str] = []
+        self._pending: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name="engine-output", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            self._pending.put(raw.decode(errors="replace"))
+        self._pending.put(None)
 
     def wait_for(self, prefix: str, timeout: float = START_TIMEOUT) -> str:
-        assert self.process.stdout is not None
+        """The first line from now on that starts with ``prefix``; fails at the deadline or when output ends."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline().decode(errors="replace")
-            if not line and self.process.poll() is not None:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._pending.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                self._pending.put(None)
                 break
             self.lines.append(line)
-            if line.startswith(prefix):
-                return line
+            found = [part for part in line.split("\r") if part.startswith(prefix)]  # after a progress bar's \r
+            if found:
+                return found[0]
         raise AssertionError(f"engine never printed {prefix!r}; output:\n{''.join(self.lines[-60:])}")
 
     def output(self) -> str:
         return "".join(self.lines)
+
+    def stop(self, timeout: float = 120) -> None:
+        """Ask the script to shut the engine down cleanly and wait until it says so."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"stop\n")
+        self.process.stdin.flush()
+        self.wait_for("STOPPED", timeout=timeout)
 
     def kill_all(self) -> None:
         try:
@@ -117,6 +144,9 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
     assert engine.wait_for("GENERATED").split() == ["GENERATED", "16"]
     assert "deliberately broken declarer" in engine.output()
     assert "modelkv: publishing model-local KV declarations to" in engine.output()
+    assert "modelkv: hooked worker class vllm.v1.worker.cpu_worker.CPUWorker" in engine.output(), (
+        "the worker process loads the plugins inside init_worker: the class it builds is hooked there"
+    )
     m = metrics(sidecar)
 
     labels, peak = only(m["modelkv_declared_peak_bytes"])
@@ -143,6 +173,9 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
     assert "modelkv_memory_torch_allocated_bytes" not in m, "a CPU engine has no CUDA allocator figure, not a 0"
     assert "modelkv_engine_gpu_memory_utilization_ratio" not in m
     assert only(m["modelkv_engine_up"])[1] == 1
+    assert only(m["modelkv_engine_declarations_dropped"])[1] == 1, "the broken declarer is counted"
+    dropped, count = only(m["modelkv_declarations_dropped"])
+    assert (dropped["owner"], dropped["reason"], count) == ("broken", "declarer_raised", 1)
 
     snapshot = sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]
     before = snapshot["heartbeat_at"]
@@ -163,10 +196,7 @@ def test_a_clean_stop_marks_the_engine_ended(engine_and_sidecar: tuple[Engine, S
     engine, sidecar = engine_and_sidecar
     engine.wait_for("GENERATED")
     assert only(metrics(sidecar)["modelkv_engine_up"])[1] == 1
-    assert engine.process.stdin is not None
-    engine.process.stdin.write(b"stop\n")
-    engine.process.stdin.flush()
-    engine.wait_for("STOPPED", timeout=120)
+    engine.stop()
     m = metrics(sidecar)
     assert "modelkv_engine_up" not in m and "modelkv_declared_peak_bytes" not in m
     assert [v for labels, v in m["modelkv_exporter_spool_files"] if labels["state"] == "ended"] == [1]
@@ -179,9 +209,26 @@ def test_an_unwritable_spool_does_not_stop_the_engine(model_dir: Path, tmp_path:
     try:
         assert engine.wait_for("GENERATED").split() == ["GENERATED", "16"]
         assert "modelkv: after_load_model failed; the engine continues without it" in engine.output()
-        assert engine.process.stdin is not None
-        engine.process.stdin.write(b"stop\n")
-        engine.process.stdin.flush()
-        engine.wait_for("STOPPED", timeout=120)
+        engine.stop()
     finally:
         engine.kill_all()
+
+
+def test_a_hybrid_model_publishes_the_kv_space_vllm_allocated(tmp_path: Path, spool: Path) -> None:
+    """Two KV-cache groups over one buffer: 1 GiB (VLLM_CPU_KVCACHE_SPACE), not 2 GiB (once per group)."""
+    model = make_tiny_gemma2(tmp_path / "gemma2")
+    sidecar = start_sidecar(spool)
+    engine = Engine(model, spool)
+    try:
+        assert engine.wait_for("GENERATED").split() == ["GENERATED", "16"]
+        block_size = int(engine.wait_for("BLOCK_SIZE").split()[1])
+        m = metrics(sidecar)
+        kv_bytes = only(m["modelkv_engine_paged_kv_bytes"])[1]
+        blocks = only(m["modelkv_engine_paged_kv_blocks"])[1]
+        page = 2 * block_size * 2 * 64 * 4  # K and V x tokens per block x 2 kv heads x head_dim 64 x float32
+        assert kv_bytes == 1024**3 == blocks * page, "each block of the shared pool holds one layer's page"
+        assert only(m["modelkv_engine_declarations"])[1] == 0
+        engine.stop()
+    finally:
+        engine.kill_all()
+        stop_process(sidecar.process)

@@ -7,11 +7,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from modelkv_exporter.contract.scan import SpoolReader
-from modelkv_exporter.contract.snapshot import EngineSettings
+from modelkv_exporter.contract.snapshot import DroppedDeclaration, EngineSettings
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.contract.state import EngineState
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
@@ -50,7 +52,8 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
     full = make_snapshot(
         "e", interval=5.0, measured=every, baseline=every, architecture="A", stage_name="talker", tp_rank=0
     )
-    write_snapshot(spool, replace(full, settings=EngineSettings(8, 0.9, 100, 10)))
+    dropped = (DroppedDeclaration("talker", "Talker", "declarer_raised", 1, "RuntimeError: boom"),)
+    write_snapshot(spool, replace(full, settings=EngineSettings(8, 0.9, 100, 10), dropped_declarations=dropped))
     (spool / "broken.json").write_text("{")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpoolCollector(SpoolSource(SpoolReader(spool)), refusals={}))
@@ -185,3 +188,64 @@ def test_a_missing_spool_is_a_failed_scan_not_a_failed_scrape(tmp_path: Path) ->
     m = scrape(SpoolCollector(SpoolSource(SpoolReader(tmp_path / "absent"))))
     assert values(m, "modelkv_exporter_spool_scan_success") == [0]
     assert values(m, "modelkv_exporter_build_info") == [1]
+
+
+def test_long_stale_and_long_ended_files_are_forgotten_and_counted(spool: Path) -> None:
+    clock = Clock()
+    collector = SpoolCollector(SpoolSource(SpoolReader(spool), stale_after=30, clock=clock, forget_after=3600))
+    write_snapshot(spool, make_snapshot("renamed", heartbeat_at=clock.now, interval=5.0))
+    write_snapshot(spool, replace(make_snapshot("done", heartbeat_at=clock.now, interval=5.0), ended=True))
+    write_snapshot(spool, make_snapshot("oneshot", heartbeat_at=clock.now - 100_000))
+    clock.now += 3600
+    m = scrape(collector)
+    assert values(m, "modelkv_engine_up", engine="renamed") == [0], "stale for an hour: still reported"
+    assert values(m, "modelkv_exporter_spool_files", state="forgotten") == [0]
+    clock.now += 1
+    m = scrape(collector)
+    assert (
+        values(m, "modelkv_engine_up", engine="renamed") == []
+        and values(m, "modelkv_engine_info", engine="renamed") == []
+    )
+    assert values(m, "modelkv_exporter_spool_files", state="forgotten") == [2]
+    assert values(m, "modelkv_exporter_spool_files", state="stale") == [0]
+    assert values(m, "modelkv_exporter_spool_files", state="ended") == [0]
+    assert values(m, "modelkv_engine_up", engine="oneshot") == [1], "a one-shot snapshot is never stale nor forgotten"
+    write_snapshot(spool, make_snapshot("renamed", heartbeat_at=clock.now, interval=5.0))
+    assert values(scrape(collector), "modelkv_engine_up", engine="renamed") == [1], "a file that beats again returns"
+    never = SpoolCollector(SpoolSource(SpoolReader(spool), stale_after=30, clock=clock, forget_after=0))
+    clock.now += 10**6
+    assert values(scrape(never), "modelkv_exporter_spool_files", state="forgotten") == [0], "0 never forgets"
+
+
+def test_dropped_declarations_are_exported_per_owner_and_in_total(spool: Path) -> None:
+    dropped = (
+        DroppedDeclaration("talker", "Talker", "declarer_raised", 1, "RuntimeError: boom"),
+        DroppedDeclaration("", "Root", "unresolvable_spec", 2),
+        DroppedDeclaration("", "Root", "unresolvable_spec", 1),
+    )
+    write_snapshot(spool, replace(make_snapshot("e"), dropped_declarations=dropped))
+    write_snapshot(spool, replace(make_snapshot("clean"), dropped_declarations=()))
+    write_snapshot(spool, make_snapshot("older"))
+    m = scrape(SpoolCollector(SpoolSource(SpoolReader(spool))))
+    assert values(m, "modelkv_engine_declarations_dropped", engine="e") == [4]
+    assert values(m, "modelkv_engine_declarations_dropped", engine="clean") == [0]
+    assert values(m, "modelkv_engine_declarations_dropped", engine="older") == [], "unreported is absent, not 0"
+    assert values(m, "modelkv_declarations_dropped", engine="e", owner="talker", reason="declarer_raised") == [1]
+    assert values(m, "modelkv_declarations_dropped", engine="e", owner="(root)", reason="unresolvable_spec") == [3]
+
+
+def test_a_reused_classification_ends_at_the_first_forget_deadline(spool: Path) -> None:
+    """The source reuses its classification while the spool is unchanged: a file must still be forgotten on time."""
+    clock = Clock()
+    write_snapshot(spool, make_snapshot("old-id", heartbeat_at=clock.now, interval=5.0))
+    reader = SpoolReader(spool, monotonic=lambda: 0.0, wall_ns=lambda: int(clock.now * 1e9) + 10**12)
+    source = SpoolSource(reader, stale_after=30, clock=clock, forget_after=600)
+    clock.now += 31
+    first = source.view()
+    assert first.counts[EngineState.STALE] == 1 and first.until == pytest.approx(
+        first.entries[0].snapshot.heartbeat_at + 600
+    )
+    clock.now += 500
+    assert source.view().scan is first.scan, "the same scan: the classification is reused"
+    clock.now += 100
+    assert source.view().counts[EngineState.FORGOTTEN] == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.contract.spool import write_snapshot
 from tests.contract.test_spool import BAD_DOCUMENTS
 from tests.support.exposition import Exposition
@@ -98,7 +99,7 @@ def test_engines_api_returns_the_snapshots(sidecar: Sidecar) -> None:
     snapshot = make_snapshot("e", stage_name="talker")
     write_snapshot(sidecar.spool_dir, snapshot)
     body = sidecar.get("/api/v1/engines").json()
-    assert body["spool_error"] is None and body["schema_version"] == 1
+    assert body["spool_error"] is None and body["schema_version"] == SCHEMA_VERSION
     (engine,) = body["engines"]
     assert engine["state"] == "exported"
     assert engine["snapshot"] == json.loads(snapshot.to_json())

@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import struct
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from modelkv_exporter.contract.scan import SpoolReader
+from modelkv_exporter.contract.snapshot import DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.state import classify
 from modelkv_exporter.sidecar.http.landing import render_landing
@@ -29,7 +31,8 @@ def _fill(spool: Path) -> None:
             stage_name="talker",
         ),
     )
-    write_snapshot(spool, make_snapshot("plain-s1", declarations=()))
+    dropped = (DroppedDeclaration("talker.<b>", "T", "declarer_raised", 1, "KeyError: <heads>"),)
+    write_snapshot(spool, replace(make_snapshot("plain-s1", declarations=()), dropped_declarations=dropped))
     write_snapshot(spool, make_snapshot("gone-s2", interval=1.0, heartbeat_at=time.time() - 600))
     write_snapshot(spool, make_snapshot("evil", declarations=(make_declaration(HOSTILE, capacity_source=HOSTILE),)))
     (spool / "broken.json").write_text("{")
@@ -50,7 +53,11 @@ def test_landing_page_lists_engines_declarations_and_rejected_files(sidecar: Sid
         "broken.json",
     ):
         assert text in html, text
-    assert "3 exported" in html and "1 stale" in html and "1 rejected" in html
+    assert "3 exported" in html and "1 stale" in html and "1 rejected" in html and "0 forgotten" in html
+    assert (
+        "Dropped declarations:</strong> 1 of <code>talker.&lt;b&gt;</code> (declarer_raised: KeyError: &lt;heads&gt;)"
+        in html
+    )
     assert "2.0 MiB" in html and "process_resident" in html, "growth since the baseline"
     for link in ("/metrics", "/api/v1/engines", "/healthz", "/readyz"):
         assert f'href="{link}"' in html
@@ -110,3 +117,10 @@ def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(
     assert "16 × 8 × 128 × 4096 float32" in html
     assert "geometry: layers × kv_heads × head_dim × positions per row" in html
     assert "generated 2026-09-21 14:13:20 UTC" in html
+
+
+def test_an_engine_without_max_num_seqs_shows_none_of_it(spool: Path) -> None:
+    write_snapshot(spool, make_snapshot("diffusion-s2", max_num_seqs=None))
+    html = render_landing(classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir=str(spool), version="0")
+    row = html[html.index("diffusion-s2</a>") :].split("</tr>")[0]
+    assert '<td class="n">—</td>' in row and "None" not in row

@@ -14,10 +14,27 @@ from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from tests.support import ROOT
 
 RULES_FILE = ROOT / "deploy" / "prometheus" / "modelkv-rules.yaml"
-RULE_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yaml"))
+RULE_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.test.yaml"))
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_METRICS = {"up", "scrape_duration_seconds"}
-_VARIABLES = {"$job": "modelkv-exporter", "$model": ".*", "$stage": ".*", "$engine": ".*", "$__rate_interval": "15s"}
+FORTHCOMING_METRICS = {
+    "modelkv_observed_recent_peak_bytes",
+    "modelkv_observed_peak_bytes",
+    "modelkv_observation_available",
+    "modelkv_observed_calls_total",
+}
+"""Metrics of the cache observation (issue 14) the rules already read; drop once they are in the catalogue."""
+_VARIABLES = {
+    "$job": "modelkv-exporter",
+    "$namespace": ".*",
+    "$pod": ".*",
+    "$model": ".*",
+    "$stage": ".*",
+    "$engine": ".*",
+    "$device": ".*",
+    "$__rate_interval": "15s",
+    "$__interval": "15s",
+}
 
 
 @dataclass(frozen=True)
@@ -104,5 +121,5 @@ def metric_names(expr: str) -> set[str]:
 
 
 def known_metric(name: str) -> bool:
-    """A metric the exporter emits, a recording rule's output, or one Prometheus itself adds."""
-    return name in CATALOGUE or name in recorded_names() or name in PROMETHEUS_METRICS
+    """A metric the exporter emits (or will, FORTHCOMING_METRICS), a recording rule's output, or one of Prometheus's."""
+    return name in CATALOGUE or name in recorded_names() or name in PROMETHEUS_METRICS or name in FORTHCOMING_METRICS

@@ -62,17 +62,21 @@ def make_snapshot(
     engine_id: str = "engine-a",
     *,
     declarations: tuple[Declaration, ...] | None = None,
-    max_num_seqs: int = 8,
+    max_num_seqs: int | None = 8,
     heartbeat_at: float | None = None,
     interval: float | None = None,
     measured: dict[str, int] | None = None,
     baseline: dict[str, int] | None = None,
     **identity: object,
 ) -> Snapshot:
-    """A valid snapshot for engine ``engine_id``."""
+    """A valid snapshot for engine ``engine_id`` (without ``max_num_seqs``, its default declaration is fixed-row)."""
     now = time.time() if heartbeat_at is None else heartbeat_at
     if declarations is None:
-        declarations = (make_declaration(max_num_seqs=max_num_seqs),)
+        declarations = (
+            make_declaration(max_num_seqs=max_num_seqs)
+            if max_num_seqs is not None
+            else make_declaration(rows=RowDriver.FIXED.value, rows_fixed=2),
+        )
     return Snapshot(
         engine=EngineIdentity(
             engine_id=engine_id, served_model_name=identity.pop("served_model_name", "m"), **identity

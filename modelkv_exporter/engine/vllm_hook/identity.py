@@ -1,11 +1,42 @@
-"""Who a vLLM worker is: model, vLLM-Omni stage and replica, parallel ranks, device; and its engine id."""
+"""Who a vLLM worker is: model, vLLM-Omni stage and replica, parallel ranks, device; and its engine id.
+
+``facts_of`` answers for both kinds of worker the hook patches: vLLM's (any platform's class
+that vLLM's worker wrapper builds) and vLLM-Omni's ``DiffusionWorker`` (``diffusion.py``).
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from modelkv_exporter.engine.samplers import physical_device_id
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """What the hook publishes about a worker after its model loaded.
+
+    ``settled_at_load``: the worker has no later initialisation step the hook sees, so the
+    measured baseline is taken at load. ``worker_rank`` tells apart workers of one engine
+    that vLLM's parallel ranks do not (a diffusion stage's workers).
+    """
+
+    identity: dict[str, Any]
+    max_num_seqs: int | None
+    model: Any
+    settled_at_load: bool = False
+    worker_rank: int | None = None
+
+
+def facts_of(worker: Any) -> WorkerFacts:
+    """The facts of a vLLM worker, or of a vLLM-Omni diffusion worker (it has an ``od_config``)."""
+    if getattr(worker, "od_config", None) is not None:
+        from modelkv_exporter.engine.vllm_hook.diffusion import diffusion_facts
+
+        return diffusion_facts(worker)
+    max_num_seqs = as_int(getattr(worker.vllm_config.scheduler_config, "max_num_seqs", None))
+    return WorkerFacts(identity_of(worker), max_num_seqs if max_num_seqs else None, model_of(worker))
 
 
 def model_of(worker: Any) -> Any:
@@ -20,7 +51,8 @@ def model_of(worker: Any) -> Any:
     return runner.model
 
 
-def _rank(group: str) -> int | None:
+def rank_of(group: str) -> int | None:
+    """This process's rank in vLLM's ``group`` ("tp", "pp"), None when vLLM has none."""
     try:
         from vllm import distributed
 
@@ -29,13 +61,15 @@ def _rank(group: str) -> int | None:
         return None
 
 
-def _first(value: Any) -> str | None:
+def first(value: Any) -> str | None:
+    """The first item of a list or tuple (else the value) as text; None for nothing."""
     if isinstance(value, (list, tuple)):
         value = value[0] if value else None
     return None if value is None else str(value)
 
 
-def _as_int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
+    """An int, or a string of digits as an int; anything else None."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return int(value) if isinstance(value, str) and value.isdigit() else None
@@ -49,18 +83,18 @@ def identity_of(worker: Any) -> dict[str, Any]:
     stage_name = getattr(model_config, "model_stage", None)
     device = getattr(worker, "device", None)
     on_cuda = getattr(device, "type", None) == "cuda"
-    architecture = _first(getattr(model_config, "architectures", None)) or _first(
+    architecture = first(getattr(model_config, "architectures", None)) or first(
         getattr(getattr(model_config, "hf_config", None), "architectures", None)
     )
     identity: dict[str, Any] = {
-        "model": _first(getattr(model_config, "model", None)),
-        "served_model_name": _first(getattr(model_config, "served_model_name", None)),
+        "model": first(getattr(model_config, "model", None)),
+        "served_model_name": first(getattr(model_config, "served_model_name", None)),
         "architecture": architecture,
-        "stage_id": _as_int(stage_id),
+        "stage_id": as_int(stage_id),
         "stage_name": None if stage_name is None else str(stage_name),
         "replica": os.environ.get("VLLM_OMNI_REPLICA_ID"),
-        "tp_rank": _rank("tp"),
-        "pp_rank": _rank("pp"),
+        "tp_rank": rank_of("tp"),
+        "pp_rank": rank_of("pp"),
         "dp_rank": getattr(config.parallel_config, "data_parallel_rank", None),
         "local_device": getattr(worker, "local_rank", None),
         "device": str(physical_device_id(device)) if on_cuda else str(getattr(device, "type", "cpu")),
@@ -70,9 +104,13 @@ def identity_of(worker: Any) -> dict[str, Any]:
     return identity
 
 
-def engine_id_for(identity: dict[str, Any], prefix: str | None) -> str:
-    """A stable id per worker, so a restarted engine replaces its own snapshot."""
-    parts = [prefix or identity.get("served_model_name") or "engine"]
+def engine_id_for(identity: dict[str, Any], prefix: str | None, worker_rank: int | None = None) -> str:
+    """A stable id per worker, so a restarted engine replaces its own snapshot.
+
+    Named for the served model, else the model's last path part (vLLM always has the former).
+    """
+    model = str(identity.get("model") or "").rstrip("/").rsplit("/", 1)[-1]
+    parts = [prefix or identity.get("served_model_name") or model or "engine"]
     if identity.get("stage_id") is not None:
         parts.append(f"s{identity['stage_id']}")
     if identity.get("replica"):
@@ -81,4 +119,6 @@ def engine_id_for(identity: dict[str, Any], prefix: str | None) -> str:
         rank = identity.get(f"{key}_rank")
         if rank is not None:
             parts.append(f"{key}{rank}")
+    if worker_rank is not None:
+        parts.append(f"w{worker_rank}")
     return "-".join(str(p) for p in parts)[:256]

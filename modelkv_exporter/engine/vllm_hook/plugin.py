@@ -1,11 +1,25 @@
-"""The vLLM general plugin: ``register()`` runs once in every vLLM process.
+"""The vLLM general plugin: ``register()`` runs once in every vLLM (and vLLM-Omni) process.
 
-It does nothing unless ``MODELKV_SPOOL_DIR`` is set. Then it arranges for
-``vllm.v1.worker.gpu_worker.Worker`` to be wrapped, but only when a process actually imports
-that module (importing it costs seconds, and the API server never needs it): at once if it is
-already imported, else through a one-shot import hook. Each wrapper calls the original first
-and forwards every argument; whatever our part raises is logged once and swallowed, so the
-engine loads and serves as if we were not there.
+It does nothing unless ``MODELKV_SPOOL_DIR`` is set. Then it arranges for three things to be
+patched, each only when the process imports its module (at once if it already has; importing
+them ourselves would cost seconds in processes that never build a worker):
+
+- ``vllm.v1.worker.worker_base.WorkerWrapperBase.init_worker``: after it builds a worker, the
+  class of that worker is hooked, whatever platform it belongs to (vllm-ascend's ``NPUWorker``
+  or any out-of-tree worker that is no subclass of vLLM's ``Worker``);
+- ``vllm.v1.worker.gpu_worker.Worker``, the base of vLLM's own workers, for workers built
+  without the wrapper;
+- ``vllm_omni.diffusion.worker.diffusion_worker.DiffusionWorker``, vLLM-Omni's diffusion worker,
+  which no vLLM wrapper builds.
+
+``init_worker`` loads the plugins itself, so in a worker process ``register()`` may run inside
+the very call that is about to build the worker: then the class that call resolves is hooked
+at once (``in_flight_worker_class``).
+
+Each wrapper calls the original and forwards every argument; whatever our part raises is
+logged once and swallowed, so the engine loads and serves as if we were not there. A wrapper
+that another wrapped method of the same worker calls (an override calling ``super()``) runs
+only the original: each step runs once per call from outside.
 
 All state (the settings, the classes patched, the steps that failed) belongs to one
 ``Registration``; the module keeps only the registration ``register()`` made, so that vLLM
@@ -15,23 +29,81 @@ calling it again in the same process changes nothing.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
+import importlib
 import sys
-from collections.abc import Callable, Sequence
-from types import ModuleType
-from typing import Any
+import threading
+from collections.abc import Callable
+from types import FrameType, ModuleType
+from typing import Any, NamedTuple
 
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.vllm_hook.config import HookConfig
+from modelkv_exporter.engine.vllm_hook.imports import on_import
 
 logger = get_logger("plugin")
 
-TARGET = "vllm.v1.worker.gpu_worker"
+WORKER_MODULE = "vllm.v1.worker.gpu_worker"
+WRAPPER_MODULE = "vllm.v1.worker.worker_base"
+DIFFUSION_MODULE = "vllm_omni.diffusion.worker.diffusion_worker"
+TARGET = WORKER_MODULE
 MARKER = "__modelkv_wrapped__"
 
-Step = Callable[[Any, HookConfig], None]
-Wrap = Callable[[Callable[..., Any], Step], Callable[..., Any]]
+Step = Callable[..., None]
+
+
+class Method(NamedTuple):
+    """A lifecycle method of a worker class and the step that runs ``when`` it is called."""
+
+    name: str
+    when: str
+    step: Step
+    with_arguments: bool = False
+
+
+Plan = tuple[Method, ...]
+
+
+def worker_plan() -> Plan:
+    """The lifecycle of a vLLM worker (``WorkerBase``'s methods)."""
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+
+    return (
+        Method("load_model", "after", lifecycle.after_load_model),
+        Method("initialize_from_config", "after", lifecycle.after_kv_init, with_arguments=True),
+        Method("compile_or_warm_up_model", "after", lifecycle.after_warm_up),
+        Method("shutdown", "before", lifecycle.before_shutdown),
+    )
+
+
+def diffusion_plan() -> Plan:
+    """The lifecycle of a vLLM-Omni ``DiffusionWorker`` (its ``__init__`` loads the model)."""
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+
+    return (
+        Method("load_model", "after", lifecycle.after_load_model),
+        Method("set_kv_cache_configs", "after", lifecycle.after_kv_init, with_arguments=True),
+        Method("shutdown", "before", lifecycle.before_shutdown),
+    )
+
+
+def in_flight_worker_class(wrapper_base: type) -> type | None:
+    """The worker class an ``init_worker`` running on this thread's stack is about to build, if any.
+
+    Imports the class's module, as that ``init_worker`` does a moment later.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == "init_worker" else None
+        if isinstance(owner, wrapper_base):
+            config = frame.f_locals.get("vllm_config") or vars(owner).get("vllm_config")
+            name = getattr(getattr(config, "parallel_config", None), "worker_cls", None)
+            if not isinstance(name, str) or "." not in name:
+                return None
+            module_name, _, class_name = name.rpartition(".")
+            found = getattr(importlib.import_module(module_name), class_name, None)
+            return found if isinstance(found, type) else None
+        frame = frame.f_back
+    return None
 
 
 class Registration:
@@ -41,14 +113,24 @@ class Registration:
         self.config = config
         self.failed: set[str] = set()
         self.hooked: set[type] = set()
+        self._calls = threading.local()
+        self._announced = False
+
+    def announce(self) -> None:
+        """Say once per process that the hook is active: the line to look for in an engine's log."""
+        if not self._announced:
+            self._announced = True
+            logger.info("modelkv: publishing model-local KV declarations to %s", self.config.spool_dir)
 
     def install(self) -> None:
-        """Patch vLLM's Worker now if its module is imported, else when it is."""
-        module = sys.modules.get(TARGET)
-        if module is not None:
-            self.patch_worker(module)
-        else:
-            sys.meta_path.insert(0, _PatchOnImport(self))
+        """Patch each target module now if it is imported, else when it is."""
+        on_import(
+            {
+                WRAPPER_MODULE: self.patch_worker_wrapper,
+                WORKER_MODULE: self.patch_worker,
+                DIFFUSION_MODULE: self.patch_diffusion_worker,
+            }
+        )
 
     def guarded(self, step: str, function: Callable[..., object], *args: Any) -> None:
         """Run ``function``; a failure is logged the first time ``step`` fails, and never raised."""
@@ -59,107 +141,131 @@ class Registration:
                 self.failed.add(step)
                 logger.warning("modelkv: %s failed; the engine continues without it", step, exc_info=True)
 
-    def run_step(self, step: Step, worker: Any) -> None:
+    def run_step(self, method: Method, worker: Any, plan: Plan, arguments: tuple[Any, ...] = ()) -> None:
         """One lifecycle step for ``worker``, after making sure its own class's overrides are hooked too."""
         if type(worker) not in self.hooked:
-            self.patch_subclass(type(worker))
-        self.guarded(step.__name__, step, worker, self.config)
+            self.patch_subclass(type(worker), plan)
+        extra = arguments if method.with_arguments else ()
+        self.guarded(method.step.__name__, method.step, worker, self.config, *extra)
 
-    def _after(self, original: Callable[..., Any], step: Step) -> Callable[..., Any]:
+    def _active(self) -> set[tuple[int, str]]:
+        active: set[tuple[int, str]] | None = getattr(self._calls, "active", None)
+        if active is None:
+            active = self._calls.active = set()
+        return active
+
+    def _wrap(self, original: Callable[..., Any], method: Method, plan: Plan) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(worker: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(worker, *args, **kwargs)
-            self.run_step(step, worker)
-            return result
+            key = (id(worker), method.name)
+            active = self._active()
+            if key in active:
+                return original(worker, *args, **kwargs)
+            active.add(key)
+            try:
+                arguments = (*args, *kwargs.values())
+                if method.when == "before":
+                    self.run_step(method, worker, plan, arguments)
+                result = original(worker, *args, **kwargs)
+                if method.when == "after":
+                    self.run_step(method, worker, plan, arguments)
+                return result
+            finally:
+                active.discard(key)
 
         setattr(wrapper, MARKER, True)
         return wrapper
 
-    def _before(self, original: Callable[..., Any], step: Step) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(worker: Any, *args: Any, **kwargs: Any) -> Any:
-            self.run_step(step, worker)
-            return original(worker, *args, **kwargs)
-
-        setattr(wrapper, MARKER, True)
-        return wrapper
-
-    def _plan(self) -> tuple[tuple[str, Wrap, Step], ...]:
-        from modelkv_exporter.engine.vllm_hook import lifecycle
-
-        return (
-            ("load_model", self._after, lifecycle.after_load_model),
-            ("initialize_from_config", self._after, lifecycle.after_kv_init),
-            ("compile_or_warm_up_model", self._after, lifecycle.after_warm_up),
-            ("shutdown", self._before, lifecycle.before_shutdown),
-        )
-
-    def wrap_methods(self, cls: type, own_only: bool) -> list[str]:
+    def wrap_methods(self, cls: type, plan: Plan, own_only: bool) -> list[str]:
         """Wrap ``cls``'s lifecycle methods (only those it defines itself when ``own_only``); returns their names."""
         wrapped = []
-        for name, wrap, step in self._plan():
-            original = cls.__dict__.get(name) if own_only else getattr(cls, name, None)
+        for method in plan:
+            original = cls.__dict__.get(method.name) if own_only else getattr(cls, method.name, None)
             if original is None or getattr(original, MARKER, False):
                 continue
-            setattr(cls, name, wrap(original, step))
-            wrapped.append(name)
+            setattr(cls, method.name, self._wrap(original, method, plan))
+            wrapped.append(method.name)
         return wrapped
 
-    def patch_subclass(self, cls: type) -> None:
-        """Wrap the lifecycle methods a Worker subclass overrides (vLLM's CPUWorker, vLLM-Omni's workers).
+    def patch_subclass(self, cls: type, plan: Plan | None = None) -> None:
+        """Wrap the lifecycle methods a worker class and its bases override, each class once.
 
-        Called when the hook first sees a worker of a class, so an override that does not call
-        ``super()`` still reaches the hook; the steps are idempotent for overrides that do.
-        Each class is handled once.
+        Called when the hook first sees a worker of a class, so an override that does not
+        call ``super()`` still reaches the hook.
         """
         for klass in cls.__mro__:
             if klass in self.hooked:
                 break
-            self.guarded("patch_subclass", self.wrap_methods, klass, True)
+            self.guarded("patch_subclass", self.wrap_methods, klass, plan or worker_plan(), True)
             self.hooked.add(klass)
 
+    def patch_worker_class(self, cls: type) -> None:
+        """Hook a worker class any platform defines: its lifecycle methods, as it resolves them."""
+        if cls in self.hooked:
+            return
+        self.wrap_methods(cls, worker_plan(), False)
+        self.patch_subclass(cls)
+        self.announce()
+        logger.info("modelkv: hooked worker class %s.%s", cls.__module__, cls.__qualname__)
+
     def patch_worker(self, module: ModuleType) -> None:
-        """Wrap the worker's lifecycle methods once; a method this vLLM lacks is skipped."""
+        """Wrap vLLM's base ``Worker`` once; a method this vLLM lacks is skipped."""
         try:
             self.hooked.add(module.Worker)
-            if self.wrap_methods(module.Worker, False):
-                logger.info("modelkv: publishing model-local KV declarations to %s", self.config.spool_dir)
+            if self.wrap_methods(module.Worker, worker_plan(), False):
+                self.announce()
         except Exception:
             logger.warning("modelkv: cannot hook vLLM's Worker; the engine runs without it", exc_info=True)
 
+    def patch_worker_wrapper(self, module: ModuleType) -> None:
+        """Hook every worker ``WorkerWrapperBase.init_worker`` builds, and the one it is building now."""
+        try:
+            wrapper_base = module.WorkerWrapperBase
+            original = wrapper_base.__dict__["init_worker"]
+            if not getattr(original, MARKER, False):
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, on_loaded: Callable[[ModuleType], None]) -> None:
-        self.inner = inner
-        self.on_loaded = on_loaded
+                @functools.wraps(original)
+                def init_worker(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+                    result = original(wrapper, *args, **kwargs)
+                    worker = vars(wrapper).get("worker")
+                    if worker is not None:
+                        self.guarded("patch_worker_class", self.patch_worker_class, type(worker))
+                    return result
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.inner.create_module(spec)
+                setattr(init_worker, MARKER, True)
+                wrapper_base.init_worker = init_worker
+            building = in_flight_worker_class(wrapper_base)
+            if building is not None:
+                self.patch_worker_class(building)
+        except Exception:
+            logger.warning("modelkv: cannot hook vLLM's worker wrapper; the engine runs without it", exc_info=True)
 
-    def exec_module(self, module: ModuleType) -> None:
-        self.inner.exec_module(module)
-        self.on_loaded(module)
+    def patch_diffusion_worker(self, module: ModuleType) -> None:
+        """Hook vLLM-Omni's ``DiffusionWorker`` and, before one is built, its class's own overrides.
 
+        ``DiffusionWorker.__init__`` itself loads the model, so a class found after
+        construction would be hooked too late; its ``__init__`` is wrapped instead.
+        """
+        try:
+            cls = module.DiffusionWorker
+            plan = diffusion_plan()
+            self.hooked.add(cls)
+            wrapped = self.wrap_methods(cls, plan, False)
+            original = cls.__dict__["__init__"]
+            if not getattr(original, MARKER, False):
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; when the worker module is imported, wraps its loader to patch it."""
+                @functools.wraps(original)
+                def __init__(worker: Any, *args: Any, **kwargs: Any) -> None:
+                    if type(worker) not in self.hooked:
+                        self.guarded("patch_subclass", self.patch_subclass, type(worker), plan)
+                    original(worker, *args, **kwargs)
 
-    def __init__(self, registration: Registration) -> None:
-        self.registration = registration
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TARGET:
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find else None
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self.registration.patch_worker)
-                return spec
-        return None
+                setattr(__init__, MARKER, True)
+                cls.__init__ = __init__
+            if wrapped:
+                self.announce()
+        except Exception:
+            logger.warning("modelkv: cannot hook vLLM-Omni's DiffusionWorker; it runs without it", exc_info=True)
 
 
 _registration: Registration | None = None

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from modelkv_exporter import __version__
 from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SPOOL_BYTES, DEFAULT_MAX_SPOOL_FILES
-from modelkv_exporter.contract.state import DEFAULT_STALE_AFTER_SECONDS
+from modelkv_exporter.contract.state import DEFAULT_FORGET_AFTER_SECONDS, DEFAULT_STALE_AFTER_SECONDS
 from modelkv_exporter.sidecar.budget import Budget
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.http.limits import HttpLimits
@@ -35,6 +35,8 @@ class SidecarConfig:
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
     spool_check_interval: float = DEFAULT_CHECK_INTERVAL_SECONDS
     """Seconds between checks that the spool directory exists and can be listed (a warning while not)."""
+    forget_after: float = DEFAULT_FORGET_AFTER_SECONDS
+    """Seconds after its last heartbeat at which a stale or ended engine is forgotten (0: never)."""
     max_spool_files: int = DEFAULT_MAX_SPOOL_FILES
     max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
     budget: Budget = field(default_factory=Budget)
@@ -50,6 +52,7 @@ def sidecar_config(settings: Any, spool_dir: Path | None = None) -> SidecarConfi
         spool_dir or Path(settings.spool_dir),
         stale_after=settings.stale_after,
         max_snapshot_bytes=settings.max_snapshot_bytes,
+        forget_after=settings.forget_after,
         max_spool_files=settings.max_spool_files,
         max_spool_bytes=settings.max_spool_bytes,
         budget=Budget(
@@ -102,6 +105,7 @@ def make_app(config: SidecarConfig, source: SpoolSource | None = None) -> FastAP
         max_files=config.max_spool_files,
         max_spool_bytes=config.max_spool_bytes,
         stale_after=config.stale_after,
+        forget_after=config.forget_after,
     )
     app = FastAPI(
         title="modelkv-exporter",

@@ -39,7 +39,7 @@ nav a{margin-right:16px}a{color:#2457c5}h2{font-size:16px;margin:24px 0 8px}h3{f
 table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0002;margin-bottom:8px}
 th,td{padding:5px 10px;border-bottom:1px solid #e3e6ea;text-align:left;vertical-align:top}
 th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
-.state{padding:1px 7px;border-radius:9px;font-size:12px}.exported{background:#d7f3df}.stale{background:#fde2c8}
+.state{padding:1px 7px;border-radius:9px;font-size:12px}.exported{background:#d7f3df}.stale{background:#fde2c8}.forgotten{background:#e4e4e4}
 .ended{background:#e3e6ea}.rejected{background:#f9d0d0}.muted{color:#6b7280}code{font-size:12px}
 """
 
@@ -82,7 +82,7 @@ def _engine_row(snapshot: Snapshot, state: EngineState, now: float) -> list[str]
         escape(engine.model_label),
         escape(engine.stage_label),
         f'<span class="state {state.value}">{state.value}</span>',
-        str(snapshot.settings.max_num_seqs),
+        "—" if snapshot.settings.max_num_seqs is None else str(snapshot.settings.max_num_seqs),
         str(len(snapshot.declarations)),
         human_bytes(snapshot.declared_peak_bytes),
         "—" if growth is None else _signed_bytes(growth[1]),
@@ -125,6 +125,12 @@ def _engine_section(snapshot: Snapshot) -> str:
         ("writer", snapshot.writer),
     ]
     line = " · ".join(f"{k} <code>{escape(str(v))}</code>" for k, v in facts if v)
+    dropped = [
+        f"{d.count} of <code>{escape(d.owner or ROOT_OWNER)}</code> ({escape(d.reason)}: {escape(d.error)})"
+        for d in snapshot.dropped_declarations or ()
+    ]
+    if dropped:
+        line += "</p><p><strong>Dropped declarations:</strong> " + "; ".join(dropped)
     if not snapshot.declarations:
         return f'{title}<p class="muted">{line}</p><p>No model-local KV caches declared.</p>'
     headers = ["owner", "cache", "scope", "rows", "per row", "declared peak", "geometry", "capacity", "notes"]
@@ -153,7 +159,9 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
         engines += f'<p class="muted">{escape(GROWTH_LEGEND)}</p>'
     else:
         engines = '<p class="muted">No snapshot in the spool yet.</p>'
-    sections = "".join(_engine_section(s) for s, state in live if state is not EngineState.ENDED)
+    sections = "".join(
+        _engine_section(s) for s, state in live if state not in (EngineState.ENDED, EngineState.FORGOTTEN)
+    )
     rejected_html = _table(["file", "reason", "detail"], rejected) if rejected else '<p class="muted">None.</p>'
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
