@@ -238,7 +238,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_declarations",
         positive_int,
-        "A snapshot with more declarations is rejected (over_budget).",
+        "A snapshot with more declarations, or more entries of dropped declarations, is rejected (over_budget).",
         {"serve": limits.MAX_DECLARATIONS, "demo": limits.MAX_DECLARATIONS},
     ),
     Setting(

@@ -1,7 +1,7 @@
 """What the sidecar admits from the spool, so that no file can make it run out of memory or export wrong data.
 
 Per snapshot, checked once per file version as the reader parses it (``Admission.check``):
-at most ``max_declarations`` declarations, at most ``max_label_bytes`` bytes of label values
+at most ``max_declarations`` declarations (and as many entries of dropped declarations), at most ``max_label_bytes`` bytes of label values
 over all the series it exports, and no two of its series with the same labels once the
 label values are sanitised. Per scrape, checked on every new scan (``Admission.admit``):
 engines in file-name order until ``max_series`` series or ``max_scrape_label_bytes`` bytes of
@@ -87,6 +87,12 @@ class Admission:
         if count > self.budget.max_declarations:
             raise SnapshotError(
                 RejectReason.OVER_BUDGET, f"{count} declarations > limit {self.budget.max_declarations}"
+            )
+        dropped = len(snapshot.dropped_declarations or ())
+        if dropped > self.budget.max_declarations:
+            raise SnapshotError(
+                RejectReason.OVER_BUDGET,
+                f"{dropped} entries of dropped declarations > limit {self.budget.max_declarations}",
             )
         cost = snapshot_cost(snapshot)
         if cost.label_bytes > self.budget.max_label_bytes:

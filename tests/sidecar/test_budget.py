@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from modelkv_exporter.contract.snapshot import DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.budget import Budget, snapshot_cost
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
@@ -48,6 +49,19 @@ def test_a_snapshot_over_its_budget_is_rejected_and_counted_and_others_stay(spoo
     assert exposition.value("modelkv_exporter_snapshot_rejections_total", reason="over_budget") == 2
     src.view()
     assert src.reader.rejections["over_budget"] == 2, "each file version counted once"
+
+
+def test_entries_of_dropped_declarations_are_held_to_the_declaration_budget(spool: Path) -> None:
+    # entries of one owner and reason merge into one series: no label bytes would bound how many a file keeps
+    def dropping(engine: str, entries: int) -> None:
+        drop = DroppedDeclaration("m.x", "X", "declarer_raised", 1, "RuntimeError: no")
+        write_snapshot(spool, replace(make_snapshot(engine), dropped_declarations=(drop,) * entries))
+
+    dropping("hoarder", 11)
+    dropping("fine", 10)
+    src = source(spool, Budget(max_declarations=10))
+    assert rejected(src) == {"hoarder.json": ("over_budget", "11 entries of dropped declarations > limit 10")}
+    assert rendered(src).value("modelkv_declarations_dropped", engine="fine", owner="m.x") == 10
 
 
 def test_the_scrape_takes_engines_in_file_order_until_its_series_budget(spool: Path) -> None:
