@@ -6,6 +6,7 @@ on purpose; each mechanism is also shown failing when it is taken away.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -76,6 +77,40 @@ def test_the_liveness_port_reports_a_stalled_event_loop_without_waiting_for_it(s
     finally:
         release.set()
     eventually(lambda: httpx.get(served.probe_url + "/healthz").status_code == 200, "healthy again once it turns")
+
+
+def test_the_liveness_port_says_starting_until_the_main_port_serves(
+    spool: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A startup probe must not pass while the app is still starting and the main port does not listen."""
+    release = threading.Event()
+    real_startup = uvicorn.Server.startup
+
+    async def held_startup(self: uvicorn.Server, sockets: Any = None) -> None:
+        while not release.is_set():  # the app's start takes a while (a slow volume, a busy node)
+            await asyncio.sleep(0.01)
+        await real_startup(self, sockets)
+
+    monkeypatch.setattr(uvicorn.Server, "startup", held_startup)
+    port = free_port()
+    config = SidecarConfig(spool, probe_port=free_port())
+    running = Served(build_server(config, host="127.0.0.1", port=port, log_level="warning"), port)
+    running.thread.start()
+    try:
+        starting = eventually(
+            lambda: (r := httpx.get(running.probe_url + "/healthz", timeout=2)).status_code == 503 and r,
+            "the liveness listener to answer while the app starts",
+        )
+        assert starting.text == "starting\n"
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(running.url + "/healthz", timeout=2)
+        release.set()
+        eventually(lambda: httpx.get(running.probe_url + "/healthz").status_code == 200, "ok once it serves")
+        assert httpx.get(running.url + "/healthz").status_code == 200
+    finally:
+        release.set()
+        running.server.should_exit = True
+        running.thread.join(timeout=10)
 
 
 def test_a_slow_rendering_never_holds_the_event_loop(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,9 @@ port (``wrk -c4000``) a probe waits seconds in the accept queue, and the kubelet
 a sidecar that is working. This listener has its own accept queue and answers from a thread,
 so it keeps answering in milliseconds. What it reports is still the event loop's health: 200
 while the loop has run its heartbeat (uvicorn's ``callback_notify``, once a second) within
-``max_stall`` seconds, else 503.
+``max_stall`` seconds, else 503. Before the first heartbeat, which uvicorn's main loop runs once
+the app has started and the main port listens, it answers 503 ``starting``: a startup probe
+passes only once the server serves.
 
 It serves one short connection at a time (the kubelet's), reads at most ``MAX_REQUEST_BYTES``
 with a one-second timeout, and closes; it is meant for the kubelet only (see docs/deploy.md).
@@ -13,6 +15,7 @@ with a one-second timeout, and closes; it is meant for the kubelet only (see doc
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -31,6 +34,10 @@ _STALLED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 19\r\n"
     b"connection: close\r\n\r\nevent loop stalled\n"
 )
+_STARTING = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 9\r\n"
+    b"connection: close\r\n\r\nstarting\n"
+)
 _NOT_FOUND = canned(404)
 
 
@@ -38,15 +45,16 @@ class Heartbeat:
     """When the event loop last ran a callback; ``beat`` is uvicorn's ``callback_notify``."""
 
     def __init__(self) -> None:
-        self.last = time.monotonic()
+        self.last: float | None = None
+        """None until the first beat: the server has not started serving yet."""
 
     async def beat(self) -> None:
         """Called on the event loop, once a second while it turns."""
         self.last = time.monotonic()
 
     def age(self) -> float:
-        """Seconds since the last beat."""
-        return time.monotonic() - self.last
+        """Seconds since the last beat (infinite before the first)."""
+        return math.inf if self.last is None else time.monotonic() - self.last
 
 
 def answer(request: bytes, heartbeat: Heartbeat, max_stall: float) -> bytes:
@@ -55,7 +63,10 @@ def answer(request: bytes, heartbeat: Heartbeat, max_stall: float) -> bytes:
     method, target = (parts[0], parts[1]) if len(parts) == 3 else (b"", b"")
     if method not in (b"GET", b"HEAD") or target.partition(b"?")[0] != b"/healthz":
         return _NOT_FOUND
-    response = _OK if heartbeat.age() <= max_stall else _STALLED
+    if heartbeat.last is None:
+        response = _STARTING
+    else:
+        response = _OK if heartbeat.age() <= max_stall else _STALLED
     return response if method == b"GET" else response[: response.index(b"\r\n\r\n") + 4]
 
 
