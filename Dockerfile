@@ -50,7 +50,7 @@ ENV PATH=/opt/modelkv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     MODELKV_SPOOL_DIR=/var/run/modelkv
 USER 65532:65532
-EXPOSE 9400
+EXPOSE 9400 9401
 ENTRYPOINT ["modelkv-exporter", "serve"]
 
 # --- an engine image with the in-engine hook (optional target) ------------------------------

@@ -46,6 +46,12 @@ ENGINES = 4
 SERIES_PER_DECLARATION = 5
 PY = sys.executable
 EXPORTER = str(Path(PY).parent / "modelkv-exporter")
+ROOMY = (
+    "--max-snapshot-bytes", "64MiB", "--max-spool-bytes", "256MiB", "--max-declarations", "100000",
+    "--max-label-bytes", "256MiB", "--max-series", "1000000", "--max-scrape-label-bytes", "256MiB",
+    "--probe-port", "0",
+)  # fmt: skip
+"""The sizes here pass the default budgets (10 000 series a scrape): every limit raised for this sidecar."""
 
 
 def fill(spool: Path, series: int) -> list:
@@ -58,7 +64,7 @@ def fill(spool: Path, series: int) -> list:
             declarations=tuple(make_declaration(f"cache_{i}", owner=f"model.layers.{i}") for i in mine),
             measured={"torch_reserved": 1 << 30, "process_gpu": 1 << 31},
             baseline={"torch_reserved": 1 << 30, "process_gpu": 1 << 31},
-            heartbeat_at=time.time() + 3600,
+            heartbeat_at=time.time(),  # a one-shot snapshot: never stale, however long the run
         )
         write_snapshot(spool, snapshot)
         snapshots.append(snapshot)
@@ -115,7 +121,7 @@ def start(kind: str, spool: Path, textfiles: Path, body: Path, before: Path | No
             "--port",
             str(port),
         ],
-        "modelkv": [EXPORTER, "serve", "--spool-dir", str(spool), "--host", "127.0.0.1", "--port", str(port)],
+        "modelkv": [EXPORTER, "serve", "--spool-dir", str(spool), "--host", "127.0.0.1", "--port", str(port), *ROOMY],
         "per_scrape": [PY, str(ROOT / "bench" / "scrape_servers.py"), "per_scrape", str(port), str(spool)],
         "client_python": [PY, str(ROOT / "bench" / "scrape_servers.py"), "client_python", str(port), str(spool)],
         "ceiling": [PY, str(ROOT / "bench" / "scrape_servers.py"), "ceiling", str(port), str(body)],

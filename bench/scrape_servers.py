@@ -36,6 +36,10 @@ def ceiling(port: int, body_file: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+ROOMY_BYTES = 64 * 1024 * 1024
+"""The benchmark's largest snapshots pass the reader's default 256 KiB."""
+
+
 def client_python(port: int, spool: str) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
@@ -44,7 +48,9 @@ def client_python(port: int, spool: str) -> None:
     from modelkv_exporter.sidecar.source import SpoolSource
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpoolCollector(SpoolSource(SpoolReader(Path(spool)))))
+    registry.register(
+        SpoolCollector(SpoolSource(SpoolReader(Path(spool), max_bytes=ROOMY_BYTES, max_spool_bytes=ROOMY_BYTES)))
+    )
     start_http_server(port, addr="127.0.0.1", registry=registry)
     threading.Event().wait()
 
@@ -61,7 +67,9 @@ def per_scrape(port: int, spool: str) -> None:
     from modelkv_exporter.sidecar.source import SpoolSource
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpoolCollector(SpoolSource(SpoolReader(Path(spool)))))
+    registry.register(
+        SpoolCollector(SpoolSource(SpoolReader(Path(spool), max_bytes=ROOMY_BYTES, max_spool_bytes=ROOMY_BYTES)))
+    )
     app = FastAPI()
 
     @app.get("/metrics")

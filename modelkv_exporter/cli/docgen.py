@@ -29,7 +29,11 @@ def metrics_markdown() -> str:
         f"(an `_info` series, which is joined on and never aggregated, at most {MAX_INFO_LABELS}).",
         "`pod` and `namespace` come from Prometheus's service discovery, not from the exporter.",
         "",
-        "Label values taken from snapshots have control characters replaced by spaces; diagnostic strings are cut to 128 characters.",
+        "Label values taken from snapshots have unprintable characters (controls, bidi and other format characters, "
+        "line separators) replaced by spaces; diagnostic strings are cut to 128 characters and identities to 256, a cut "
+        "value ending in an ellipsis and 8 hex digits of the whole value's digest. Two series of one scrape never share "
+        "their labels: a snapshot whose values meet once sanitised is rejected, and so is a later engine whose engine "
+        "label repeats an earlier one's.",
         'A declaration owned by the model\'s root module has `owner="(root)"`. `stage` is the vLLM-Omni stage name, else its id, else empty.',
         "",
     ]

@@ -17,13 +17,11 @@ DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines p
 
 def serve(args: argparse.Namespace) -> int:
     """Run the sidecar HTTP server over ``--spool-dir``."""
-    from modelkv_exporter.sidecar.http.app import SidecarConfig
+    from modelkv_exporter.sidecar.http.app import sidecar_config
     from modelkv_exporter.sidecar.http.server import build_server
 
     logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", args.spool_dir, args.host, args.port)
-    config = SidecarConfig(
-        Path(args.spool_dir), args.stale_after, args.max_snapshot_bytes, forget_after=args.forget_after
-    )
+    config = sidecar_config(args)
     build_server(config, host=args.host, port=args.port, log_level=args.log_level).run()
     return 0
 
@@ -70,7 +68,12 @@ def inspect(args: argparse.Namespace) -> int:
     from modelkv_exporter.contract.scan import SpoolReader
     from modelkv_exporter.contract.state import classify
 
-    scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
+    scan = SpoolReader(
+        _spool_of(args),
+        max_bytes=args.max_snapshot_bytes,
+        max_files=args.max_spool_files,
+        max_spool_bytes=args.max_spool_bytes,
+    ).scan()
     if not scan.ok:
         return _unreadable(args, scan.error)
     view = classify(scan, time.time(), args.stale_after, args.forget_after)
@@ -83,7 +86,12 @@ def plan(args: argparse.Namespace) -> int:
     from modelkv_exporter.cli.reports import plan_report, report_width
     from modelkv_exporter.contract.scan import SpoolReader
 
-    scan = SpoolReader(_spool_of(args), max_bytes=args.max_snapshot_bytes).scan()
+    scan = SpoolReader(
+        _spool_of(args),
+        max_bytes=args.max_snapshot_bytes,
+        max_files=args.max_spool_files,
+        max_spool_bytes=args.max_spool_bytes,
+    ).scan()
     if not scan.ok:
         return _unreadable(args, scan.error)
     sys.stdout.write(plan_report(scan, args.max_num_seqs, args.budget, report_width()))

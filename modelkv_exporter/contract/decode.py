@@ -44,6 +44,7 @@ class RejectReason(str, Enum):
     INVALID_SNAPSHOT = "invalid_snapshot"
     UNSUPPORTED_VERSION = "unsupported_version"
     DUPLICATE_ENGINE = "duplicate_engine"
+    OVER_BUDGET = "over_budget"
 
 
 class SnapshotError(Exception):
@@ -293,6 +294,9 @@ def snapshot_from_dict(document: Any) -> Snapshot:
             _invalid(where, f"duplicate declaration {declaration.name!r} of owner {declaration.owner!r}")
         seen.add(key)
     interval = root.number("heartbeat_interval_seconds", required=False)
+    started_at, heartbeat_at = root.number("started_at"), root.number("heartbeat_at")
+    if started_at > heartbeat_at:
+        _invalid("snapshot.started_at", f"{started_at!r} is after heartbeat_at {heartbeat_at!r}")
     dropped = (
         root.items("dropped_declarations", _dropped) if root.mapping().get("dropped_declarations") is not None else None
     )
@@ -300,8 +304,8 @@ def snapshot_from_dict(document: Any) -> Snapshot:
         engine=engine,
         settings=settings,
         declarations=declarations,
-        started_at=root.number("started_at"),
-        heartbeat_at=root.number("heartbeat_at"),
+        started_at=started_at,
+        heartbeat_at=heartbeat_at,
         measured=_measured(root.child("measured", required=False)),
         heartbeat_interval_seconds=interval,
         ended=root.boolean("ended"),

@@ -1,15 +1,19 @@
 """Reading the spool: every snapshot file parsed once per change, every bad file rejected with a reason.
 
 The reader parses only files whose inode, size or times changed since the last scan, never
-follows links, never opens anything but a regular file, and never blocks on FIFOs. Each
-version of a file it parses gets a number of its own (``SpoolEntry.version``), so a consumer
-can cache whatever it derives from an entry by ``(file_name, version)``.
+follows links, never opens anything ``lstat`` does not call a regular file, and never blocks
+on FIFOs. It reads snapshot files in name order, at most ``max_files`` of them and
+``max_spool_bytes`` in all (a file that does not fit is passed over); the rest are counted as
+rejected (``over_budget``), not read. Each version of a file it parses gets a number of its own
+(``SpoolEntry.version``), so a consumer can cache whatever it derives from an entry by
+``(file_name, version)``.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import os
 import stat
 import threading
@@ -22,7 +26,13 @@ from modelkv_exporter.contract.decode import RejectReason, SnapshotError, parse_
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import SUFFIX, snapshot_file_name
 
-DEFAULT_MAX_SNAPSHOT_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024
+"""Parsing a document costs up to about 22 times its size in transient memory (many small JSON values) and
+holds the interpreter for about 75 ms at this size; a snapshot of 256 declarations is about 100 KiB."""
+DEFAULT_MAX_SPOOL_FILES = 256
+"""Snapshot files read per scan: one per engine process in the pod, with room to spare."""
+DEFAULT_MAX_SPOOL_BYTES = 4 * 1024 * 1024
+"""Bytes of snapshot files read per scan: 64 engines of 250 declarations each fit."""
 FULL_SCAN_EVERY_SECONDS = 1.0
 SETTLE_NS = 50_000_000
 """Directory timestamps are as coarse as the kernel's tick (1 to 10 ms); 50 ms is well past it."""
@@ -87,6 +97,8 @@ class SpoolScan:
 
     entries: tuple[SpoolEntry, ...] = ()
     error: str | None = None
+    skipped: int = 0
+    """Snapshot files past the reader's ``max_files`` or ``max_spool_bytes``: counted as rejected, never read."""
 
     @property
     def ok(self) -> bool:
@@ -100,6 +112,21 @@ class SpoolScan:
 
 
 _FileKey = tuple[int, int, int, int]
+Admit = Callable[[Snapshot], None]
+"""A check of a parsed snapshot that raises ``SnapshotError`` to reject it (the sidecar's budgets)."""
+
+_name = operator.attrgetter("name")
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> SnapshotError | None:
+    """Why an ``lstat`` mode is no snapshot file, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link")
+    kind = next((name for test, name in _KINDS if test(mode)), "a device or other special file")
+    return SnapshotError(RejectReason.NOT_REGULAR_FILE, f"is {kind}, not a regular file")
 
 
 @dataclass
@@ -107,18 +134,23 @@ class SpoolReader:
     """Scans a spool directory, re-parsing only files that changed since the last scan.
 
     ``rejections`` counts each rejected file version once, by reason, for the life of the
-    reader (it becomes a counter metric). Thread-safe. ``monotonic`` and ``wall_ns`` are the
-    clocks of the unchanged-directory shortcut, injectable for tests.
+    reader (it becomes a counter metric). Thread-safe. ``admit`` checks each parsed file version
+    once and may reject it. ``monotonic`` and ``wall_ns`` are the clocks of the
+    unchanged-directory shortcut, injectable for tests.
     """
 
     directory: Path
     max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
+    max_files: int = DEFAULT_MAX_SPOOL_FILES
+    max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
+    admit: Admit | None = None
     full_scan_every: float = FULL_SCAN_EVERY_SECONDS
     monotonic: Callable[[], float] = time.monotonic
     wall_ns: Callable[[], int] = time.time_ns
     rejections: collections.Counter[str] = field(default_factory=collections.Counter)
     _cache: dict[str, tuple[_FileKey, SpoolEntry]] = field(default_factory=dict)
     _duplicates: set[tuple[str, _FileKey]] = field(default_factory=set)
+    _skipped: set[int] = field(default_factory=set)
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _last: tuple[tuple[int, int, int], float, SpoolScan] | None = None
@@ -150,20 +182,58 @@ class SpoolReader:
             self._last = (key, now, scan) if settled and scan.ok else None
             return scan
 
+    def count(self, reason: RejectReason, files: int = 1) -> None:
+        """Count ``files`` file versions rejected for ``reason`` by a consumer of the scans (the sidecar's budgets)."""
+        with self._lock:
+            self.rejections[reason.value] += files
+
     def _full_scan(self) -> SpoolScan:
         try:
-            listing = sorted(os.scandir(self.directory), key=lambda e: e.name)
+            listing = sorted(
+                (e for e in os.scandir(self.directory) if e.name.endswith(SUFFIX) and not e.name.startswith(".")),
+                key=_name,
+            )
         except OSError as error:
             self._cache.clear()
             return SpoolScan(error=f"{self.directory}: {error.strerror or error}")
+        read, beyond = self._within_budget(listing)
         fresh: dict[str, tuple[_FileKey, SpoolEntry]] = {}
-        for dir_entry in listing:
-            name = dir_entry.name
-            if name.startswith(".") or not name.endswith(SUFFIX):
-                continue
-            fresh[name] = self._entry(dir_entry)
+        for dir_entry in read:
+            fresh[dir_entry.name] = self._entry(dir_entry)
         self._cache = fresh
-        return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]))
+        skipped = self._count_skipped(beyond)
+        return SpoolScan(entries=self._resolve_duplicates([entry for _, entry in fresh.values()]), skipped=skipped)
+
+    def _within_budget(self, listing: list[os.DirEntry[str]]) -> tuple[list[os.DirEntry[str]], list[os.DirEntry[str]]]:
+        """The files to read and the rest: in name order, each file whose ``lstat`` size still fits in
+        ``max_spool_bytes`` (a larger one is passed over, not the ones after it), ``max_files`` at most."""
+        read: list[os.DirEntry[str]] = []
+        beyond: list[os.DirEntry[str]] = []
+        total = 0
+        for index, dir_entry in enumerate(listing):
+            if len(read) >= self.max_files:
+                return read, beyond + listing[index:]
+            size = 0
+            try:
+                info = dir_entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_bytes:
+                    size = info.st_size
+            except OSError:
+                pass
+            if total + size > self.max_spool_bytes:
+                beyond.append(dir_entry)
+            else:
+                total += size
+                read.append(dir_entry)
+        return read, beyond
+
+    def _count_skipped(self, beyond: list[os.DirEntry[str]]) -> int:
+        """Files past the budget, none opened or even stat'ed: each counted once as over budget while it stays
+        past it (by name: tens of thousands of files cost a listing, not a stat each)."""
+        names = {hash(dir_entry.name) for dir_entry in beyond}
+        self.rejections[RejectReason.OVER_BUDGET.value] += len(names - self._skipped)
+        self._skipped = names
+        return len(beyond)
 
     def _entry(self, dir_entry: os.DirEntry[str]) -> tuple[_FileKey, SpoolEntry]:
         try:
@@ -174,16 +244,23 @@ class SpoolReader:
         cached = self._cache.get(dir_entry.name)
         if cached is not None and cached[0] == key:
             return cached
-        if stat.S_ISLNK(info.st_mode):
-            link = SnapshotError(RejectReason.NOT_REGULAR_FILE, "is a symbolic link")
-            return key, self._reject(dir_entry.name, info.st_mtime, link)
+        unfit = _not_regular(info.st_mode)
+        if unfit is None and info.st_size > self.max_bytes:
+            unfit = SnapshotError(RejectReason.TOO_LARGE, f"{info.st_size} bytes > limit {self.max_bytes}")
+        if unfit is not None:
+            return key, self._reject(dir_entry.name, info.st_mtime, unfit)
         try:
             snapshot = read_snapshot_file(dir_entry.path, self.max_bytes)
+            if self.admit is not None:
+                self.admit(snapshot)
         except SnapshotError as error:
             return key, self._reject(dir_entry.name, info.st_mtime, error)
         return key, SpoolEntry(dir_entry.name, info.st_mtime, snapshot=snapshot, version=next(self._versions))
 
     def _reject(self, name: str, mtime: float, error: SnapshotError) -> SpoolEntry:
+        # Kept for as long as the file: without its traceback, which holds the parse's frames and with
+        # them the whole decoded document (a 256 KiB file of small values is megabytes of objects).
+        error.__traceback__ = error.__context__ = error.__cause__ = None
         self.rejections[error.reason.value] += 1
         return SpoolEntry(name, mtime, error=error, version=next(self._versions))
 

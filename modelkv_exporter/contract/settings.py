@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES
+from modelkv_exporter.contract import limits
+from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SPOOL_BYTES, DEFAULT_MAX_SPOOL_FILES
 from modelkv_exporter.contract.sizes import parse_bytes
 from modelkv_exporter.contract.state import DEFAULT_FORGET_AFTER_SECONDS, DEFAULT_STALE_AFTER_SECONDS
 
@@ -54,6 +55,14 @@ def non_negative_float(text: str) -> float:
     value = _number(text)
     if value < 0:
         raise ValueError(f"{text} is not 0 or more")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A number > 0."""
+    value = _number(text)
+    if value <= 0:
+        raise ValueError(f"{text} is not more than 0")
     return value
 
 
@@ -174,7 +183,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_snapshot_bytes",
         byte_size,
-        "Snapshot files larger than this are rejected unread (8388608, 8MiB).",
+        "Snapshot files larger than this are rejected unread (262144, 256KiB).",
         {
             "serve": DEFAULT_MAX_SNAPSHOT_BYTES,
             "demo": DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -219,6 +228,117 @@ SETTINGS: tuple[Setting, ...] = (
         "Observe what the transformers caches of each declaring owner really hold (1 or 0); "
         "0 installs no hook at all, and every observed figure is then absent.",
         {ENGINE: True},
+    ),
+    Setting(
+        "max_spool_files",
+        positive_int,
+        "Snapshot files read per scan, the first by name; the others are counted as rejected (over_budget), not read.",
+        {
+            "serve": DEFAULT_MAX_SPOOL_FILES,
+            "demo": DEFAULT_MAX_SPOOL_FILES,
+            "inspect": DEFAULT_MAX_SPOOL_FILES,
+            "plan": DEFAULT_MAX_SPOOL_FILES,
+        },
+    ),
+    Setting(
+        "max_spool_bytes",
+        byte_size,
+        "Bytes of snapshot files read per scan, the first files by name; the others are counted as rejected "
+        "(over_budget), not read.",
+        {
+            "serve": DEFAULT_MAX_SPOOL_BYTES,
+            "demo": DEFAULT_MAX_SPOOL_BYTES,
+            "inspect": DEFAULT_MAX_SPOOL_BYTES,
+            "plan": DEFAULT_MAX_SPOOL_BYTES,
+        },
+    ),
+    Setting(
+        "max_declarations",
+        positive_int,
+        "A snapshot with more declarations, or more entries of dropped declarations, is rejected (over_budget).",
+        {"serve": limits.MAX_DECLARATIONS, "demo": limits.MAX_DECLARATIONS},
+    ),
+    Setting(
+        "max_label_bytes",
+        byte_size,
+        "A snapshot whose series carry more bytes of label values in all is rejected (over_budget).",
+        {"serve": limits.MAX_LABEL_BYTES, "demo": limits.MAX_LABEL_BYTES},
+    ),
+    Setting(
+        "max_series",
+        positive_int,
+        "Series of all engines in one scrape; engines, in file-name order, that would pass it are rejected (over_budget).",
+        {"serve": limits.MAX_SERIES, "demo": limits.MAX_SERIES},
+    ),
+    Setting(
+        "max_scrape_label_bytes",
+        byte_size,
+        "Bytes of label values of all engines in one scrape; engines, in file-name order, that would pass it are "
+        "rejected (over_budget).",
+        {"serve": limits.MAX_SCRAPE_LABEL_BYTES, "demo": limits.MAX_SCRAPE_LABEL_BYTES},
+    ),
+    Setting(
+        "probe_port",
+        port_number,
+        "TCP port of the liveness listener: GET /healthz answered from its own thread, 200 while the server's "
+        "event loop turns (0 turns it off; /healthz on --port answers too).",
+        {"serve": limits.PROBE_PORT, "demo": 0},
+    ),
+    Setting(
+        "http_max_connections",
+        positive_int,
+        "Open HTTP connections; a new one closes the longest-idle, else it is closed unanswered.",
+        {"serve": limits.HTTP_MAX_CONNECTIONS, "demo": limits.HTTP_MAX_CONNECTIONS},
+    ),
+    Setting(
+        "http_max_line_bytes",
+        byte_size,
+        "Longest request line (else 414) and header line (else 431).",
+        {"serve": limits.HTTP_MAX_LINE_BYTES, "demo": limits.HTTP_MAX_LINE_BYTES},
+    ),
+    Setting(
+        "http_max_header_bytes",
+        byte_size,
+        "Longest request head, request line and headers together (else 431).",
+        {"serve": limits.HTTP_MAX_HEADER_BYTES, "demo": limits.HTTP_MAX_HEADER_BYTES},
+    ),
+    Setting(
+        "http_max_headers",
+        positive_int,
+        "Most header lines in a request (else 431).",
+        {"serve": limits.HTTP_MAX_HEADERS, "demo": limits.HTTP_MAX_HEADERS},
+    ),
+    Setting(
+        "http_max_body_bytes",
+        byte_size,
+        "Largest request body: a larger declared one is answered 413, an unread one is dropped up to this size, "
+        "beyond it the connection is closed.",
+        {"serve": limits.HTTP_MAX_BODY_BYTES, "demo": limits.HTTP_MAX_BODY_BYTES},
+    ),
+    Setting(
+        "http_header_timeout",
+        positive_float,
+        "Seconds from a request head's first byte to its end (else 408).",
+        {"serve": limits.HTTP_HEADER_TIMEOUT, "demo": limits.HTTP_HEADER_TIMEOUT},
+    ),
+    Setting(
+        "http_idle_timeout",
+        positive_float,
+        "Seconds a connection may wait for its next request before it is closed.",
+        {"serve": limits.HTTP_IDLE_TIMEOUT, "demo": limits.HTTP_IDLE_TIMEOUT},
+    ),
+    Setting(
+        "http_send_timeout",
+        positive_float,
+        "Seconds a client has to take a response; then the connection is aborted.",
+        {"serve": limits.HTTP_SEND_TIMEOUT, "demo": limits.HTTP_SEND_TIMEOUT},
+    ),
+    Setting(
+        "http_max_unsent_bytes",
+        byte_size,
+        "Bytes held for responses clients have not taken yet (distinct bodies, and unsent bytes in connections); "
+        "past it the oldest response (or the connection holding the most) is aborted.",
+        {"serve": limits.HTTP_MAX_UNSENT_BYTES, "demo": limits.HTTP_MAX_UNSENT_BYTES},
     ),
 )
 

@@ -17,6 +17,8 @@ from modelkv_exporter.contract.snapshot import Snapshot
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
 DEFAULT_FORGET_AFTER_SECONDS = 3600.0
+CLOCK_SKEW_SECONDS = 10.0
+"""How far in the future a heartbeat may be before its engine is called stale (engine and sidecar share a node's clock)."""
 
 
 class EngineState(str, Enum):
@@ -49,9 +51,18 @@ def stale_at(snapshot: Snapshot, stale_after: float) -> float:
     return snapshot.heartbeat_at + max(stale_after, 3 * interval)
 
 
+def trusted_from(snapshot: Snapshot) -> float:
+    """When the snapshot's heartbeat stops being in the future by more than ``CLOCK_SKEW_SECONDS``.
+
+    Before then no clock vouches for it, so its engine is stale whatever its interval: a heartbeat
+    ten years ahead would otherwise keep an engine fresh for ten years.
+    """
+    return snapshot.heartbeat_at - CLOCK_SKEW_SECONDS
+
+
 def is_stale(snapshot: Snapshot, now: float, stale_after: float) -> bool:
-    """Stale when a beating snapshot missed its heartbeats (see ``stale_at``)."""
-    return now > stale_at(snapshot, stale_after)
+    """Stale when a beating snapshot missed its heartbeats (see ``stale_at``), or its heartbeat is in the future."""
+    return now > stale_at(snapshot, stale_after) or now < trusted_from(snapshot)
 
 
 def forget_at(snapshot: Snapshot, forget_after: float) -> float:
@@ -119,6 +130,7 @@ class SpoolView:
         counts = dict.fromkeys(EngineState, 0)
         for item in self.entries:
             counts[item.state] += 1
+        counts[EngineState.REJECTED] += self.scan.skipped
         return counts
 
     @cached_property
@@ -151,5 +163,7 @@ def classify(scan: SpoolScan, now: float, stale_after: float, forget_after: floa
             until = min(until, stale_at(snapshot, stale_after))
         elif state is not EngineState.FORGOTTEN:
             until = min(until, forget_at(snapshot, forget_after))
+            if now < trusted_from(snapshot):
+                until = min(until, trusted_from(snapshot))
         entries.append(Classified(entry, state))
     return SpoolView(scan, now, tuple(entries), until)

@@ -16,7 +16,7 @@ from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.contract.vocabulary import ROOT_OWNER
 from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
-from modelkv_exporter.sidecar.http.app import SidecarConfig
+from modelkv_exporter.sidecar.http.app import sidecar_config
 from modelkv_exporter.sidecar.http.server import build_server
 
 STARTUP_TIMEOUT_SECONDS = 180.0
@@ -89,7 +89,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
         reader = _wait_for_snapshots(spool_dir, processes)
         print(_summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
-        config = SidecarConfig(spool_dir, args.stale_after, args.max_snapshot_bytes, forget_after=args.forget_after)
+        config = sidecar_config(args, spool_dir)
         server = build_server(config, host=args.host, port=args.port, log_level=args.log_level)
         host, port = sock.getsockname()[:2]
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"

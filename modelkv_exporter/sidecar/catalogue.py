@@ -230,6 +230,14 @@ _METRICS: list[Metric] = [
         _X,
     ),
     Metric(
+        "modelkv_exporter_http_refusals_total",
+        "counter",
+        "HTTP requests refused and connections cut short since the exporter started, by reason "
+        "(limits on heads, bodies, connections and time).",
+        ("reason",),
+        _X,
+    ),
+    Metric(
         "modelkv_observed_peak_bytes",
         "gauge",
         "Most bytes the transformers caches of one declaring owner held at once since the engine started "

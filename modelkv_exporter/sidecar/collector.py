@@ -12,7 +12,7 @@ marked ended disappears; one whose heartbeat is stale keeps only its identity an
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 from prometheus_client.metrics_core import Metric as Family
@@ -20,15 +20,16 @@ from prometheus_client.metrics_core import Metric as Family
 from modelkv_exporter.contract.state import EngineState, snapshot_age
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_exporter.sidecar.labels import engine_labels
-from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples
+from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
 from modelkv_exporter.sidecar.source import SpoolSource
 
 
 class SpoolCollector:
     """A ``prometheus_client`` collector that exports the spool's snapshots."""
 
-    def __init__(self, source: SpoolSource) -> None:
+    def __init__(self, source: SpoolSource, refusals: Mapping[str, int] | None = None) -> None:
         self.source = source
+        self.refusals = refusals
 
     def describe(self) -> list[Family]:
         """Nothing up front: families depend on the spool, so registration does not scrape."""
@@ -56,4 +57,6 @@ class SpoolCollector:
             )
         exporter_samples(view.scan.ok, view.counts, self.source.reader.rejections, add, info)
         add("modelkv_exporter_collect_duration_seconds", [], time.perf_counter() - started)
+        if self.refusals is not None:
+            refusal_samples(self.refusals, add)
         return (family for family in families.values() if family.samples)

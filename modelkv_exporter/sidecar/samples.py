@@ -13,6 +13,7 @@ from modelkv_exporter.contract.decode import RejectReason
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
 from modelkv_exporter.contract.state import EngineState
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS, ROOT_OWNER
+from modelkv_exporter.sidecar.http.refusals import Refusal
 from modelkv_exporter.sidecar.labels import engine_labels, label
 
 Add = Callable[[str, list[str], float], None]
@@ -22,13 +23,19 @@ Info = Callable[[str, list[str]], None]
 def exporter_samples(
     scan_ok: bool, states: Mapping[EngineState, int], rejections: Mapping[str, int], add: Add, info: Info
 ) -> None:
-    """The exporter's own samples, but for the collect duration."""
+    """The exporter's own samples, but for the collect duration and the HTTP server's refusals."""
     info("modelkv_exporter_build_info", [__version__, str(SCHEMA_VERSION)])
     add("modelkv_exporter_spool_scan_success", [], 1.0 if scan_ok else 0.0)
     for state, count in states.items():
         add("modelkv_exporter_spool_files", [state.value], count)
     for reason in RejectReason:
         add("modelkv_exporter_snapshot_rejections_total", [reason.value], rejections.get(reason.value, 0))
+
+
+def refusal_samples(refusals: Mapping[str, int], add: Add) -> None:
+    """The HTTP server's refusals by reason, every reason present (exported only where a server counts them)."""
+    for refusal in Refusal:
+        add("modelkv_exporter_http_refusals_total", [refusal.value], refusals.get(refusal.value, 0))
 
 
 def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> None:

@@ -1,43 +1,97 @@
-"""The spool as the sidecar sees it: one scan, every entry classified at one instant."""
+"""The spool as the sidecar sees it: one scan, admitted within the budget, every entry classified at one instant."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from modelkv_exporter.contract.scan import SpoolReader
+from modelkv_exporter.contract.scan import (
+    DEFAULT_MAX_SNAPSHOT_BYTES,
+    DEFAULT_MAX_SPOOL_BYTES,
+    DEFAULT_MAX_SPOOL_FILES,
+    SpoolReader,
+    SpoolScan,
+)
 from modelkv_exporter.contract.state import (
     DEFAULT_FORGET_AFTER_SECONDS,
     DEFAULT_STALE_AFTER_SECONDS,
     SpoolView,
     classify,
 )
+from modelkv_exporter.sidecar.budget import Admission, Budget
+from modelkv_exporter.sidecar.log import get_logger
+
+LOG = get_logger("spool")
 
 
 @dataclass
 class SpoolSource:
-    """A spool reader, the staleness and forgetting thresholds and the clock: everything a view of the spool needs.
+    """A spool reader, its admission, the staleness and forgetting thresholds and the clock: everything a view
+    of the spool needs.
 
     The last classification is reused while the reader returns the same scan and no engine's
-    deadline has passed (``SpoolView.until``: going stale, or being forgotten): a scrape of an
-    unchanged spool classifies nothing.
+    deadline has passed (``SpoolView.until``: going stale, being forgotten, or a heartbeat from the
+    future coming due): a scrape of an unchanged spool classifies nothing. What HTTP clients are
+    not told is logged: why the spool cannot be listed (once per change) and why each file version
+    was rejected (once per version), OS errors included.
     """
 
     reader: SpoolReader
     stale_after: float = DEFAULT_STALE_AFTER_SECONDS
     clock: Callable[[], float] = field(default=time.time)
+    admission: Admission | None = None
     forget_after: float = DEFAULT_FORGET_AFTER_SECONDS
     _last: SpoolView | None = field(default=None, init=False, repr=False)
+    _logged: set[tuple[str, int]] = field(default_factory=set, repr=False)
+    _listing_error: str | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def budgeted(
+        cls,
+        directory: Path,
+        *,
+        budget: Budget,
+        max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+        max_files: int = DEFAULT_MAX_SPOOL_FILES,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
+        stale_after: float = DEFAULT_STALE_AFTER_SECONDS,
+        forget_after: float = DEFAULT_FORGET_AFTER_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> SpoolSource:
+        """A source over ``directory`` whose reader checks each snapshot against ``budget`` as it parses it."""
+        admission = Admission(budget)
+        reader = SpoolReader(
+            directory, max_bytes=max_bytes, max_files=max_files, max_spool_bytes=max_spool_bytes, admit=admission.check
+        )
+        return cls(reader, stale_after, clock, admission, forget_after)
 
     def view(self) -> SpoolView:
-        """Scan the spool now and classify every file."""
+        """Scan the spool now, admit it within the budget, and classify every file."""
         scan = self.reader.scan()
+        if self.admission is not None:
+            scan = self.admission.admit(scan, self.reader)
         now = self.clock()
         last = self._last
         if last is not None and last.scan is scan and last.now <= now <= last.until:
             view = last.at(now)
         else:
+            if last is None or last.scan is not scan:
+                self._log(scan)
             view = classify(scan, now, self.stale_after, self.forget_after)
         self._last = view
         return view
+
+    def _log(self, scan: SpoolScan) -> None:
+        with self._lock:
+            if scan.error is not None and scan.error != self._listing_error:
+                LOG.warning("cannot list the spool: %s", scan.error)
+            self._listing_error = scan.error
+            rejected = {(e.file_name, e.version): e.error for e in scan.entries if e.error is not None}
+            for key, error in rejected.items():
+                if key not in self._logged:
+                    LOG.warning("spool file %r rejected (%s): %s", key[0], error.reason.value, error.detail)
+            self._logged = set(rejected)

@@ -213,11 +213,15 @@ BAD_DOCUMENTS: dict[str, tuple[bytes, RejectReason]] = {
         json.dumps(document(observations=[vars(make_observation("decoder"))] * 2)).encode(),
         RejectReason.INVALID_SNAPSHOT,
     ),
+    "started after its heartbeat": (
+        json.dumps(document(started_at=2_000_000_000.0, heartbeat_at=1_900_000_000.0)).encode(),
+        RejectReason.INVALID_SNAPSHOT,
+    ),
     "version string": (json.dumps(document(schema_version="1")).encode(), RejectReason.INVALID_SNAPSHOT),
 }
 
 
-BEYOND_SCHEMA = {"inconsistent peak", "duplicate declaration", "owner observed twice"}
+BEYOND_SCHEMA = {"inconsistent peak", "duplicate declaration", "owner observed twice", "started after its heartbeat"}
 """Arithmetic and uniqueness are checked in code; JSON Schema cannot say them."""
 
 
@@ -365,7 +369,7 @@ while True:
 
 
 def test_a_writer_killed_mid_write_never_produces_a_torn_read(spool: Path) -> None:
-    reader = SpoolReader(spool)
+    reader = SpoolReader(spool, max_bytes=1 << 20)  # large snapshots: a wide window to tear
     rng = random.Random(4)
     kills = 0
     deadline = time.monotonic() + 60

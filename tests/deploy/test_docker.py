@@ -94,7 +94,7 @@ def test_the_final_image_is_the_non_root_sidecar(stages: dict[str, Stage]) -> No
     sidecar = stages["sidecar"]
     (user,) = sidecar.all("USER")
     assert user.split(":")[0] not in {"0", "root"} and user.split(":")[0].isdigit(), "numeric non-root user"
-    assert sidecar.all("EXPOSE") == ["9400"]
+    assert sidecar.all("EXPOSE") == ["9400 9401"], "the metrics port and the liveness port"
     assert sidecar.all("ENTRYPOINT") == ['["modelkv-exporter", "serve"]']
     labels = " ".join(sidecar.all("LABEL"))
     for key in ("title", "description", "version", "revision", "licenses", "documentation"):

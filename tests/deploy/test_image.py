@@ -151,10 +151,12 @@ class Running:
     name: str
     url: str
     podman: Podman
+    probe_url: str = ""
+    """The port the manifest's probes ask (the liveness listener)."""
 
-    def get(self, path: str) -> httpx.Response:
+    def get(self, path: str, *, probe: bool = False) -> httpx.Response:
         with httpx.Client(trust_env=False, timeout=5) as client:  # never a proxy for loopback
-            return client.get(self.url + path)
+            return client.get((self.probe_url if probe else self.url) + path)
 
     def exec(self, *command: str, check: bool = True) -> str:
         return self.podman("exec", self.name, *command, check=check).stdout
@@ -179,22 +181,31 @@ def sidecar(podman: Podman, sidecar_image: str, tmp_path_factory: pytest.TempPat
             "--detach",
             f"--name={name}",
             f"--publish=127.0.0.1::{spec.port}",  # loopback only; podman picks the host port
+            f"--publish=127.0.0.1::{spec.probe_port}",
             *spec.podman_args(spool),
             sidecar_image,
             network="slirp4netns:port_handler=slirp4netns",
         )
-        host_port = podman("port", name, f"{spec.port}/tcp").stdout.strip().rsplit(":", 1)[1]
-        running = Running(name, f"http://127.0.0.1:{host_port}", podman)
+
+        def url(port: int) -> str:
+            return "http://127.0.0.1:" + podman("port", name, f"{port}/tcp").stdout.strip().rsplit(":", 1)[1]
+
+        running = Running(name, url(spec.port), podman, url(spec.probe_port))
 
         def healthy() -> bool:
             state = podman("inspect", "--format={{.State.Status}}", name).stdout.strip()
             assert state == "running", f"the sidecar is {state}:\n{podman('logs', name, check=False).stderr[-3000:]}"
             try:
-                return running.get("/healthz").status_code == 200
+                return running.get("/healthz", probe=True).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        eventually(healthy, "/healthz within the startupProbe's budget", timeout=spec.startup_budget, interval=0.05)
+        eventually(
+            healthy,
+            "/healthz on the probes' port within the startupProbe's budget",
+            timeout=spec.startup_budget,
+            interval=0.05,
+        )
         TIMINGS["run_to_first_healthz_s"] = round(time.monotonic() - start, 2)
         yield running
     finally:
@@ -206,7 +217,7 @@ def test_the_sidecar_image_is_the_dockerfiles_and_small(podman: Podman, sidecar_
     spec = sidecar_spec()
     assert config["User"] == f"{spec.security['runAsUser']}:{spec.security['runAsGroup']}"
     assert config["Entrypoint"] == ["modelkv-exporter", "serve"]
-    assert list(config["ExposedPorts"]) == [f"{spec.port}/tcp"]
+    assert set(config["ExposedPorts"]) == {f"{port['containerPort']}/tcp" for port in spec.spec["ports"]}
     version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
     assert version and config["Labels"]["org.opencontainers.image.version"] == version.group(1)
     assert spec.spec["image"].endswith(":" + version.group(1)), "the manifest runs this version's image"
@@ -216,8 +227,10 @@ def test_the_sidecar_image_is_the_dockerfiles_and_small(podman: Podman, sidecar_
 
 
 def test_the_sidecar_serves_metrics_and_probes_under_the_manifests_limits(sidecar: Running) -> None:
-    health = sidecar.get("/healthz")
-    assert (health.status_code, health.text) == (200, "ok\n")
+    assert sidecar_spec().probe_port != sidecar_spec().port, "the kubelet probes the liveness listener"
+    for probe in (True, False):
+        health = sidecar.get("/healthz", probe=probe)
+        assert (health.status_code, health.text) == (200, "ok\n")
     assert sidecar.get("/readyz").status_code == 200, "the read-only spool can be listed"
     metrics = sidecar.get("/metrics")
     assert metrics.status_code == 200

@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from modelkv_exporter.contract.settings import SETTINGS
 from tests.support import ROOT
 from tests.support.processes import require_tool
 from tests.support.promql import DASHBOARDS, RULE_TESTS, RULES_FILE
@@ -171,6 +172,10 @@ def test_sidecar_is_a_restricted_native_sidecar_sharing_the_spool(objects: list[
     assert security["capabilities"]["drop"] == ["ALL"] and security["seccompProfile"]["type"] == "RuntimeDefault"
     assert "readinessProbe" not in sidecar, "the exporter must never take the engine's pod out of service"
     assert sidecar["startupProbe"]["httpGet"]["path"] == sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    probe_port = next(s for s in SETTINGS if s.dest == "probe_port").defaults["serve"]
+    for probe in ("startupProbe", "livenessProbe"):
+        assert ports[sidecar[probe]["httpGet"]["port"]] == probe_port, "probes go to the liveness listener"
     assert {"cpu", "memory"} <= set(sidecar["resources"]["requests"]) and "memory" in sidecar["resources"]["limits"]
 
     spool_env = {e["name"]: e["value"] for e in sidecar["env"]}["MODELKV_SPOOL_DIR"]

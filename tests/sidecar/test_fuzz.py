@@ -122,7 +122,7 @@ def test_the_reader_answers_every_input_with_a_snapshot_or_a_reason(data: bytes)
 
 SPOOL_EXAMPLES = FULL_SCALE and 1000 or 200
 DOCUMENTS_PER_SPOOL = 10
-GOOD = make_snapshot("good-engine", heartbeat_at=2_000_000_000.0)
+GOOD = make_snapshot("good-engine")
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def test_serve_warns_at_start_naming_the_directory(tmp_path: Path, kind: str) ->
         assert sidecar.get("/readyz").status_code == 503
     finally:
         stop_process(sidecar.process)
-    output = sidecar.process.communicate()[0].decode()
+    output = sidecar.output()
     problem = "does not exist" if kind == "missing" else "is not a directory"
     assert f"WARNING modelkv_exporter.sidecar: spool directory {spool} {problem}" in output, output
     assert "--spool-dir / MODELKV_SPOOL_DIR" in output
@@ -39,7 +39,7 @@ def test_serve_says_nothing_about_a_good_spool(spool: Path) -> None:
         assert sidecar.get("/readyz").status_code == 200
     finally:
         stop_process(sidecar.process)
-    assert "spool directory" not in sidecar.process.communicate()[0].decode()
+    assert "spool directory" not in sidecar.output()
 
 
 @pytest.fixture

@@ -84,6 +84,16 @@ class ManifestContainer:
         return int(self.spec["ports"][0]["containerPort"])
 
     @property
+    def probe_port(self) -> int:
+        """The containerPort its startupProbe and livenessProbe ask (by name or number; both the same)."""
+        ports = {probe["httpGet"]["port"] for probe in (self.spec["startupProbe"], self.spec["livenessProbe"])}
+        (port,) = ports
+        if isinstance(port, int):
+            return port
+        (number,) = [int(p["containerPort"]) for p in self.spec["ports"] if p.get("name") == port]
+        return number
+
+    @property
     def mount(self) -> dict[str, Any]:
         """Its one volume mount (the spool)."""
         (mount,) = self.spec["volumeMounts"]

@@ -29,10 +29,18 @@ class Sidecar:
     process: subprocess.Popen[bytes]
     url: str
     spool_dir: Path
+    probe_url: str = ""
+    """The liveness listener (``--probe-port``)."""
+    log: Path | None = None
+    """Where the process's output goes."""
 
     def get(self, path: str, **kwargs: object) -> httpx.Response:
         """GET ``path`` from the sidecar."""
         return httpx.get(self.url + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+    def output(self) -> str:
+        """Everything the process wrote so far."""
+        return self.log.read_text(errors="replace") if self.log else ""
 
 
 def wait_http(url: str, timeout: float = 30.0, process: subprocess.Popen[bytes] | None = None) -> None:
@@ -50,33 +58,40 @@ def wait_http(url: str, timeout: float = 30.0, process: subprocess.Popen[bytes] 
 
 
 def start_sidecar(spool_dir: Path, *extra: str, executable: Path | None = None) -> Sidecar:
-    """Start the real CLI on 127.0.0.1 and wait for /healthz."""
-    port = free_port()
+    """Start the real CLI on 127.0.0.1 (its liveness listener too) and wait for /healthz.
+
+    Its output goes to a file beside the spool (``Sidecar.output()``), never to a pipe nobody reads.
+    """
+    port, probe_port = free_port(), free_port()
     exe = executable or VENV_BIN / "modelkv-exporter"
-    process = subprocess.Popen(
-        [
-            str(exe),
-            "serve",
-            "--spool-dir",
-            str(spool_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", spool_dir)
+    log = spool_dir.parent / f"sidecar-{port}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [
+                str(exe),
+                "serve",
+                "--spool-dir",
+                str(spool_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--probe-port",
+                str(probe_port),
+                "--log-level",
+                "warning",
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", spool_dir, f"http://127.0.0.1:{probe_port}", log)
     try:
         wait_http(sidecar.url + "/healthz", process=process)
     except Exception:
         process.kill()
-        output = process.communicate()[0].decode(errors="replace")
-        raise RuntimeError(f"sidecar did not start:\n{output}") from None
+        process.wait()
+        raise RuntimeError(f"sidecar did not start:\n{sidecar.output()}") from None
     return sidecar
 
 

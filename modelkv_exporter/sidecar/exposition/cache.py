@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.utils import floatToGoString
@@ -39,7 +39,7 @@ from modelkv_exporter.sidecar.exposition.deflate import GZIP_HEADER, deflate_pie
 from modelkv_exporter.sidecar.exposition.lines import LineSink, family_header, sample_line
 from modelkv_exporter.sidecar.exposition.negotiation import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from modelkv_exporter.sidecar.labels import engine_labels
-from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples
+from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
 from modelkv_exporter.sidecar.source import SpoolSource
 
 DYNAMIC = (
@@ -49,6 +49,7 @@ DYNAMIC = (
     "modelkv_exporter_spool_files",
     "modelkv_exporter_snapshot_rejections_total",
     "modelkv_exporter_collect_duration_seconds",
+    "modelkv_exporter_http_refusals_total",
 )
 STATIC = tuple(name for name in CATALOGUE if name not in DYNAMIC)
 JOIN_BELOW_BYTES = 256 * 1024
@@ -107,9 +108,16 @@ class Body:
 class ExpositionCache:
     """Renders the spool for /metrics, reusing everything that did not change."""
 
-    def __init__(self, source: SpoolSource, perf_counter: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        source: SpoolSource,
+        perf_counter: Callable[[], float] = time.perf_counter,
+        refusals: Mapping[str, int] | None = None,
+    ) -> None:
         self.source = source
         self.perf_counter = perf_counter
+        self.refusals = refusals
+        """The HTTP server's refusal counts, exported when given (a server serves this cache)."""
         self._lock = threading.Lock()
         self._engines: dict[EngineKey, _EngineLines] = {}
         self._exporter_lines: tuple[object, str] = ((), "")
@@ -218,4 +226,8 @@ class ExpositionCache:
         duration = "modelkv_exporter_collect_duration_seconds"
         text += self._exporter_lines[1] + headers[duration]
         text += f"{duration} {floatToGoString(self.perf_counter() - started)}\n"
+        if self.refusals is not None:
+            sink = LineSink()
+            refusal_samples(self.refusals, sink.add)
+            text += "".join(headers[name] + "".join(chunk) for name, chunk in sink.lines.items())
         return (text + ("# EOF\n" if openmetrics else "")).encode()

@@ -1,28 +1,41 @@
-"""The spool as one JSON document, for ``GET /api/v1/engines``."""
+"""The spool as one JSON document, for ``GET /api/v1/engines``: the document's fields, one entry at a time."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
-from modelkv_exporter.contract.state import EngineState, SpoolView
+from modelkv_exporter.contract.state import Classified, EngineState, SpoolView
+from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 
 
-def engines_document(view: SpoolView, spool_dir: str) -> dict[str, Any]:
-    """Every engine's snapshot with its state, and every rejected file with its reason."""
-    engines = []
-    rejected = []
-    for item in view.entries:
-        entry = item.entry
-        if item.state is EngineState.REJECTED:
-            assert entry.error is not None
-            rejected.append({"file": entry.file_name, "reason": entry.error.reason.value, "detail": entry.error.detail})
-        else:
-            engines.append({"file": entry.file_name, "state": item.state.value, "snapshot": item.snapshot.to_dict()})
+def entry_document(item: Classified) -> dict[str, Any]:
+    """One file: an engine's snapshot with its state, or a rejected file with its reason.
+
+    File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
+    """
+    entry = item.entry
+    file = visible(entry.file_name)
+    if item.state is EngineState.REJECTED:
+        assert entry.error is not None
+        return {"file": file, "reason": entry.error.reason.value, "detail": public_detail(entry.error)}
+    return {"file": file, "state": item.state.value, "snapshot": item.snapshot.to_dict()}
+
+
+def document_fields(view: SpoolView, spool_name: str) -> dict[str, Any]:
+    """The document but for its ``engines`` and ``rejected`` lists; ``spool_dir`` is the directory's name, not its path."""
     return {
-        "spool_dir": spool_dir,
-        "spool_error": view.scan.error,
+        "spool_dir": spool_name,
+        "spool_error": None if view.scan.ok else SPOOL_UNREADABLE,
         "schema_version": SCHEMA_VERSION,
-        "engines": engines,
-        "rejected": rejected,
+        "unread_files": view.scan.skipped,
+    }
+
+
+def engines_document(view: SpoolView, spool_name: str) -> dict[str, Any]:
+    """Every engine's snapshot with its state, and every rejected file with its reason."""
+    return {
+        **document_fields(view, spool_name),
+        "engines": [entry_document(i) for i in view.entries if i.state is not EngineState.REJECTED],
+        "rejected": [entry_document(i) for i in view.entries if i.state is EngineState.REJECTED],
     }

@@ -2,19 +2,21 @@
 
 No scripts and no external assets (the app sends a Content-Security-Policy that
 forbids both), so it works through ``kubectl port-forward`` and in air-gapped
-clusters. Every value from a snapshot is HTML-escaped.
+clusters. Every value from a snapshot is HTML-escaped, and its unprintable characters
+(controls, bidi overrides, bytes of file names that are not UTF-8) are shown as escapes.
 """
 
 from __future__ import annotations
 
+import html
 import time
 from collections.abc import Iterable, Sequence
-from html import escape
 
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, Snapshot
 from modelkv_exporter.contract.state import EngineState, SpoolView
 from modelkv_exporter.contract.vocabulary import GROWTH_SOURCES, ROOT_OWNER
+from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 LINKS = (
@@ -44,6 +46,11 @@ th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;f
 .state{padding:1px 7px;border-radius:9px;font-size:12px}.exported{background:#d7f3df}.stale{background:#fde2c8}.forgotten{background:#e4e4e4}
 .ended{background:#e3e6ea}.rejected{background:#f9d0d0}.muted{color:#6b7280}code{font-size:12px}
 """
+
+
+def escape(text: str) -> str:
+    """``text`` for HTML: escaped, with unprintable characters shown as visible escapes."""
+    return html.escape(visible(text))
 
 
 def _cells(values: Iterable[str], numeric: Sequence[int] = ()) -> str:
@@ -166,11 +173,13 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
     for entry in view.rejected:
         assert entry.error is not None
         reason = f'<span class="state rejected">{escape(entry.error.reason.value)}</span>'
-        rejected.append([escape(entry.file_name), reason, escape(entry.error.detail)])
+        rejected.append([escape(entry.file_name), reason, escape(public_detail(entry.error))])
     live = [(item.snapshot, item.state) for item in view.usable]
     summary = ", ".join(f"{n} {state.value}" for state, n in view.counts.items())
+    if view.scan.skipped:
+        summary += f" ({view.scan.skipped} files past --max-spool-files or --max-spool-bytes not read)"
     if view.scan.error:
-        summary = f"<strong>spool not readable: {escape(view.scan.error)}</strong>"
+        summary = f"<strong>spool not readable: {escape(SPOOL_UNREADABLE)}</strong>"
     nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in LINKS)
     headers = ["engine", "model", "stage", "state", "max_num_seqs", "caches", "declared peak",
                "growth since baseline", "growth source", "age"]  # fmt: skip
