@@ -8,12 +8,15 @@ the process's resident memory on a CPU), then the caches are filled and sampled 
 spool is served by the real sidecar app (FastAPI under uvicorn, in a thread on 127.0.0.1),
 ``/metrics`` is scraped and parsed, and a table per engine is printed: declared peak,
 torch allocated and reserved growth since the baseline, NVML's figure for the process (or
-"absent" and why), device used/total, and observed cache bytes where the build observes them.
+"absent" and why), device used/total, and the bytes the engine side's observer saw the
+owner's caches hold (``engine/observe``).
 
 Checks (the exit status is 1 when one fails):
 - on CUDA, the growth of ``torch_allocated`` after the caches are filled equals the caches'
   real storage bytes within the allocator's rounding (512 bytes a tensor), and the declared
   peak equals those bytes;
+- the observed peak equals the caches' real storage bytes (or observation is reported
+  unavailable, with no byte figure);
 - nothing that was not measured is exported as 0: a source whose
   ``modelkv_memory_measurement_available`` is 0 has no byte series, and every figure that is
   exported is positive;
@@ -52,6 +55,8 @@ from transformers import EncoderDecoderCache  # noqa: E402
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS  # noqa: E402
 from modelkv_exporter.demo import owners  # noqa: E402
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher  # noqa: E402
+from modelkv_exporter.engine.observe import install  # noqa: E402
+from modelkv_exporter.engine.protocol import declaring_owners  # noqa: E402
 from modelkv_exporter.engine.publish import build_snapshot  # noqa: E402
 from modelkv_exporter.engine.samplers import load_nvml, nvml_process_bytes, physical_device_id, sampler_for  # noqa: E402
 from modelkv_exporter.sidecar.http.app import SidecarConfig  # noqa: E402
@@ -135,13 +140,15 @@ def run_case(case: Case, device: torch.device, spool: Path) -> dict[str, Any]:
         architecture=case.owner,
         device=str(physical_device_id(device)) if device.type == "cuda" else device.type,
     )
+    observer = install(declaring_owners(model), enabled=True)
     publisher = SnapshotPublisher(spool, snapshot)
     synchronize(device)
     publisher.set_baseline(sampler())
     with torch.device(device):
         owner.allocate(case.max_num_seqs)
     synchronize(device)
-    publisher.beat(sampler())
+    publisher.beat(sampler(), observer.sample())
+    observer.uninstall()  # one engine per process in production; here the next case installs its own
     held, tensors = storage_bytes(owner)
     return {"case": case, "owner": owner, "declared": snapshot.declared_peak_bytes, "held": held, "tensors": tensors}
 
@@ -238,6 +245,10 @@ def main() -> int:
                     f"{engine}: torch_allocated grew {allocated} bytes; the caches hold {result['held']} "
                     f"(+ up to {rounding} of rounding)"
                 )
+        if observed and sum(observed) != result["held"]:
+            problems.append(f"{engine}: observed {sum(observed)} bytes, the caches hold {result['held']}")
+        if not observed and metrics.get("modelkv_observation_available", {}).get(f"{engine}//owner") != 0:
+            problems.append(f"{engine}: no observed figure, yet observation is not reported unavailable")
         if result["held"] != result["declared"]:
             problems.append(f"{engine}: declared {result['declared']} bytes, the caches hold {result['held']}")
         for measurement in MEASUREMENTS:

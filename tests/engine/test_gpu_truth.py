@@ -1,0 +1,52 @@
+"""bench/gpu_truth.py, the end-to-end check of measured against declared memory, on this machine's CPU.
+
+On CUDA it compares torch's allocation growth with the caches' storage; here it runs the same
+path (real owners, publisher, sampler, observer, sidecar, scrape) and must report every CUDA and
+NVML source absent, the observed peak equal to the caches' storage, and nothing exported as 0.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from types import ModuleType
+
+import pytest
+
+from tests.support import ROOT
+
+SCRIPT = ROOT / "bench" / "gpu_truth.py"
+
+
+def load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_truth", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_truth"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_passes_on_cpu_and_reports_the_cuda_sources_absent() -> None:
+    result = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "NVML per-process figure: absent: no CUDA device" in result.stdout
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ") and "MiB" in line]
+    assert [r[0].strip() for r in rows] == [case.engine_id for case in load().CASES]
+    for engine, declared, held, allocated, reserved, nvml, _, _, observed in rows:
+        assert declared == held == observed, engine
+        assert allocated.strip() == reserved.strip() == nvml.strip() == "absent", engine
+    assert result.stdout.rstrip().endswith("all checks passed")
+
+
+def test_the_script_fails_when_the_caches_hold_other_than_was_observed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    truth = load()
+    real = truth.storage_bytes
+    monkeypatch.setattr(truth, "storage_bytes", lambda owner: (real(owner)[0] + 1, real(owner)[1]))
+    monkeypatch.setattr(sys, "argv", ["gpu_truth.py", "--device", "cpu"])
+    assert truth.main() == 1
+    out = capsys.readouterr().out
+    assert "FAIL codec-fp32: observed" in out and "FAIL codec-fp32: declared" in out
