@@ -8,9 +8,13 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from modelkv_exporter import __version__
 from modelkv_exporter.cli.arguments import add_settings, apply_environment
+
+if TYPE_CHECKING:
+    from modelkv_exporter.contract.scan import SpoolScan
 
 DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines publish into a spool directory."
 
@@ -60,20 +64,26 @@ def _unreadable(args: argparse.Namespace, error: str | None) -> int:
     return 1
 
 
-def inspect(args: argparse.Namespace) -> int:
-    """Print every engine's declarations in full, and every rejected file."""
-    import time
-
-    from modelkv_exporter.cli.reports import inspect_report, report_width
+def _spool_scan(args: argparse.Namespace) -> SpoolScan:
+    """One scan of the command's spool directory within its size and file budgets."""
     from modelkv_exporter.contract.scan import SpoolReader
-    from modelkv_exporter.contract.state import classify
 
-    scan = SpoolReader(
+    return SpoolReader(
         _spool_of(args),
         max_bytes=args.max_snapshot_bytes,
         max_files=args.max_spool_files,
         max_spool_bytes=args.max_spool_bytes,
     ).scan()
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """Print every engine's declarations in full, and every rejected file."""
+    import time
+
+    from modelkv_exporter.cli.reports import inspect_report, report_width
+    from modelkv_exporter.contract.state import classify
+
+    scan = _spool_scan(args)
     if not scan.ok:
         return _unreadable(args, scan.error)
     view = classify(scan, time.time(), args.stale_after, args.forget_after)
@@ -84,14 +94,8 @@ def inspect(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     """Print each engine's declared peak at --max-num-seqs and the largest that fits --budget."""
     from modelkv_exporter.cli.reports import plan_report, report_width
-    from modelkv_exporter.contract.scan import SpoolReader
 
-    scan = SpoolReader(
-        _spool_of(args),
-        max_bytes=args.max_snapshot_bytes,
-        max_files=args.max_spool_files,
-        max_spool_bytes=args.max_spool_bytes,
-    ).scan()
+    scan = _spool_scan(args)
     if not scan.ok:
         return _unreadable(args, scan.error)
     sys.stdout.write(plan_report(scan, args.max_num_seqs, args.budget, report_width()))
