@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,9 @@ MAX_NUM_SEQS = 4
 ROW_BYTES = 2 * 2 * 2 * 64 * 64 * 4  # K and V x 2 layers x 2 kv heads x head_dim 64 x 64 positions x float32
 ENGINE_ID = "tiny-omni-dp0-tp0-pp0"
 START_TIMEOUT = 400
+PROCESS_PREFIX = re.compile(r"^(?:\([\w.-]+ pid=\d+\) )+")
+"""vLLM's tag on a child process's lines. The script's own marker can land right behind a tag the child
+wrote before its text, since they share one pipe: "(StageEngineCoreProc_stage1_replica3 pid=7) READY"."""
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +96,8 @@ class Engine:
                 self._pending.put(None)
                 break
             self.lines.append(line)
-            found = [part for part in line.split("\r") if part.startswith(prefix)]  # after a progress bar's \r
+            parts = [PROCESS_PREFIX.sub("", part) for part in line.split("\r")]  # after a progress bar's \r
+            found = [part for part in parts if part.startswith(prefix)]
             if found:
                 return found[0]
         raise AssertionError(f"engine never printed {prefix!r}; output:\n{''.join(self.lines[-60:])}")
