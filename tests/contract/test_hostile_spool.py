@@ -73,9 +73,11 @@ def test_without_the_lstat_check_the_reader_would_open_them(
 
 
 def test_the_reader_reads_the_first_files_within_its_file_and_byte_budgets(spool: Path, opened: list[str]) -> None:
+    stamp = float(int(time.time()))  # one heartbeat for all: files of one size (a float's digits vary)
     for i in range(12):
-        write_snapshot(spool, make_snapshot(f"e{i:02}"))
+        write_snapshot(spool, make_snapshot(f"e{i:02}", heartbeat_at=stamp))
     size = (spool / "e00.json").stat().st_size
+    assert {f.stat().st_size for f in spool.iterdir()} == {size}
     reader = SpoolReader(spool, max_files=10, max_spool_bytes=8 * size)
     opened.clear()
     scan = reader.scan()
