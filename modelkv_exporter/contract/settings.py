@@ -142,6 +142,18 @@ def byte_size(text: str) -> int:
 
 
 ENGINE = "engine"
+
+
+def _served(default: Any) -> dict[str, Any]:
+    """One default for the two commands that serve HTTP: ``serve`` and ``demo``."""
+    return {"serve": default, "demo": default}
+
+
+def _read_spool(default: Any) -> dict[str, Any]:
+    """One default for every command that reads a spool."""
+    return {"serve": default, "demo": default, "inspect": default, "plan": default}
+
+
 """Settings of the in-engine hook: environment variables only (the engine owns the command line)."""
 
 SETTINGS: tuple[Setting, ...] = (
@@ -233,49 +245,39 @@ SETTINGS: tuple[Setting, ...] = (
         "max_spool_files",
         positive_int,
         "Snapshot files read per scan, the first by name; the others are counted as rejected (over_budget), not read.",
-        {
-            "serve": DEFAULT_MAX_SPOOL_FILES,
-            "demo": DEFAULT_MAX_SPOOL_FILES,
-            "inspect": DEFAULT_MAX_SPOOL_FILES,
-            "plan": DEFAULT_MAX_SPOOL_FILES,
-        },
+        _read_spool(DEFAULT_MAX_SPOOL_FILES),
     ),
     Setting(
         "max_spool_bytes",
         byte_size,
         "Bytes of snapshot files read per scan, the first files by name; the others are counted as rejected "
         "(over_budget), not read.",
-        {
-            "serve": DEFAULT_MAX_SPOOL_BYTES,
-            "demo": DEFAULT_MAX_SPOOL_BYTES,
-            "inspect": DEFAULT_MAX_SPOOL_BYTES,
-            "plan": DEFAULT_MAX_SPOOL_BYTES,
-        },
+        _read_spool(DEFAULT_MAX_SPOOL_BYTES),
     ),
     Setting(
         "max_declarations",
         positive_int,
         "A snapshot with more declarations, or more entries of dropped declarations, is rejected (over_budget).",
-        {"serve": limits.MAX_DECLARATIONS, "demo": limits.MAX_DECLARATIONS},
+        _served(limits.MAX_DECLARATIONS),
     ),
     Setting(
         "max_label_bytes",
         byte_size,
         "A snapshot whose series carry more bytes of label values in all is rejected (over_budget).",
-        {"serve": limits.MAX_LABEL_BYTES, "demo": limits.MAX_LABEL_BYTES},
+        _served(limits.MAX_LABEL_BYTES),
     ),
     Setting(
         "max_series",
         positive_int,
         "Series of all engines in one scrape; engines, in file-name order, that would pass it are rejected (over_budget).",
-        {"serve": limits.MAX_SERIES, "demo": limits.MAX_SERIES},
+        _served(limits.MAX_SERIES),
     ),
     Setting(
         "max_scrape_label_bytes",
         byte_size,
         "Bytes of label values of all engines in one scrape; engines, in file-name order, that would pass it are "
         "rejected (over_budget).",
-        {"serve": limits.MAX_SCRAPE_LABEL_BYTES, "demo": limits.MAX_SCRAPE_LABEL_BYTES},
+        _served(limits.MAX_SCRAPE_LABEL_BYTES),
     ),
     Setting(
         "probe_port",
@@ -288,57 +290,57 @@ SETTINGS: tuple[Setting, ...] = (
         "http_max_connections",
         positive_int,
         "Open HTTP connections; a new one closes the longest-idle, else it is closed unanswered.",
-        {"serve": limits.HTTP_MAX_CONNECTIONS, "demo": limits.HTTP_MAX_CONNECTIONS},
+        _served(limits.HTTP_MAX_CONNECTIONS),
     ),
     Setting(
         "http_max_line_bytes",
         byte_size,
         "Longest request line (else 414) and header line (else 431).",
-        {"serve": limits.HTTP_MAX_LINE_BYTES, "demo": limits.HTTP_MAX_LINE_BYTES},
+        _served(limits.HTTP_MAX_LINE_BYTES),
     ),
     Setting(
         "http_max_header_bytes",
         byte_size,
         "Longest request head, request line and headers together (else 431).",
-        {"serve": limits.HTTP_MAX_HEADER_BYTES, "demo": limits.HTTP_MAX_HEADER_BYTES},
+        _served(limits.HTTP_MAX_HEADER_BYTES),
     ),
     Setting(
         "http_max_headers",
         positive_int,
         "Most header lines in a request (else 431).",
-        {"serve": limits.HTTP_MAX_HEADERS, "demo": limits.HTTP_MAX_HEADERS},
+        _served(limits.HTTP_MAX_HEADERS),
     ),
     Setting(
         "http_max_body_bytes",
         byte_size,
         "Largest request body: a larger declared one is answered 413, an unread one is dropped up to this size, "
         "beyond it the connection is closed.",
-        {"serve": limits.HTTP_MAX_BODY_BYTES, "demo": limits.HTTP_MAX_BODY_BYTES},
+        _served(limits.HTTP_MAX_BODY_BYTES),
     ),
     Setting(
         "http_header_timeout",
         positive_float,
         "Seconds from a request head's first byte to its end (else 408).",
-        {"serve": limits.HTTP_HEADER_TIMEOUT, "demo": limits.HTTP_HEADER_TIMEOUT},
+        _served(limits.HTTP_HEADER_TIMEOUT),
     ),
     Setting(
         "http_idle_timeout",
         positive_float,
         "Seconds a connection may wait for its next request before it is closed.",
-        {"serve": limits.HTTP_IDLE_TIMEOUT, "demo": limits.HTTP_IDLE_TIMEOUT},
+        _served(limits.HTTP_IDLE_TIMEOUT),
     ),
     Setting(
         "http_send_timeout",
         positive_float,
         "Seconds a client has to take a response; then the connection is aborted.",
-        {"serve": limits.HTTP_SEND_TIMEOUT, "demo": limits.HTTP_SEND_TIMEOUT},
+        _served(limits.HTTP_SEND_TIMEOUT),
     ),
     Setting(
         "http_max_unsent_bytes",
         byte_size,
         "Bytes held for responses clients have not taken yet (distinct bodies, and unsent bytes in connections); "
         "past it the oldest response (or the connection holding the most) is aborted.",
-        {"serve": limits.HTTP_MAX_UNSENT_BYTES, "demo": limits.HTTP_MAX_UNSENT_BYTES},
+        _served(limits.HTTP_MAX_UNSENT_BYTES),
     ),
 )
 
