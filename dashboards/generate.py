@@ -121,9 +121,13 @@ def declared_by_owner() -> timeseries.Panel:
     ).stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL).group("declared"))
 
 
+DASHED = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]})]
+"""Line style of a declared figure drawn against a measured one."""
+DOTTED = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dot", "dash": [0, 10]})]
+"""Line style of a secondary figure (what caches explain, a recent peak)."""
+
+
 def declared_against_measured() -> timeseries.Panel:
-    dashed = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]})]
-    dotted = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dot", "dash": [0, 10]})]
     return (
         graph(
             "Declared peak against measured growth",
@@ -136,13 +140,12 @@ def declared_against_measured() -> timeseries.Panel:
             per_engine("modelkv_engine:unbudgeted_growth_bytes", f"measured {ENGINE}", "B"),
             per_engine("modelkv_engine:cache_explained_bytes", f"explained {ENGINE}", "C"),
         )
-        .override_by_query("A", dashed)
-        .override_by_query("C", dotted)
+        .override_by_query("A", DASHED)
+        .override_by_query("C", DOTTED)
     )
 
 
 def declared_against_observed() -> timeseries.Panel:
-    dashed = [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]})]
     return (
         graph(
             "Declared against observed, per owner",
@@ -159,8 +162,8 @@ def declared_against_observed() -> timeseries.Panel:
             per_engine("modelkv_engine:observed_peak_bytes", f"observed {ENGINE} {OWNER}", "B"),
             per_engine("modelkv_engine:observed_recent_peak_bytes", f"recent {ENGINE} {OWNER}", "C"),
         )
-        .override_by_query("A", dashed)
-        .override_by_query("C", [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dot", "dash": [0, 10]})])
+        .override_by_query("A", DASHED)
+        .override_by_query("C", DOTTED)
     )
 
 
