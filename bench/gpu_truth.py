@@ -20,7 +20,18 @@ Checks (the exit status is 1 when one fails):
 - nothing that was not measured is exported as 0: a source whose
   ``modelkv_memory_measurement_available`` is 0 has no byte series, and every figure that is
   exported is positive;
-- without CUDA, the CUDA and NVML sources are reported absent.
+- without CUDA, the CUDA and NVML sources are reported absent;
+- ``--expect-nvml present``: every engine exports NVML's figure for its process, at least its
+  torch reserved bytes; ``--expect-nvml absent`` (run it in a new PID namespace, where NVML's
+  host PIDs are not the process's): no engine exports one, and each says it is unavailable.
+
+Two more sections on CUDA:
+- torch's peak after the sampler's resets: a vLLM-style profile (reset torch's peak, allocate
+  and free an activation, read ``allocated_bytes.all.peak``) run between two samples of a sampler
+  that resets the peak must still read the whole activation, and the sampler's next high-water
+  mark must hold it; the same profile with a sample *inside* it is printed to show what a reset
+  there would cost (the reason the sampler resets only after initialisation);
+- NVML: the device's MIG mode, NVML's process list, and whether this PID is in it.
 
 Any machine:   .venv/bin/python bench/gpu_truth.py
 GPU machine without FastAPI/uvicorn (the device tool's README): carry the missing wheels,
@@ -28,6 +39,7 @@ GPU machine without FastAPI/uvicorn (the device tool's README): carry the missin
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \\
       fastapi starlette uvicorn httptools pydantic pydantic-core annotated-types typing-inspection
 then on the machine: pip install --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:. python3 bench/gpu_truth.py
+(``requirements/sidecar.txt`` names the versions; ``bench/gpu_run.sh`` is the whole device run.)
 """
 
 from __future__ import annotations
@@ -58,22 +70,43 @@ from modelkv_exporter.engine.heartbeat import SnapshotPublisher  # noqa: E402
 from modelkv_exporter.engine.observe import install  # noqa: E402
 from modelkv_exporter.engine.protocol import declaring_owners  # noqa: E402
 from modelkv_exporter.engine.publish import build_snapshot  # noqa: E402
-from modelkv_exporter.engine.samplers import load_nvml, nvml_process_bytes, physical_device_id, sampler_for  # noqa: E402
+from modelkv_exporter.engine.samplers import (  # noqa: E402
+    CudaSampler,
+    load_nvml,
+    nvml_process_bytes,
+    physical_device_id,
+    sampler_for,
+)
 from modelkv_exporter.sidecar.http.app import SidecarConfig  # noqa: E402
 from modelkv_exporter.sidecar.http.server import build_server  # noqa: E402
 
 ALLOCATOR_GRANULE = 512
 """The CUDA caching allocator rounds every allocation up to a multiple of 512 bytes."""
 
+SMALL_BLOCK = 2**20
+"""The caching allocator's small-block limit: it hands out a large block whole when what would
+remain after splitting it is this or less, and ``memory_allocated`` counts the whole block."""
+
+ACTIVATION_BYTES = 256 * 2**20
+"""The activation a profile-like measurement allocates and frees (a multiple of the granule)."""
+
+PEAK_KEY = "allocated_bytes.all.peak"
+"""The statistic vLLM's ``MemorySnapshot`` reads for torch's peak (``torch.cuda.max_memory_allocated`` reads it too)."""
+
 
 @dataclass(frozen=True)
 class Case:
-    """One engine: a demo owner class, the dtype it runs in, and its max_num_seqs."""
+    """One engine: a demo owner class, the dtype it runs in, its max_num_seqs, and whose PID NVML is asked for.
+
+    ``own_pid`` False asks NVML for a PID no process can have (``/proc/sys/kernel/pid_max``):
+    what the sampler meets where the driver cannot map the engine's PID into its PID namespace.
+    """
 
     engine_id: str
     owner: str
     dtype: torch.dtype | None
     max_num_seqs: int
+    own_pid: bool = True
 
 
 CASES = (
@@ -83,11 +116,17 @@ CASES = (
     Case("whisper-bf16", "WhisperStreamingEncoder", None, 1),
     Case("talker-bf16", "TalkerGenerator", None, 1),
     Case("talker-fp16", "TalkerGenerator", torch.float16, 1),
+    Case("talker-pid-unlisted", "TalkerGenerator", None, 1, own_pid=False),
 )
 
 
-def storage_bytes(owner: owners.DemoOwner) -> tuple[int, int]:
-    """The distinct storage bytes the owner's caches hold, and how many storages (tensors) that is."""
+def layer_storages(owner: owners.DemoOwner, kv: bool) -> dict[int, int]:
+    """The distinct storages (by address, with their bytes) the owner's cache layers hold.
+
+    ``kv`` True: their keys and values, what a declaration accounts for and the observer weighs.
+    ``kv`` False: every other tensor a layer keeps (``transformers`` layers keep one-element
+    counters such as ``cumulative_length`` on the cache's device).
+    """
     storages: dict[int, int] = {}
     for caches in owner.caches.values():
         for cache in caches:
@@ -98,11 +137,34 @@ def storage_bytes(owner: owners.DemoOwner) -> tuple[int, int]:
             )
             for part in parts:
                 for layer in part.layers:
-                    for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                        if isinstance(tensor, torch.Tensor) and tensor.numel():
+                    for name, tensor in vars(layer).items():
+                        if isinstance(tensor, torch.Tensor) and tensor.numel() and (name in ("keys", "values")) == kv:
                             storage = tensor.untyped_storage()
                             storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values()), len(storages)
+    return storages
+
+
+def storage_bytes(owner: owners.DemoOwner) -> tuple[int, list[int]]:
+    """The distinct storage bytes of the owner's caches' keys and values, and the size of each storage."""
+    storages = layer_storages(owner, kv=True)
+    return sum(storages.values()), list(storages.values())
+
+
+def allocator_slack(sizes: list[int]) -> int:
+    """The most ``memory_allocated`` may count beyond these storages' bytes.
+
+    Each block is rounded up to the 512-byte granule; a storage above the small-block limit can
+    also get its block's unsplit remainder (at most ``SMALL_BLOCK``), depending on which cached
+    segment it is carved from, so the figure depends on what the allocator cached before.
+    """
+    return sum(ALLOCATOR_GRANULE if size <= SMALL_BLOCK else ALLOCATOR_GRANULE + SMALL_BLOCK for size in sizes)
+
+
+def requested_bytes(device: torch.device) -> int | None:
+    """The bytes the process's live tensors asked the CUDA allocator for, before its rounding."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.memory_stats(device).get("requested_bytes.all.current", 0))
 
 
 def nvml_absence(device: torch.device) -> str | None:
@@ -125,6 +187,82 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def profile_peak(cuda: Any, device: torch.device, during: Any = None) -> int:
+    """What a vLLM-style profile measures of one step: the rise of torch's peak over the step.
+
+    As vLLM's ``memory_profiling`` does: reset the peak, read it, run the step (an activation of
+    ``ACTIVATION_BYTES`` allocated and freed), read it again. ``during`` runs after the step and
+    before the second reading: a sample taken there is a sample inside the profile.
+    """
+    cuda.reset_peak_memory_stats(device)
+    before = int(cuda.memory_stats(device)[PEAK_KEY])
+    activation = torch.empty(ACTIVATION_BYTES, dtype=torch.uint8, device=device)
+    synchronize(device)
+    del activation
+    if during is not None:
+        during()
+    return int(cuda.memory_stats(device)[PEAK_KEY]) - before
+
+
+def check_peak_after_resets(device: torch.device, problems: list[str]) -> None:
+    """A profile between two samples of a resetting sampler reads the whole activation; the sampler sees it too."""
+    cuda = torch.cuda
+    sampler = CudaSampler(cuda, device)
+    sampler.initialised()
+    first = sampler()
+    between = profile_peak(cuda, device)
+    second = sampler()
+    inside = profile_peak(cuda, device, during=sampler)
+    live = first.values.get("torch_allocated", 0)
+    high = second.values.get("torch_allocated_high_water")
+    print("torch's peak after the sampler's resets (a profile allocates and frees "
+          f"{gib(ACTIVATION_BYTES)} on top of {gib(live)} of live tensors):")  # fmt: skip
+    print("| measurement | peak rise the profile reads | sampler's high-water mark after it |")
+    print("|---|---:|---:|")
+    print(f"| profile between two samples | {gib(between)} | {gib(high)} |")
+    print(f"| profile with a sample inside it (never done: resets start after initialisation) | {gib(inside)} | |")
+    print()
+    if between != ACTIVATION_BYTES:
+        problems.append(f"a profile between two samples read a peak rise of {between}, not {ACTIVATION_BYTES}")
+    if high is None or high < live + ACTIVATION_BYTES:
+        problems.append(f"the sampler's high-water mark after the profile is {high}, below {live + ACTIVATION_BYTES}")
+
+
+def mig_mode(nvml: Any, handle: Any) -> str:
+    """The device's MIG mode as NVML reports it (current and pending), or why it cannot be read."""
+    try:
+        current, pending = nvml.nvmlDeviceGetMigMode(handle)
+    except Exception as error:
+        return f"not reported ({error})"
+    names = {
+        getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1): "enabled",
+        getattr(nvml, "NVML_DEVICE_MIG_DISABLE", 0): "disabled",
+    }
+    return f"{names.get(current, current)} (pending {names.get(pending, pending)})"
+
+
+def report_nvml(device: torch.device) -> None:
+    """NVML's view of the device: its name, MIG mode and process list, and whether this PID is in it."""
+    nvml = load_nvml()
+    device_id = physical_device_id(device)
+    if nvml is None or device_id is None:
+        return
+    try:
+        handle = (
+            nvml.nvmlDeviceGetHandleByUUID(device_id)
+            if isinstance(device_id, str)
+            else nvml.nvmlDeviceGetHandleByIndex(device_id)
+        )
+        processes = [(p.pid, p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    except Exception as error:
+        print(f"NVML: device {device_id} cannot be read ({error})\n")
+        return
+    listed = ", ".join(f"{pid}: {gib(used) if isinstance(used, int) else used}" for pid, used in processes)
+    print(f"NVML: device {device_id}; MIG mode {mig_mode(nvml, handle)}")
+    print(f"NVML: compute processes {{{listed}}}; this process's PID {os.getpid()} "
+          f"{'is' if any(pid == os.getpid() for pid, _ in processes) else 'is not'} listed\n")  # fmt: skip
+
+
 def run_case(case: Case, device: torch.device, spool: Path) -> dict[str, Any]:
     """Publish one engine: baseline before its caches, a sample after filling them."""
     owner: owners.DemoOwner = getattr(owners, case.owner)()
@@ -132,6 +270,8 @@ def run_case(case: Case, device: torch.device, spool: Path) -> dict[str, Any]:
     model = nn.Module()
     model.add_module("owner", owner)
     sampler = sampler_for(device)
+    if not case.own_pid and isinstance(sampler, CudaSampler):
+        sampler.pid = int(Path("/proc/sys/kernel/pid_max").read_text())
     snapshot = build_snapshot(
         model,
         max_num_seqs=case.max_num_seqs,
@@ -144,13 +284,25 @@ def run_case(case: Case, device: torch.device, spool: Path) -> dict[str, Any]:
     publisher = SnapshotPublisher(spool, snapshot)
     synchronize(device)
     publisher.set_baseline(sampler())
+    requested_before = requested_bytes(device)
     with torch.device(device):
         owner.allocate(case.max_num_seqs)
     synchronize(device)
     publisher.beat(sampler(), observer.sample())
+    requested_after = requested_bytes(device)
     observer.uninstall()  # one engine per process in production; here the next case installs its own
-    held, tensors = storage_bytes(owner)
-    return {"case": case, "owner": owner, "declared": snapshot.declared_peak_bytes, "held": held, "tensors": tensors}
+    held, sizes = storage_bytes(owner)
+    counters = list(layer_storages(owner, kv=False).values())
+    requested = None if requested_before is None or requested_after is None else requested_after - requested_before
+    return {
+        "case": case,
+        "owner": owner,
+        "declared": snapshot.declared_peak_bytes,
+        "held": held,
+        "sizes": sizes + counters,
+        "counters": sum(counters),
+        "requested": requested,
+    }
 
 
 def free_port() -> int:
@@ -197,13 +349,17 @@ def gib(value: float | None) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--expect-nvml",
+        choices=("present", "absent", "any"),
+        default="any",
+        help="check that every engine exports NVML's process figure (present) or that none does (absent)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if on_cuda else "no CUDA device (torch.cuda.is_available() is False)"
     print(f"device: {device} — {name}; torch {torch.__version__}")
-    absence = nvml_absence(device)
-    print(f"NVML per-process figure: {'present' if absence is None else 'absent: ' + absence}\n")
 
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="modelkv-gpu-truth-") as spool_name:
@@ -221,9 +377,9 @@ def main() -> int:
         )
         return None if now is None or base is None else now - base
 
-    print("| engine | declared peak | caches' storage | torch allocated growth | torch reserved growth "
-          "| NVML process | device used / total | process RSS growth | observed peak |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| engine | declared peak | caches' storage | layers' counters | torch requested growth | torch allocated growth "
+          "| torch reserved growth | NVML process | device used / total | process RSS growth | observed peak |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for result in results:
         engine = result["case"].engine_id
         observed = [v for k, v in metrics.get("modelkv_observed_peak_bytes", {}).items() if k.startswith(engine + "/")]
@@ -232,18 +388,25 @@ def main() -> int:
             value("modelkv_memory_device_total_bytes", engine),
         )
         print(
-            f"| {engine} | {gib(result['declared'])} | {gib(result['held'])} | {gib(growth('torch_allocated', engine))} "
+            f"| {engine} | {gib(result['declared'])} | {gib(result['held'])} | {result['counters']} B "
+            f"| {gib(result['requested'])} "
+            f"| {gib(growth('torch_allocated', engine))} "
             f"| {gib(growth('torch_reserved', engine))} | {gib(value('modelkv_memory_process_gpu_bytes', engine))} "
             f"| {gib(used)} / {gib(total)} | {gib(growth('process_resident', engine))} "
             f"| {gib(sum(observed)) if observed else 'not observed'} |"
         )
         if on_cuda:
             allocated = growth("torch_allocated", engine)
-            rounding = ALLOCATOR_GRANULE * result["tensors"]
-            if allocated is None or not result["held"] <= allocated <= result["held"] + rounding:
+            slack = allocator_slack(result["sizes"])
+            if allocated is None or not result["held"] <= allocated <= result["held"] + result["counters"] + slack:
                 problems.append(
                     f"{engine}: torch_allocated grew {allocated} bytes; the caches hold {result['held']} "
-                    f"(+ up to {rounding} of rounding)"
+                    f"(+ up to {slack} of the allocator's rounding and unsplit blocks)"
+                )
+            if result["requested"] != result["held"] + result["counters"]:
+                problems.append(
+                    f"{engine}: the allocator was asked for {result['requested']} bytes, the caches hold "
+                    f"{result['held']} in keys and values and {result['counters']} in counters"
                 )
         if observed and sum(observed) != result["held"]:
             problems.append(f"{engine}: observed {sum(observed)} bytes, the caches hold {result['held']}")
@@ -251,6 +414,22 @@ def main() -> int:
             problems.append(f"{engine}: no observed figure, yet observation is not reported unavailable")
         if result["held"] != result["declared"]:
             problems.append(f"{engine}: declared {result['declared']} bytes, the caches hold {result['held']}")
+        nvml_figure = value("modelkv_memory_process_gpu_bytes", engine)
+        nvml_available = value("modelkv_memory_measurement_available", engine, "process_gpu")
+        if not result["case"].own_pid:
+            if nvml_figure is not None or nvml_available != 0:
+                problems.append(
+                    f"{engine}: NVML lists no such PID, yet its figure is {nvml_figure} (available {nvml_available})"
+                )
+        elif args.expect_nvml == "present":
+            reserved = value("modelkv_memory_torch_reserved_bytes", engine) or 0
+            if nvml_figure is None or nvml_available != 1 or nvml_figure < reserved:
+                problems.append(f"{engine}: NVML's process figure is {nvml_figure} (available {nvml_available}), "
+                                f"expected one of at least torch's reserved {reserved}")  # fmt: skip
+        elif args.expect_nvml == "absent" and (nvml_figure is not None or nvml_available != 0):
+            problems.append(
+                f"{engine}: NVML's process figure is {nvml_figure} (available {nvml_available}), expected absent"
+            )
         for measurement in MEASUREMENTS:
             available = value("modelkv_memory_measurement_available", engine, measurement.source)
             figure = value(f"modelkv_memory_{measurement.source}_bytes", engine)
@@ -261,6 +440,11 @@ def main() -> int:
             if not on_cuda and measurement.source != "process_resident" and available != 0:
                 problems.append(f"{engine}: {measurement.source} should be absent without CUDA")
     print()
+    absence = nvml_absence(device)
+    print(f"NVML per-process figure for this PID: {'present' if absence is None else 'absent: ' + absence}")
+    if on_cuda:
+        report_nvml(device)
+        check_peak_after_resets(device, problems)
     for problem in problems:
         print(f"FAIL {problem}")
     print("all checks passed" if not problems else f"{len(problems)} check(s) failed")
