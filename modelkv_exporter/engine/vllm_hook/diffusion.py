@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 from modelkv_exporter.engine.samplers import physical_device_id
-from modelkv_exporter.engine.vllm_hook.identity import WorkerFacts, as_int, first, rank_of
+from modelkv_exporter.engine.vllm_hook.facts import WorkerFacts, as_int, first, rank_of
 
 STAGE_PROCESS = "StageDiffusionProc"
 

@@ -7,33 +7,16 @@ that vLLM's worker wrapper builds) and vLLM-Omni's ``DiffusionWorker`` (``diffus
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from modelkv_exporter.engine.samplers import physical_device_id
-
-
-@dataclass(frozen=True)
-class WorkerFacts:
-    """What the hook publishes about a worker after its model loaded.
-
-    ``settled_at_load``: the worker has no later initialisation step the hook sees, so the
-    measured baseline is taken at load. ``worker_rank`` tells apart workers of one engine
-    that vLLM's parallel ranks do not (a diffusion stage's workers).
-    """
-
-    identity: dict[str, Any]
-    max_num_seqs: int | None
-    model: Any
-    settled_at_load: bool = False
-    worker_rank: int | None = None
+from modelkv_exporter.engine.vllm_hook.diffusion import diffusion_facts
+from modelkv_exporter.engine.vllm_hook.facts import WorkerFacts, as_int, first, rank_of
 
 
 def facts_of(worker: Any) -> WorkerFacts:
     """The facts of a vLLM worker, or of a vLLM-Omni diffusion worker (it has an ``od_config``)."""
     if getattr(worker, "od_config", None) is not None:
-        from modelkv_exporter.engine.vllm_hook.diffusion import diffusion_facts
-
         return diffusion_facts(worker)
     max_num_seqs = as_int(getattr(worker.vllm_config.scheduler_config, "max_num_seqs", None))
     return WorkerFacts(identity_of(worker), max_num_seqs if max_num_seqs else None, model_of(worker))
@@ -49,30 +32,6 @@ def model_of(worker: Any) -> Any:
         except Exception:
             pass
     return runner.model
-
-
-def rank_of(group: str) -> int | None:
-    """This process's rank in vLLM's ``group`` ("tp", "pp"), None when vLLM has none."""
-    try:
-        from vllm import distributed
-
-        return int(getattr(distributed, f"get_{group}_group")().rank_in_group)
-    except Exception:
-        return None
-
-
-def first(value: Any) -> str | None:
-    """The first item of a list or tuple (else the value) as text; None for nothing."""
-    if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    return None if value is None else str(value)
-
-
-def as_int(value: Any) -> int | None:
-    """An int, or a string of digits as an int; anything else None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def identity_of(worker: Any) -> dict[str, Any]:
