@@ -3,17 +3,18 @@
 Three parts, one folder each: ``contract`` (the snapshot and its spool; standard library
 only), ``engine`` (inside the engine process: the protocol, publishing, the vLLM hook) and
 ``sidecar`` (the exporter: metrics, HTTP, landing page). ``cli`` and ``demo`` use them.
-``publish`` needs the ``torch`` extra and is imported on first use.
+``publish`` needs the ``torch`` extra and is imported on first use; ``__version__`` is the
+installed package's (``contract.version``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 if TYPE_CHECKING:
     from modelkv_exporter.engine.publish import publish
+
+    __version__: str
 
 __all__ = ["__version__", "publish"]
 
@@ -23,4 +24,8 @@ def __getattr__(name: str) -> Any:
         from modelkv_exporter.engine.publish import publish
 
         return publish
+    if name == "__version__":
+        from modelkv_exporter.contract.version import VERSION
+
+        return VERSION
     raise AttributeError(f"module 'modelkv_exporter' has no attribute {name!r}")

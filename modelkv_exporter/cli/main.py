@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modelkv_exporter import __version__
 from modelkv_exporter.cli.arguments import add_settings, apply_environment
+from modelkv_exporter.contract.version import VERSION
 
 if TYPE_CHECKING:
     from modelkv_exporter.contract.scan import SpoolScan
@@ -105,7 +105,7 @@ def plan(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, built from the settings table."""
     parser = argparse.ArgumentParser(prog="modelkv-exporter", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, handler, help_text in (
         ("serve", serve, "serve /metrics for a spool directory (the sidecar)"),

@@ -9,9 +9,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from modelkv_exporter import __version__
 from modelkv_exporter.contract.snapshot import EngineIdentity, EngineSettings, Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.engine.protocol import collect_declarations
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
 
@@ -52,7 +52,7 @@ def build_snapshot(model: object, /, *, max_num_seqs: int | None, engine_id: str
         declarations=declarations,
         started_at=now,
         heartbeat_at=now,
-        writer=f"modelkv-exporter/{__version__}",
+        writer=f"modelkv-exporter/{VERSION}",
         dropped_declarations=declarer_failures(collected.failures) + unresolved,
     )
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from modelkv_exporter import __version__
 from modelkv_exporter.contract.decode import RejectReason
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
 from modelkv_exporter.contract.state import EngineState
+from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS, ROOT_OWNER
 from modelkv_exporter.sidecar.http.refusals import Refusal
 from modelkv_exporter.sidecar.labels import engine_labels, label
@@ -24,7 +24,7 @@ def exporter_samples(
     scan_ok: bool, states: Mapping[EngineState, int], rejections: Mapping[str, int], add: Add, info: Info
 ) -> None:
     """The exporter's own samples, but for the collect duration and the HTTP server's refusals."""
-    info("modelkv_exporter_build_info", [__version__, str(SCHEMA_VERSION)])
+    info("modelkv_exporter_build_info", [VERSION, str(SCHEMA_VERSION)])
     add("modelkv_exporter_spool_scan_success", [], 1.0 if scan_ok else 0.0)
     for state, count in states.items():
         add("modelkv_exporter_spool_files", [state.value], count)

@@ -97,8 +97,6 @@ def violations(package_root: Path) -> list[str]:
             names = imported.module.split(".")
             if names[0] == PACKAGE:
                 target = names[1] if len(names) > 1 else ""
-                if target == "__version__":
-                    continue
                 if part is None:
                     if path.name == "__init__.py" and imported.at_import_time:
                         problems.append(f"{where}: the package root imports {imported.module} at import time")

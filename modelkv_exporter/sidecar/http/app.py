@@ -13,9 +13,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from modelkv_exporter import __version__
 from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SPOOL_BYTES, DEFAULT_MAX_SPOOL_FILES
 from modelkv_exporter.contract.state import DEFAULT_FORGET_AFTER_SECONDS, DEFAULT_STALE_AFTER_SECONDS
+from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.sidecar.budget import Budget
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.http.limits import HttpLimits
@@ -109,7 +109,7 @@ def make_app(config: SidecarConfig, source: SpoolSource | None = None) -> FastAP
     )
     app = FastAPI(
         title="modelkv-exporter",
-        version=__version__,
+        version=VERSION,
         openapi_url=None,
         docs_url=None,
         redoc_url=None,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import threading
 
-from modelkv_exporter import __version__
 from modelkv_exporter.contract.state import EngineState, SpoolView
+from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
 from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.http.public import json_body
@@ -34,7 +34,7 @@ def view_key(view: SpoolView) -> tuple[object, ...]:
 class Pages:
     """The sidecar's two documents for people and scripts, cached by ``view_key``. Thread-safe."""
 
-    def __init__(self, source: SpoolSource, version: str = __version__) -> None:
+    def __init__(self, source: SpoolSource, version: str = VERSION) -> None:
         self.source = source
         self.version = version
         self._lock = threading.Lock()
