@@ -12,7 +12,7 @@ from modelkv_exporter.contract.scan import SpoolScan
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, Snapshot
 from modelkv_exporter.contract.state import EngineState, SpoolView
-from modelkv_exporter.contract.vocabulary import ROOT_OWNER
+from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 _NUMERIC = re.compile(r"\d+(\.\d+)?( [KMGT]?i?B)?")
 MAX_WIDTH = 120

@@ -1,7 +1,7 @@
-"""The words engine and sidecar share: cache lifetimes, row drivers, and measured-memory sources.
+"""The words engine and sidecar share: cache lifetimes, row drivers, measured-memory sources and drop reasons.
 
 Declarations, snapshots, metric labels, rules and docs all use these values; nothing else
-spells them.
+spells them. The words only the sidecar's metrics speak are in ``sidecar.vocabulary``.
 """
 
 from __future__ import annotations
@@ -39,9 +39,6 @@ class RowDriver(str, Enum):
 SCOPES: frozenset[str] = frozenset(scope.value for scope in ModelLocalKVScope)
 ROW_DRIVERS: frozenset[str] = frozenset(driver.value for driver in RowDriver)
 
-ROOT_OWNER = "(root)"
-"""How a declaration owned by the model's root module (owner path "") is shown and labelled."""
-
 
 @dataclass(frozen=True)
 class Measurement:
@@ -75,9 +72,6 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     ),
 )
 SOURCES: frozenset[str] = frozenset(m.source for m in MEASUREMENTS)
-
-GROWTH_SOURCES: tuple[str, ...] = ("process_gpu", "torch_reserved", "process_resident")
-"""Sources an engine's memory growth is measured from, most complete first; the rules and the landing page agree."""
 
 
 class DropReason(str, Enum):

@@ -14,10 +14,10 @@ from modelkv_exporter.cli.reports import table
 from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.spool import snapshot_file_name
-from modelkv_exporter.contract.vocabulary import ROOT_OWNER
 from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
 from modelkv_exporter.sidecar.http.app import sidecar_config
 from modelkv_exporter.sidecar.http.server import build_server
+from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 STARTUP_TIMEOUT_SECONDS = 180.0
 

@@ -3,7 +3,7 @@
 Builds on ``modelkv_exporter.contract`` and on prometheus_client, FastAPI and uvicorn; never
 on torch, vLLM or the engine side.
 
-- ``catalogue``: every metric the exporter emits, in one table;
+- ``catalogue``: every metric the exporter emits, in one table; ``vocabulary``: the label values only it speaks;
 - ``source``: the spool as the sidecar sees it at an instant (scan + classification);
 - ``labels`` and ``samples``: an engine's snapshot as label values and samples;
 - ``collector``: a prometheus_client collector over the spool (the reference rendering);

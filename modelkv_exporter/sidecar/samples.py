@@ -12,9 +12,9 @@ from modelkv_exporter.contract.decode import RejectReason
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
 from modelkv_exporter.contract.state import EngineState
 from modelkv_exporter.contract.version import VERSION
-from modelkv_exporter.contract.vocabulary import MEASUREMENTS, ROOT_OWNER
-from modelkv_exporter.sidecar.http.refusals import Refusal
+from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.sidecar.labels import engine_labels, label
+from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER, Refusal
 
 Add = Callable[[str, list[str], float], None]
 Info = Callable[[str, list[str]], None]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from modelkv_exporter.contract.vocabulary import GROWTH_SOURCES
+from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES
 from tests.support import ROOT
 from tests.support.processes import require_tool
 from tests.support.promql import RULE_TESTS, RULES_FILE, alerts, metric_names, rule_expressions, rule_groups, rules

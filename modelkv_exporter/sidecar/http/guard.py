@@ -35,8 +35,8 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from modelkv_exporter.sidecar.http.limits import LINGER_SECONDS, HttpLimits
-from modelkv_exporter.sidecar.http.refusals import Refusal
 from modelkv_exporter.sidecar.http.sending import ABORT
+from modelkv_exporter.sidecar.vocabulary import Refusal
 
 UVICORN_SURFACE = (
     "connection_made",

@@ -1,13 +1,24 @@
-"""Why the HTTP server refused a request or cut a connection short: the label values of
-``modelkv_exporter_http_refusals_total``. Counted, never logged one by one."""
+"""The words of the metrics that only the sidecar speaks: label values and sources beside the catalogue.
+
+What a snapshot itself carries (scopes, row drivers, measured-memory sources) is the contract's
+(``contract.vocabulary``); what the sidecar adds to it is here: how the root module's owner is
+labelled, which sources growth is measured from, and why the HTTP server refused a client.
+"""
 
 from __future__ import annotations
 
 from enum import Enum
 
+ROOT_OWNER = "(root)"
+"""How a declaration owned by the model's root module (owner path "") is shown and labelled."""
+
+GROWTH_SOURCES: tuple[str, ...] = ("process_gpu", "torch_reserved", "process_resident")
+"""Sources an engine's memory growth is measured from, most complete first; the rules and the landing page agree."""
+
 
 class Refusal(str, Enum):
-    """One reason; the value is the metric's ``reason`` label."""
+    """Why the HTTP server refused a request or cut a connection short: the ``reason`` label of
+    ``modelkv_exporter_http_refusals_total``. Counted, never logged one by one."""
 
     INVALID_REQUEST = "invalid_request"
     """400: the request could not be parsed."""
