@@ -32,7 +32,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """Run the demo (needs the ``torch`` extra); a taken port fails before any engine starts."""
-    from modelkv_exporter.demo.listen import listening_socket, taken_port_message
+    from modelkv_exporter.cli.demo import listening_socket, run_demo, taken_port_message
 
     try:
         sock = listening_socket(args.host, args.port)
@@ -40,15 +40,6 @@ def demo(args: argparse.Namespace) -> int:
         print(taken_port_message(args.host, args.port, error), file=sys.stderr)
         return 2
     with sock:
-        try:
-            from modelkv_exporter.demo.main import run_demo
-        except ImportError as error:
-            print(
-                f"modelkv-exporter demo: the demo needs torch and transformers: "
-                f"pip install '.[torch]' in a checkout ({error})",
-                file=sys.stderr,
-            )
-            return 2
         return run_demo(args, sock)
 
 

@@ -21,7 +21,7 @@ from transformers import (
     WhisperConfig,
 )
 
-from modelkv_exporter.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDriver, spec_from_hf_config
+from modelkv_exporter.engine.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDriver, spec_from_hf_config
 
 
 def cache_bytes(cache: Cache) -> int:

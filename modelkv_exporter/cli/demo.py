@@ -1,10 +1,15 @@
-"""Run the demo: start the engines, wait for their snapshots, serve them, print where to look."""
+"""The ``demo`` command: bind the port, start the demo engines, wait for their snapshots, serve them, print where to look.
+
+The port is bound before anything slow starts, so a taken one fails at once; the demo engines
+(``modelkv_exporter.demo``, which need torch and transformers) are imported only when the demo runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing.context
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -14,7 +19,6 @@ from modelkv_exporter.cli.reports import table
 from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.spool import snapshot_file_name
-from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
 from modelkv_exporter.sidecar.http.app import sidecar_config
 from modelkv_exporter.sidecar.http.server import build_server
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
@@ -22,9 +26,32 @@ from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 STARTUP_TIMEOUT_SECONDS = 180.0
 
 
-def _wait_for_snapshots(spool_dir: Path, processes: list[multiprocessing.context.SpawnProcess]) -> SpoolReader:
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` as uvicorn binds one; ``OSError`` when the address is taken or wrong."""
+    family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, protocol)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def taken_port_message(host: str, port: int, error: OSError) -> str:
+    """What to tell a user whose demo port cannot be bound: the flag and the variable that change it."""
+    return (
+        f"modelkv-exporter demo: cannot listen on {host}:{port} ({error.strerror or error}); "
+        "choose another port with --port or MODELKV_PORT (for example: MODELKV_PORT=9401 make demo)"
+    )
+
+
+def _wait_for_snapshots(
+    spool_dir: Path, engine_ids: list[str], processes: list[multiprocessing.context.SpawnProcess]
+) -> SpoolReader:
     reader = SpoolReader(spool_dir)
-    expected = {snapshot_file_name(engine.engine_id) for engine in DEMO_ENGINES}
+    expected = {snapshot_file_name(engine_id) for engine_id in engine_ids}
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         ready = {
@@ -78,6 +105,14 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
 
     ``sock`` is bound by the caller before anything slow starts, so a taken port fails at once.
     """
+    try:
+        from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
+    except ImportError as error:
+        print(
+            f"modelkv-exporter demo: the demo needs torch and transformers: pip install '.[torch]' in a checkout ({error})",
+            file=sys.stderr,
+        )
+        return 2
     temporary = None if args.spool_dir else tempfile.TemporaryDirectory(prefix="modelkv-demo-")
     spool_dir = Path(args.spool_dir or temporary.name)  # type: ignore[union-attr]
     spool_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +121,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     )
     processes, stop = start_engines(str(spool_dir), args.heartbeat_interval)
     try:
-        reader = _wait_for_snapshots(spool_dir, processes)
+        reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in DEMO_ENGINES], processes)
         print(_summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
         config = sidecar_config(args, spool_dir)
