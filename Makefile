@@ -17,7 +17,7 @@ test: system-deps $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed tests/
 	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python -m pytest -q tests/engine
 
 docs: $(VENV)/.demo-installed
-	$(PY) -m modelkv_exporter.cli.docgen
+	$(PY) scripts/docgen.py
 
 $(PY):
 	python3 -m venv $(VENV)

@@ -77,7 +77,7 @@ from modelkv_exporter.engine.samplers import (  # noqa: E402
     physical_device_id,
     sampler_for,
 )
-from modelkv_exporter.sidecar.http.app import SidecarConfig  # noqa: E402
+from modelkv_exporter.sidecar.http.config import SidecarConfig  # noqa: E402
 from modelkv_exporter.sidecar.http.server import build_server  # noqa: E402
 
 ALLOCATOR_GRANULE = 512

@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 
 from modelkv_exporter.cli.reports import table
+from modelkv_exporter.cli.settings import DemoSettings, ServerSettings
 from modelkv_exporter.contract.scan import SpoolReader
+from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.spool import snapshot_file_name
-from modelkv_exporter.sidecar.http.app import sidecar_config
+from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import build_server
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
@@ -119,13 +121,15 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     print(
         f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}", flush=True
     )
-    processes, stop = start_engines(str(spool_dir), args.heartbeat_interval)
+    settings = build(DemoSettings, vars(args))
+    processes, stop = start_engines(str(spool_dir), settings.heartbeat_interval)
     try:
         reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in DEMO_ENGINES], processes)
         print(_summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
-        config = sidecar_config(args, spool_dir)
-        server = build_server(config, host=args.host, port=args.port, log_level=args.log_level)
+        config = build(SidecarConfig, vars(args), spool_dir=spool_dir)
+        serving = build(ServerSettings, vars(args))
+        server = build_server(config, host=serving.host, port=serving.port, log_level=serving.log_level)
         host, port = sock.getsockname()[:2]
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(
@@ -137,9 +141,9 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             "Press Ctrl-C to stop.",
             flush=True,
         )
-        timer = threading.Timer(args.duration, lambda: setattr(server, "should_exit", True))
+        timer = threading.Timer(settings.duration, lambda: setattr(server, "should_exit", True))
         timer.daemon = True
-        if args.duration > 0:
+        if settings.duration > 0:
             timer.start()
         server.run(sockets=[sock])
         timer.cancel()

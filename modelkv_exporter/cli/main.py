@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelkv_exporter.cli.arguments import add_settings, apply_environment
+from modelkv_exporter.cli.settings import TABLES, ServerSettings
+from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.version import VERSION
 
 if TYPE_CHECKING:
@@ -21,12 +23,13 @@ DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines p
 
 def serve(args: argparse.Namespace) -> int:
     """Run the sidecar HTTP server over ``--spool-dir``."""
-    from modelkv_exporter.sidecar.http.app import sidecar_config
+    from modelkv_exporter.sidecar.http.config import SidecarConfig
     from modelkv_exporter.sidecar.http.server import build_server
 
-    logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", args.spool_dir, args.host, args.port)
-    config = sidecar_config(args)
-    build_server(config, host=args.host, port=args.port, log_level=args.log_level).run()
+    server = build(ServerSettings, vars(args))
+    config = build(SidecarConfig, vars(args), spool_dir=Path(args.spool_dir))
+    logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", config.spool_dir, server.host, server.port)
+    build_server(config, host=server.host, port=server.port, log_level=server.log_level).run()
     return 0
 
 
@@ -57,14 +60,9 @@ def _unreadable(args: argparse.Namespace, error: str | None) -> int:
 
 def _spool_scan(args: argparse.Namespace) -> SpoolScan:
     """One scan of the command's spool directory within its size and file budgets."""
-    from modelkv_exporter.contract.scan import SpoolReader
+    from modelkv_exporter.contract.scan import SpoolLimits
 
-    return SpoolReader(
-        _spool_of(args),
-        max_bytes=args.max_snapshot_bytes,
-        max_files=args.max_spool_files,
-        max_spool_bytes=args.max_spool_bytes,
-    ).scan()
+    return build(SpoolLimits, vars(args)).reader(_spool_of(args)).scan()
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -72,12 +70,12 @@ def inspect(args: argparse.Namespace) -> int:
     import time
 
     from modelkv_exporter.cli.reports import inspect_report, report_width
-    from modelkv_exporter.contract.state import classify
+    from modelkv_exporter.contract.state import Staleness
 
     scan = _spool_scan(args)
     if not scan.ok:
         return _unreadable(args, scan.error)
-    view = classify(scan, time.time(), args.stale_after, args.forget_after)
+    view = build(Staleness, vars(args)).classify(scan, time.time())
     sys.stdout.write(inspect_report(view, report_width()))
     return 0
 
@@ -85,16 +83,18 @@ def inspect(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     """Print each engine's declared peak at --max-num-seqs and the largest that fits --budget."""
     from modelkv_exporter.cli.reports import plan_report, report_width
+    from modelkv_exporter.cli.settings import PlanSettings
 
     scan = _spool_scan(args)
     if not scan.ok:
         return _unreadable(args, scan.error)
-    sys.stdout.write(plan_report(scan, args.max_num_seqs, args.budget, report_width()))
+    wanted = build(PlanSettings, vars(args))
+    sys.stdout.write(plan_report(scan, wanted.max_num_seqs, wanted.budget, report_width()))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, built from the settings table."""
+    """The argument parser, built from the commands' settings tables."""
     parser = argparse.ArgumentParser(prog="modelkv-exporter", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name in ("inspect", "plan"):
             sub.add_argument("directory", nargs="?", metavar="DIR", help="the spool directory")
-        add_settings(sub, name)
+        add_settings(sub, TABLES[name])
         sub.set_defaults(handler=handler, subparser=sub)
     return parser
 
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_arguments(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
     """The command and its settings from ``argv``, then ``environ`` for every setting not given as a flag."""
     args = build_parser().parse_args(argv)
-    apply_environment(args.subparser, args, args.command, environ)
+    apply_environment(args.subparser, args, TABLES[args.command], environ)
     return args
 
 

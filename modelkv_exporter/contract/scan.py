@@ -23,16 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelkv_exporter.contract.decode import RejectReason, SnapshotError, parse_snapshot
+from modelkv_exporter.contract.setting_values import byte_size, positive_int
+from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import SUFFIX, snapshot_file_name
 
-DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024
-"""Parsing a document costs up to about 22 times its size in transient memory (many small JSON values) and
-holds the interpreter for about 75 ms at this size; a snapshot of 256 declarations is about 100 KiB."""
-DEFAULT_MAX_SPOOL_FILES = 256
-"""Snapshot files read per scan: one per engine process in the pod, with room to spare."""
-DEFAULT_MAX_SPOOL_BYTES = 4 * 1024 * 1024
-"""Bytes of snapshot files read per scan: 64 engines of 250 declarations each fit."""
 FULL_SCAN_EVERY_SECONDS = 1.0
 SETTLE_NS = 50_000_000
 """Directory timestamps are as coarse as the kernel's tick (1 to 10 ms); 50 ms is well past it."""
@@ -115,6 +110,37 @@ _FileKey = tuple[int, int, int, int]
 Admit = Callable[[Snapshot], None]
 """A check of a parsed snapshot that raises ``SnapshotError`` to reject it (the sidecar's budgets)."""
 
+
+@dataclass(frozen=True)
+class SpoolLimits:
+    """How much of the spool one scan reads; each a setting."""
+
+    max_snapshot_bytes: int = setting(
+        256 * 1024, byte_size, "Snapshot files larger than this are rejected unread (262144, 256KiB)."
+    )
+    """Parsing a document costs up to about 22 times its size in transient memory (many small JSON values) and
+    holds the interpreter for about 75 ms at this size; a snapshot of 256 declarations is about 100 KiB."""
+
+    max_spool_files: int = setting(
+        256,
+        positive_int,
+        "Snapshot files read per scan, the first by name; the others are counted as rejected (over_budget), not read.",
+    )
+    """One per engine process in the pod, with room to spare."""
+
+    max_spool_bytes: int = setting(
+        4 * 1024 * 1024,
+        byte_size,
+        "Bytes of snapshot files read per scan, the first files by name; the others are counted as rejected "
+        "(over_budget), not read.",
+    )
+    """64 engines of 250 declarations each fit."""
+
+    def reader(self, directory: Path, admit: Admit | None = None) -> SpoolReader:
+        """A reader of ``directory`` within these limits; ``admit`` checks each parsed snapshot."""
+        return SpoolReader(directory, self.max_snapshot_bytes, self.max_spool_files, self.max_spool_bytes, admit)
+
+
 _name = operator.attrgetter("name")
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
 
@@ -134,15 +160,16 @@ class SpoolReader:
     """Scans a spool directory, re-parsing only files that changed since the last scan.
 
     ``rejections`` counts each rejected file version once, by reason, for the life of the
-    reader (it becomes a counter metric). Thread-safe. ``admit`` checks each parsed file version
-    once and may reject it. ``monotonic`` and ``wall_ns`` are the clocks of the
+    reader (it becomes a counter metric). Thread-safe. ``max_bytes``, ``max_files`` and
+    ``max_spool_bytes`` are ``SpoolLimits``' (``SpoolLimits.reader`` makes one). ``admit`` checks each
+    parsed file version once and may reject it. ``monotonic`` and ``wall_ns`` are the clocks of the
     unchanged-directory shortcut, injectable for tests.
     """
 
     directory: Path
-    max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
-    max_files: int = DEFAULT_MAX_SPOOL_FILES
-    max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
+    max_bytes: int = SpoolLimits.max_snapshot_bytes
+    max_files: int = SpoolLimits.max_spool_files
+    max_spool_bytes: int = SpoolLimits.max_spool_bytes
     admit: Admit | None = None
     full_scan_every: float = FULL_SCAN_EVERY_SECONDS
     monotonic: Callable[[], float] = time.monotonic

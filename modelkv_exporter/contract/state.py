@@ -13,10 +13,10 @@ from enum import Enum
 from functools import cached_property
 
 from modelkv_exporter.contract.scan import SpoolEntry, SpoolScan
+from modelkv_exporter.contract.setting_values import non_negative_float
+from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
 
-DEFAULT_STALE_AFTER_SECONDS = 30.0
-DEFAULT_FORGET_AFTER_SECONDS = 3600.0
 CLOCK_SKEW_SECONDS = 10.0
 """How far in the future a heartbeat may be before its engine is called stale (engine and sidecar share a node's clock)."""
 
@@ -38,6 +38,27 @@ class EngineState(str, Enum):
 
     FORGOTTEN = "forgotten"
     """Stale or ended for longer than ``forget_after``: nothing is exported, the file is only counted."""
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """When an engine that stopped beating is stale, and when it is forgotten; each a setting."""
+
+    stale_after: float = setting(
+        30.0,
+        non_negative_float,
+        "Seconds without a heartbeat after which an engine is stale (at least 3 of its heartbeat intervals).",
+    )
+    forget_after: float = setting(
+        3600.0,
+        non_negative_float,
+        "Seconds after its last heartbeat at which a stale or ended engine's file is forgotten: no longer exported, "
+        'only counted (modelkv_exporter_spool_files{state="forgotten"}); 0 never forgets.',
+    )
+
+    def classify(self, scan: SpoolScan, now: float) -> SpoolView:
+        """Every entry of ``scan`` with its state at ``now`` (``classify`` with these thresholds)."""
+        return classify(scan, now, self.stale_after, self.forget_after)
 
 
 def stale_at(snapshot: Snapshot, stale_after: float) -> float:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 
-from modelkv_exporter.contract import limits
 from modelkv_exporter.contract.decode import RejectReason, SnapshotError
 from modelkv_exporter.contract.scan import SpoolEntry, SpoolReader, SpoolScan
+from modelkv_exporter.contract.setting_values import byte_size, positive_int
+from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.labels import engine_labels
 from modelkv_exporter.sidecar.samples import engine_samples
@@ -28,12 +29,35 @@ from modelkv_exporter.sidecar.samples import engine_samples
 
 @dataclass(frozen=True)
 class Budget:
-    """The limits one sidecar admits the spool within."""
+    """The limits one sidecar admits the spool within; each a setting (``docs/reliability.md`` measures the
+    memory they bound against the sidecar's 192 MiB limit in ``deploy/kubernetes``)."""
 
-    max_declarations: int = limits.MAX_DECLARATIONS
-    max_label_bytes: int = limits.MAX_LABEL_BYTES
-    max_series: int = limits.MAX_SERIES
-    max_scrape_label_bytes: int = limits.MAX_SCRAPE_LABEL_BYTES
+    max_declarations: int = setting(
+        256,
+        positive_int,
+        "A snapshot with more declarations, or more entries of dropped declarations, is rejected (over_budget).",
+    )
+    """Real models declare a few: one per cache-owning module class."""
+
+    max_label_bytes: int = setting(
+        256 * 1024,
+        byte_size,
+        "A snapshot whose series carry more bytes of label values in all is rejected (over_budget).",
+    )
+    max_series: int = setting(
+        10_000,
+        positive_int,
+        "Series of all engines in one scrape; engines, in file-name order, that would pass it are rejected "
+        "(over_budget).",
+    )
+    """The exporter's own series come on top."""
+
+    max_scrape_label_bytes: int = setting(
+        4 * 1024 * 1024,
+        byte_size,
+        "Bytes of label values of all engines in one scrape; engines, in file-name order, that would pass it are "
+        "rejected (over_budget).",
+    )
 
 
 @dataclass(frozen=True)

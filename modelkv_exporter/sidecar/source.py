@@ -8,19 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelkv_exporter.contract.scan import (
-    DEFAULT_MAX_SNAPSHOT_BYTES,
-    DEFAULT_MAX_SPOOL_BYTES,
-    DEFAULT_MAX_SPOOL_FILES,
-    SpoolReader,
-    SpoolScan,
-)
-from modelkv_exporter.contract.state import (
-    DEFAULT_FORGET_AFTER_SECONDS,
-    DEFAULT_STALE_AFTER_SECONDS,
-    SpoolView,
-    classify,
-)
+from modelkv_exporter.contract.scan import SpoolLimits, SpoolReader, SpoolScan
+from modelkv_exporter.contract.state import SpoolView, Staleness, classify
 from modelkv_exporter.sidecar.budget import Admission, Budget
 from modelkv_exporter.sidecar.log import get_logger
 
@@ -40,10 +29,10 @@ class SpoolSource:
     """
 
     reader: SpoolReader
-    stale_after: float = DEFAULT_STALE_AFTER_SECONDS
+    stale_after: float = Staleness.stale_after
     clock: Callable[[], float] = field(default=time.time)
     admission: Admission | None = None
-    forget_after: float = DEFAULT_FORGET_AFTER_SECONDS
+    forget_after: float = Staleness.forget_after
     _last: SpoolView | None = field(default=None, init=False, repr=False)
     _logged: set[tuple[str, int]] = field(default_factory=set, repr=False)
     _listing_error: str | None = field(default=None, repr=False)
@@ -55,19 +44,16 @@ class SpoolSource:
         directory: Path,
         *,
         budget: Budget,
-        max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
-        max_files: int = DEFAULT_MAX_SPOOL_FILES,
-        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
-        stale_after: float = DEFAULT_STALE_AFTER_SECONDS,
-        forget_after: float = DEFAULT_FORGET_AFTER_SECONDS,
+        reading: SpoolLimits | None = None,
+        staleness: Staleness | None = None,
         clock: Callable[[], float] = time.time,
     ) -> SpoolSource:
-        """A source over ``directory`` whose reader checks each snapshot against ``budget`` as it parses it."""
+        """A source over ``directory`` read within ``reading``, whose reader checks each snapshot against ``budget``
+        as it parses it; ``staleness`` is when its engines go stale and are forgotten (the defaults when None)."""
         admission = Admission(budget)
-        reader = SpoolReader(
-            directory, max_bytes=max_bytes, max_files=max_files, max_spool_bytes=max_spool_bytes, admit=admission.check
-        )
-        return cls(reader, stale_after, clock, admission, forget_after)
+        reader = (reading or SpoolLimits()).reader(directory, admit=admission.check)
+        staleness = staleness or Staleness()
+        return cls(reader, staleness.stale_after, clock, admission, staleness.forget_after)
 
     def view(self) -> SpoolView:
         """Scan the spool now, admit it within the budget, and classify every file."""

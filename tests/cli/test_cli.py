@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.cli.main import parse_arguments
-from modelkv_exporter.contract.settings import SETTINGS
+from modelkv_exporter.contract.scan import SpoolLimits
+from modelkv_exporter.contract.settings import build
+from modelkv_exporter.contract.state import Staleness
+from modelkv_exporter.sidecar.http.config import SidecarConfig
+from scripts.docgen import SETTINGS
 
 
 def parse(argv: list[str], **env: str) -> argparse.Namespace:
@@ -28,6 +32,15 @@ def test_defaults_env_and_flags_in_that_order() -> None:
     args = parse(["serve", "--port", "9600"], MODELKV_SPOOL_DIR="/env", MODELKV_PORT="not a port")
     assert args.port == 9600, "a flag wins over a malformed variable, which is then never read"
     assert parse(["demo"]).host == "127.0.0.1"
+
+
+def test_serve_builds_the_sidecars_config_from_its_settings() -> None:
+    """A setting is a field of the typed object it configures: its flag or variable reaches that field."""
+    args = parse(["serve", "--http-idle-timeout", "2"], MODELKV_SPOOL_DIR="/s", MODELKV_MAX_SERIES="50")
+    config = build(SidecarConfig, vars(args), spool_dir=Path(args.spool_dir))
+    assert (config.http.idle_timeout, config.budget.max_series, config.probe_port) == (2.0, 50, 9401)
+    assert config.reading == SpoolLimits() and config.staleness == Staleness()
+    assert build(SidecarConfig, vars(parse(["demo"])), spool_dir=Path("/d")).probe_port == 0
 
 
 def test_every_setting_has_a_flag_and_variable_of_its_name() -> None:

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from modelkv_exporter.contract.settings import SETTINGS
+from scripts.docgen import SETTINGS
 from tests.support import ROOT
 from tests.support.processes import require_tool
 from tests.support.promql import DASHBOARDS, RULE_TESTS, RULES_FILE

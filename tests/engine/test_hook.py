@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from modelkv_exporter.engine import samplers as engine_memory
+from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.vllm_hook import plugin as vllm_plugin
-from modelkv_exporter.engine.vllm_hook.config import HookConfig
 from modelkv_exporter.engine.vllm_hook.identity import engine_id_for
 from tests.support import ROOT
 

@@ -30,7 +30,15 @@ CHECKS = {
         "dashboards",
         "scripts",
     ],
-    "mypy": [sys.executable, "-m", "mypy", "modelkv_exporter", "dashboards", "deploy/kubernetes/generate_manifests.py"],
+    "mypy": [
+        sys.executable,
+        "-m",
+        "mypy",
+        "modelkv_exporter",
+        "dashboards",
+        "deploy/kubernetes/generate_manifests.py",
+        "scripts/docgen.py",
+    ],
 }
 
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import re
 
-from modelkv_exporter.cli.docgen import expected_files
-from modelkv_exporter.contract.settings import ENGINE, SETTINGS
 from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
+from scripts.docgen import ENGINE, SETTINGS, expected_files
 from tests.support import ROOT
 
 
 def test_generated_docs_are_current() -> None:
     for path, content in expected_files(ROOT).items():
-        assert path.read_text() == content, f"{path.name} is stale: run python -m modelkv_exporter.cli.docgen"
+        assert path.read_text() == content, f"{path.name} is stale: run python scripts/docgen.py"
 
 
 def test_metric_names_follow_the_house_rules() -> None:

@@ -24,7 +24,8 @@ from modelkv_exporter.contract.decode import SnapshotError, parse_snapshot
 from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.collector import SpoolCollector
-from modelkv_exporter.sidecar.http.app import SidecarConfig, make_app
+from modelkv_exporter.sidecar.http.app import make_app
+from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.source import SpoolSource
 from tests.support import FULL_SCALE
 from tests.support.exposition import Exposition

@@ -21,7 +21,7 @@ import uvicorn
 
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.http import routes
-from modelkv_exporter.sidecar.http.app import SidecarConfig
+from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.limits import HttpLimits
 from modelkv_exporter.sidecar.http.server import SidecarServer, build_server
 from tests.support.polling import eventually

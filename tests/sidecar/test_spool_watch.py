@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.sidecar.http import spool_watch
-from modelkv_exporter.sidecar.http.app import SidecarConfig
+from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import build_server
 from tests.support.polling import eventually
 from tests.support.processes import free_port, start_sidecar, stop_process, wait_http

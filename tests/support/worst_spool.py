@@ -16,8 +16,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from modelkv_exporter.contract import limits
-from modelkv_exporter.contract.scan import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SPOOL_BYTES
+from modelkv_exporter.contract.scan import SpoolLimits
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.budget import Budget, snapshot_cost
@@ -91,9 +90,9 @@ def write_worst_spool(
     spool: Path,
     budget: Budget | None = None,
     *,
-    max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
-    max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
-    max_files: int = 256,
+    max_bytes: int = SpoolLimits.max_snapshot_bytes,
+    max_spool_bytes: int = SpoolLimits.max_spool_bytes,
+    max_files: int = SpoolLimits.max_spool_files,
     junk_files: int = 2,
 ) -> WorstSpool:
     """Fill ``spool`` as described above; the totals are what the sidecar's budget check counts."""
@@ -136,8 +135,8 @@ def describe(worst: WorstSpool) -> str:
             "file_bytes": worst.file_bytes,
             "junk_files": worst.junk_files,
             "limits": {
-                "max_series": limits.MAX_SERIES,
-                "max_scrape_label_bytes": limits.MAX_SCRAPE_LABEL_BYTES,
+                "max_series": Budget.max_series,
+                "max_scrape_label_bytes": Budget.max_scrape_label_bytes,
             },
         }
     )

@@ -6,8 +6,8 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 
-from modelkv_exporter.contract.settings import ENGINE, from_environ
 from modelkv_exporter.contract.snapshot import Observation
+from modelkv_exporter.engine.config import TABLE
 from modelkv_exporter.engine.observe import hooks, probe
 from modelkv_exporter.engine.observe.layers import StorageKey, forget_plans, storages, structure_problem
 from modelkv_exporter.engine.observe.patches import ClassPatches, unwrap_owner, wrap_owner
@@ -21,8 +21,8 @@ _lock = threading.Lock()
 
 
 def observation_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MODELKV_OBSERVE`` read through the settings table (on unless turned off)."""
-    values, _ = from_environ(ENGINE, os.environ if environ is None else environ)
+    """``MODELKV_OBSERVE`` read through the engine's settings table (on unless turned off)."""
+    values, _ = TABLE.from_environ(os.environ if environ is None else environ)
     return bool(values["observe"])
 
 

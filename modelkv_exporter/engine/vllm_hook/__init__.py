@@ -6,5 +6,5 @@
   before shutdown;
 - ``identity``: who a worker is (model, stage, replica, ranks, device) and its engine id;
   ``diffusion``: the same for vLLM-Omni's diffusion workers; ``facts``: what both publish about a worker;
-- ``config``: the hook's settings, read from ``MODELKV_`` variables through the settings table.
+The hook's settings are the engine side's (``engine.config``).
 """

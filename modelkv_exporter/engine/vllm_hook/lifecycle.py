@@ -23,13 +23,13 @@ from typing import Any
 
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import snapshot_file_name
+from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher, with_baseline
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.observe import Observer, install
 from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.samplers import MemorySampler, sampler_for
-from modelkv_exporter.engine.vllm_hook.config import HookConfig
 from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, facts_of
 from modelkv_exporter.engine.vllm_hook.paged_kv import paged_kv_blocks, paged_kv_bytes
 

@@ -36,8 +36,8 @@ from collections.abc import Callable
 from types import FrameType, ModuleType
 from typing import Any, NamedTuple
 
+from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.log import get_logger
-from modelkv_exporter.engine.vllm_hook.config import HookConfig
 from modelkv_exporter.engine.vllm_hook.imports import on_import
 
 logger = get_logger("plugin")

@@ -1,0 +1,80 @@
+"""The engine side's settings: one typed object read from ``MODELKV_`` variables (the engine owns the command line).
+
+``TABLE`` is what the engine reads: ``MODELKV_SPOOL_DIR`` (which turns the hook on), then every
+setting of ``HookConfig``. A malformed variable is logged and its default kept: the engine never
+fails to start because of us.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modelkv_exporter.contract.settings import Table, build, number, setting
+from modelkv_exporter.engine.log import get_logger
+
+logger = get_logger("config")
+
+MIN_SAMPLE_INTERVAL = 1.0
+
+
+def sample_interval(text: str) -> float:
+    """Seconds between samples, at least 1."""
+    return max(MIN_SAMPLE_INTERVAL, number(text))
+
+
+def switch(text: str) -> bool:
+    """On or off: 1, true, yes, on; 0, false, no, off."""
+    value = text.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is neither on (1, true, yes, on) nor off (0, false, no, off)")
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    """The engine-side settings: every field but the spool directory is a setting."""
+
+    spool_dir: Path
+    sample_interval: float = setting(
+        5.0, sample_interval, "Seconds between the engine's memory samples and heartbeats (at least 1)."
+    )
+    engine_id_prefix: str | None = setting(
+        None,
+        str,
+        "Prefix of the engine ids the plugin publishes under (default: the served model name, else the "
+        "model directory's name); set it when two engines in one pod serve the same model name.",
+        name="engine_id",
+    )
+    observe: bool = setting(
+        True,
+        switch,
+        "Observe what the transformers caches of each declaring owner really hold (1 or 0); "
+        "0 installs no hook at all, and every observed figure is then absent.",
+    )
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookConfig | None:
+        """None when ``MODELKV_SPOOL_DIR`` is unset (the plugin then stays inactive)."""
+        values = read_environ(environ)
+        if not values["spool_dir"]:
+            return None
+        return build(cls, values, spool_dir=Path(values["spool_dir"]))
+
+
+TABLE = Table(
+    "engine", (HookConfig,), notes={"spool_dir": "Setting it in the engine's environment turns the vLLM plugin on."}
+)
+
+
+def read_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every engine setting by name, from ``environ`` (the process's by default); each malformed one is logged."""
+    values, problems = TABLE.from_environ(os.environ if environ is None else environ)
+    for problem in problems.values():
+        logger.warning("modelkv: %s; using the default", problem)
+    return values
