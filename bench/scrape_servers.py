@@ -43,8 +43,8 @@ ROOMY_BYTES = 64 * 1024 * 1024
 def client_python(port: int, spool: str) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from modelkv_exporter.contract.scan import SpoolReader
     from modelkv_exporter.sidecar.collector import SpoolCollector
+    from modelkv_exporter.sidecar.reader.scan import SpoolReader
     from modelkv_exporter.sidecar.source import SpoolSource
 
     registry = CollectorRegistry(auto_describe=False)
@@ -61,9 +61,9 @@ def per_scrape(port: int, spool: str) -> None:
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import choose_encoder
 
-    from modelkv_exporter.contract.scan import SpoolReader
     from modelkv_exporter.sidecar.collector import SpoolCollector
     from modelkv_exporter.sidecar.exposition.negotiation import accepts_gzip
+    from modelkv_exporter.sidecar.reader.scan import SpoolReader
     from modelkv_exporter.sidecar.source import SpoolSource
 
     registry = CollectorRegistry(auto_describe=False)

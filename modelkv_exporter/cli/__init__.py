@@ -2,7 +2,8 @@
 
 - ``main``: the commands and the parser; ``settings``: what each command reads, one settings
   table per command; ``arguments``: a table's flags and ``MODELKV_`` variables; ``reports``: the
-  text of ``inspect`` and ``plan``; ``demo``: the ``demo`` command over the demo engines
+  text of ``inspect`` and ``plan``; ``capacity``: ``plan``'s arithmetic, the declared peak at any
+  ``max_num_seqs`` and the largest that fits; ``demo``: the ``demo`` command over the demo engines
   (``modelkv_exporter.demo``).
 """
 

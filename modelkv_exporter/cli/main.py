@@ -16,7 +16,7 @@ from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.version import VERSION
 
 if TYPE_CHECKING:
-    from modelkv_exporter.contract.scan import SpoolScan
+    from modelkv_exporter.sidecar.reader.scan import SpoolScan
 
 DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines publish into a spool directory."
 
@@ -60,7 +60,7 @@ def _unreadable(args: argparse.Namespace, error: str | None) -> int:
 
 def _spool_scan(args: argparse.Namespace) -> SpoolScan:
     """One scan of the command's spool directory within its size and file budgets."""
-    from modelkv_exporter.contract.scan import SpoolLimits
+    from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 
     return build(SpoolLimits, vars(args)).reader(_spool_of(args)).scan()
 
@@ -70,7 +70,7 @@ def inspect(args: argparse.Namespace) -> int:
     import time
 
     from modelkv_exporter.cli.reports import inspect_report, report_width
-    from modelkv_exporter.contract.state import Staleness
+    from modelkv_exporter.sidecar.reader.state import Staleness
 
     scan = _spool_scan(args)
     if not scan.ok:

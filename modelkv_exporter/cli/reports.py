@@ -7,11 +7,11 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
-from modelkv_exporter.contract.capacity import declared_peak_at, largest_fitting
-from modelkv_exporter.contract.scan import SpoolScan
-from modelkv_exporter.contract.sizes import human_bytes
+from modelkv_exporter.cli.capacity import declared_peak_at, largest_fitting
 from modelkv_exporter.contract.snapshot import Declaration, Snapshot
-from modelkv_exporter.contract.state import EngineState, SpoolView
+from modelkv_exporter.sidecar.reader.scan import SpoolScan
+from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
+from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 _NUMERIC = re.compile(r"\d+(\.\d+)?( [KMGT]?i?B)?")

@@ -1,14 +1,19 @@
-"""The contract between engine processes and the sidecar: the snapshot, its spool, and what they mean.
+"""The contract: everything an engine and a sidecar must agree on, and nothing else.
 
-Standard library only, and importing nothing else of this package: the engine side (inside
-vLLM) and the sidecar (without torch or vLLM) both build on it, and they may run different
-versions of it, so everything here is versioned and documented in ``docs/snapshot-format.md``.
+An engine process writes snapshots into a spool directory; a sidecar, with neither torch nor
+vLLM, reads them. They may run different versions of this package, so what they share is
+small, standard library only, and versioned (``docs/snapshot-format.md``):
 
-- ``vocabulary``: cache scopes, row drivers and measured-memory sources;
-- ``snapshot``: the published state of one engine process, as plain dataclasses;
-- ``decode``: untrusted bytes to a ``Snapshot`` or a reasoned rejection;
-- ``spool``: file names and the atomic writer; ``scan``: the incremental reader;
-- ``state``: an engine's state (exported, stale, ended) and the one classification of a scan;
-- ``arithmetic`` and ``capacity``: the protocol's byte arithmetic and what fits a budget;
-- ``sizes``: byte sizes for people; ``settings``: every setting, as a flag and a ``MODELKV_`` variable.
+- ``snapshot``: what one engine process publishes, as plain dataclasses, and the format's
+  version (``SCHEMA_VERSION``);
+- ``vocabulary``: the words a snapshot carries: cache scopes, row drivers, measured-memory
+  sources, reasons a declaration was dropped;
+- ``arithmetic``: the protocol's byte arithmetic, which the writer applies and the reader checks;
+- ``spool``: where the snapshots go: one file per engine, its name, and the atomic writer;
+- ``settings``: how a setting is spelled and read (a flag and a ``MODELKV_`` variable), and the
+  one setting both sides read, the spool directory;
+- ``version``: the package's version, stamped by both sides.
+
+How the sidecar reads and judges a spool is the sidecar's (``sidecar.reader``); how an engine
+fills a snapshot is the engine's.
 """

@@ -2,7 +2,7 @@
 
 Writers put one ``<engine>.json`` per engine process, atomically (temp file in the same
 directory, fsync, ``os.replace``, fsync of the directory), so a reader sees the old document
-or the new one, never a torn one. ``scan`` is the reading side.
+or the new one, never a torn one. The sidecar's reader (``sidecar.reader.scan``) is the reading side.
 """
 
 from __future__ import annotations

@@ -1,12 +1,17 @@
 """The sidecar: the spool's snapshots as Prometheus metrics, a landing page and a JSON API over HTTP.
 
 Builds on ``modelkv_exporter.contract`` and on prometheus_client, FastAPI and uvicorn; never
-on torch, vLLM or the engine side.
+on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spool with it too.
 
+- ``reader``: untrusted spool files to snapshots, within limits, and each engine's state;
+- ``budget``: what the sidecar admits from the spool; ``source``: the spool as the sidecar sees
+  it at an instant (scan, admission, classification);
 - ``catalogue``: every metric the exporter emits, in one table; ``vocabulary``: the label values only it speaks;
-- ``source``: the spool as the sidecar sees it at an instant (scan + classification);
 - ``labels`` and ``samples``: an engine's snapshot as label values and samples;
 - ``collector``: a prometheus_client collector over the spool (the reference rendering);
 - ``exposition``: /metrics rendered once per spool change, content negotiation, gzip;
-- ``http``: the FastAPI app, its one router, the landing page, the JSON document, the uvicorn server.
+- ``http``: the sidecar's configuration, the FastAPI app, its one router, the landing page, the JSON
+  document, the uvicorn server;
+- ``sizes`` and ``setting_values``: byte sizes for people, and the kinds of value settings take;
+  ``log``: rate-limited logging.
 """

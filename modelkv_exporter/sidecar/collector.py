@@ -17,9 +17,9 @@ from typing import Any, cast
 
 from prometheus_client.metrics_core import Metric as Family
 
-from modelkv_exporter.contract.state import EngineState, snapshot_age
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_exporter.sidecar.labels import engine_labels
+from modelkv_exporter.sidecar.reader.state import EngineState, snapshot_age
 from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
 from modelkv_exporter.sidecar.source import SpoolSource
 

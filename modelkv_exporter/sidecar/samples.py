@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from modelkv_exporter.contract.decode import RejectReason
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
-from modelkv_exporter.contract.state import EngineState
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.sidecar.labels import engine_labels, label
+from modelkv_exporter.sidecar.reader.decode import RejectReason
+from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER, Refusal
 
 Add = Callable[[str, list[str], float], None]

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelkv_exporter.contract.scan import SpoolLimits, SpoolReader, SpoolScan
-from modelkv_exporter.contract.state import SpoolView, Staleness, classify
 from modelkv_exporter.sidecar.budget import Admission, Budget
 from modelkv_exporter.sidecar.log import get_logger
+from modelkv_exporter.sidecar.reader.scan import SpoolLimits, SpoolReader, SpoolScan
+from modelkv_exporter.sidecar.reader.state import SpoolView, Staleness, classify
 
 LOG = get_logger("spool")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.cli.main import parse_arguments
-from modelkv_exporter.contract.scan import SpoolLimits
 from modelkv_exporter.contract.settings import build
-from modelkv_exporter.contract.state import Staleness
 from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.reader.scan import SpoolLimits
+from modelkv_exporter.sidecar.reader.state import Staleness
 from scripts.docgen import SETTINGS
 
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from modelkv_exporter.cli.reports import MAX_WIDTH, abbreviate, inspect_report, table
-from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.contract.state import EngineState, classify
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
+from modelkv_exporter.sidecar.reader.state import EngineState, classify
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 LONG_OWNER = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"

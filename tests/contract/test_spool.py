@@ -17,10 +17,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from modelkv_exporter.contract.decode import RejectReason, SnapshotError, parse_snapshot
-from modelkv_exporter.contract.scan import FULL_SCAN_EVERY_SECONDS, SETTLE_NS, SpoolReader, read_snapshot_file
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, DroppedDeclaration
 from modelkv_exporter.contract.spool import snapshot_file_name, write_snapshot
+from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError, parse_snapshot
+from modelkv_exporter.sidecar.reader.scan import FULL_SCAN_EVERY_SECONDS, SETTLE_NS, SpoolReader, read_snapshot_file
 from tests.support import ROOT
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
@@ -111,7 +111,7 @@ def test_a_snapshot_without_max_num_seqs_is_version_2_and_every_other_stays_vers
 def test_a_version_1_sidecar_asks_for_an_upgrade_instead_of_calling_the_snapshot_invalid(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from modelkv_exporter.contract import decode
+    from modelkv_exporter.sidecar.reader import decode
 
     monkeypatch.setattr(decode, "SCHEMA_VERSION", 1)
     assert parse_snapshot(json.dumps(document()).encode()).settings.max_num_seqs == 8
@@ -342,7 +342,7 @@ def test_a_file_the_sidecar_user_cannot_read_is_counted_unreadable() -> None:
         secret.write_bytes(make_snapshot("secret").to_json())
         secret.chmod(0o600)
         code = (
-            "import os, sys; from modelkv_exporter.contract.scan import SpoolReader;"
+            "import os, sys; from modelkv_exporter.sidecar.reader.scan import SpoolReader;"
             "os.setgid(65534); os.setuid(65534);"
             "r = SpoolReader(__import__('pathlib').Path(sys.argv[1])); s = r.scan();"
             "print(sorted(x.engine.engine_id for _, x in s.snapshots), dict(+r.rejections))"

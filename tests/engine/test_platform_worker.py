@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.contract.decode import parse_snapshot
+from modelkv_exporter.sidecar.reader.decode import parse_snapshot
 from tests.engine.fixtures.tiny_model import make_tiny_qwen2
 from tests.support import ROOT
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from modelkv_exporter.contract.decode import parse_snapshot
 from modelkv_exporter.engine import protocol
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.resolve import declaration_from_spec, resolve_declarations
+from modelkv_exporter.sidecar.reader.decode import parse_snapshot
 
 omni = importlib.import_module("vllm_omni.model_executor.models.model_local_kv")
 IMPLEMENTATIONS = [pytest.param(protocol, id="ours"), pytest.param(omni, id="vllm_omni")]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from modelkv_exporter.contract.decode import parse_snapshot
 from modelkv_exporter.engine.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDriver
 from modelkv_exporter.engine.publish import build_snapshot
+from modelkv_exporter.sidecar.reader.decode import parse_snapshot
 
 
 def spec(name: str, rows: RowDriver) -> ModelLocalKVSpec:

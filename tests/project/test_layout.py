@@ -123,6 +123,47 @@ def test_the_package_follows_its_import_rules() -> None:
     assert violations(ROOT / PACKAGE) == []
 
 
+def import_circles(package_root: Path) -> list[list[str]]:
+    """Every set of modules that import one another in a loop, deferred imports included: each a sorted list."""
+    paths = sorted(package_root.rglob("*.py"))
+    names = {
+        path: ".".join([PACKAGE, *path.relative_to(package_root).with_suffix("").parts]).removesuffix(".__init__")
+        for path in paths
+    }
+    known = set(names.values())
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for path, name in names.items():
+        for imported in imports_of(path, package_root):
+            target = imported.module
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
+    reaches: dict[str, set[str]] = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for following in graph[todo.pop()] - seen:
+                seen.add(following)
+                todo.append(following)
+        reaches[start] = seen
+    circles = {tuple(sorted(m for m in graph if m in reaches[name] and name in reaches[m])) for name in graph}
+    return sorted(list(circle) for circle in circles if circle)
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert import_circles(ROOT / PACKAGE) == []
+
+
+def test_a_circle_of_imports_is_caught(tmp_path: Path) -> None:
+    copy = tmp_path / PACKAGE
+    shutil.copytree(ROOT / PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    log = copy / "engine" / "log.py"
+    log.write_text(log.read_text() + "\n\ndef later() -> None:\n    from modelkv_exporter.engine import resolve\n")
+    circle = [f"{PACKAGE}.engine.{name}" for name in ("log", "protocol", "resolve")]
+    assert import_circles(copy) == [circle], "resolve imports log directly and through protocol"
+
+
 @pytest.mark.parametrize(
     "file,line,expected",
     [
@@ -130,8 +171,9 @@ def test_the_package_follows_its_import_rules() -> None:
         ("sidecar/labels.py", "from modelkv_exporter.engine import log", "sidecar imports modelkv_exporter.engine.log"),
         ("engine/log.py", "from modelkv_exporter.sidecar import catalogue", "engine imports modelkv_exporter.sidecar"),
         ("engine/log.py", "import prometheus_client", "engine imports prometheus_client"),
-        ("contract/sizes.py", "import yaml", "contract imports yaml, which is not in the standard library"),
-        ("contract/sizes.py", "from ..engine import log", "contract imports modelkv_exporter.engine"),
+        ("contract/spool.py", "import yaml", "contract imports yaml, which is not in the standard library"),
+        ("contract/spool.py", "from ..engine import log", "contract imports modelkv_exporter.engine"),
+        ("contract/spool.py", "from ..sidecar.reader import scan", "contract imports modelkv_exporter.sidecar"),
         ("cli/reports.py", "import vllm", "cli imports vllm"),
         ("demo/owners.py", "from modelkv_exporter.cli import reports", "demo imports modelkv_exporter.cli"),
         ("demo/owners.py", "from modelkv_exporter.sidecar import catalogue", "demo imports modelkv_exporter.sidecar"),
@@ -159,6 +201,14 @@ def _modules(*parts: str) -> list[str]:
     return names
 
 
+def _ours_loaded_after(code: str) -> set[str]:
+    """The modules of this package that running ``code`` in a fresh interpreter loads."""
+    probe = code + f"\nimport sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] == {PACKAGE!r}))\n"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    loaded: set[str] = set(ast.literal_eval(result.stdout.strip().splitlines()[-1]))
+    return loaded
+
+
 def _loaded_after(code: str) -> set[str]:
     probe = code + "\nimport sys\nprint(sorted({m.split('.')[0] for m in sys.modules}))\n"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -181,6 +231,20 @@ def test_the_engine_hook_loads_none_of_the_sidecars_libraries() -> None:
         "from modelkv_exporter.engine.vllm_hook.plugin import register; register()"
     )
     assert _loaded_after(code) & SIDECAR_LIBRARIES == set()
+
+
+def test_the_engine_hook_loads_only_the_contract_and_the_engine() -> None:
+    """What a vLLM worker loads of this package, hook and publishing included: no reader, decoder or sidecar module."""
+    code = (
+        "import os; os.environ['MODELKV_SPOOL_DIR'] = '/nonexistent'\n"
+        f"for name in {_modules('engine')!r}: __import__(name)\n"
+        "from modelkv_exporter.engine.vllm_hook.plugin import register; register()"
+    )
+    loaded = _ours_loaded_after(code)
+    assert f"{PACKAGE}.engine.vllm_hook.lifecycle" in loaded and f"{PACKAGE}.contract.spool" in loaded
+    assert {name.split(".")[1] for name in loaded - {PACKAGE}} == {"contract", "engine"}, sorted(loaded)
+    reader = set(_modules("sidecar/reader"))
+    assert f"{PACKAGE}.sidecar.reader.decode" in reader and loaded.isdisjoint(reader)
 
 
 def test_publish_is_the_function_whatever_was_imported_first() -> None:

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.snapshot import DroppedDeclaration, EngineSettings
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.contract.state import EngineState
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.labels import label
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
+from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.source import SpoolSource
 from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot

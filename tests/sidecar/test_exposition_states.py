@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from prometheus_client import CollectorRegistry, generate_latest
 
-from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.spool import snapshot_file_name, write_snapshot
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
 from tests.support.snapshots import make_declaration, make_snapshot
 

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from modelkv_exporter.contract.decode import SnapshotError, parse_snapshot
-from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.http.app import make_app
 from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.reader.decode import SnapshotError, parse_snapshot
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
 from tests.support import FULL_SCALE
 from tests.support.exposition import Exposition

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -8,11 +8,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.snapshot import DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.contract.state import classify
 from modelkv_exporter.sidecar.http.landing import render_landing
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
+from modelkv_exporter.sidecar.reader.state import classify
 from tests.support.browser import chromium_run
 from tests.support.processes import Sidecar
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot

@@ -39,7 +39,7 @@ LOAD_CLIENTS = 16
 
 WRITER = """
 import json, sys
-from modelkv_exporter.contract.decode import parse_snapshot
+from modelkv_exporter.sidecar.reader.decode import parse_snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 spool, versions, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
 snapshots = [parse_snapshot(json.dumps(v).encode()) for v in json.load(open(versions))]

@@ -9,10 +9,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
 from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_snapshot

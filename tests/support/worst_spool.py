@@ -16,10 +16,10 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from modelkv_exporter.contract.scan import SpoolLimits
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.budget import Budget, snapshot_cost
+from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 from tests.support.snapshots import make_declaration, make_snapshot
 
 WIDE = "\U0001f600"

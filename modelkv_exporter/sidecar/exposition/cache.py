@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 
 from prometheus_client.utils import floatToGoString
 
-from modelkv_exporter.contract.scan import SpoolEntry
-from modelkv_exporter.contract.state import EngineState, SpoolView, snapshot_age
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_exporter.sidecar.exposition.deflate import GZIP_HEADER, deflate_piece, gzip_trailer, stored_blocks
 from modelkv_exporter.sidecar.exposition.lines import LineSink, family_header, sample_line
 from modelkv_exporter.sidecar.exposition.negotiation import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from modelkv_exporter.sidecar.labels import engine_labels
+from modelkv_exporter.sidecar.reader.scan import SpoolEntry
+from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView, snapshot_age
 from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
 from modelkv_exporter.sidecar.source import SpoolSource
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
-from modelkv_exporter.contract.state import Classified, EngineState, SpoolView
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
+from modelkv_exporter.sidecar.reader.state import Classified, EngineState, SpoolView
 
 
 def entry_document(item: Classified) -> dict[str, Any]:

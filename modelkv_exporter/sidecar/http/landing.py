@@ -12,10 +12,10 @@ import html
 import time
 from collections.abc import Iterable, Sequence
 
-from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, Snapshot
-from modelkv_exporter.contract.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
+from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
+from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
 
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"

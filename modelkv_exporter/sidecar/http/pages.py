@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import threading
 
-from modelkv_exporter.contract.state import EngineState, SpoolView
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
 from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.http.public import json_body
+from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.source import SpoolSource
 
 AGE_STEP_SECONDS = 5

@@ -16,7 +16,7 @@ import sys
 import unicodedata
 from typing import Any
 
-from modelkv_exporter.contract.decode import RejectReason, SnapshotError
+from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError
 
 UNREADABLE_DETAIL = "the file could not be read (the sidecar's log says why)"
 SPOOL_UNREADABLE = "the spool directory could not be listed (the sidecar's log says why)"

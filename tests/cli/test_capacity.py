@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.contract.capacity import declared_peak_at, largest_fitting
-from modelkv_exporter.contract.sizes import parse_bytes
+from modelkv_exporter.cli.capacity import declared_peak_at, largest_fitting
 from modelkv_exporter.contract.snapshot import DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.sidecar.sizes import parse_bytes
 from tests.support.snapshots import make_declaration, make_snapshot
 
 PER_SEQ = make_declaration("req", max_num_seqs=8)  # 4,653,056 bytes per row

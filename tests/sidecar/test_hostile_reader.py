@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.contract import scan as scan_module
-from modelkv_exporter.contract.scan import SpoolReader
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.contract.state import CLOCK_SKEW_SECONDS, EngineState, classify
+from modelkv_exporter.sidecar.reader import scan as scan_module
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
+from modelkv_exporter.sidecar.reader.state import CLOCK_SKEW_SECONDS, EngineState, classify
 from tests.support.snapshots import make_snapshot
 
 

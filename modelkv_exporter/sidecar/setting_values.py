@@ -6,7 +6,7 @@ Each raises ``ValueError`` with a message naming what was wrong; the command nam
 from __future__ import annotations
 
 from modelkv_exporter.contract.settings import number, whole_number
-from modelkv_exporter.contract.sizes import parse_bytes
+from modelkv_exporter.sidecar.sizes import parse_bytes
 
 
 def positive_int(text: str) -> int:
