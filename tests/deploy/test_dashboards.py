@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.support import ROOT
-from tests.support.grafana_schema import NPM_DIR, check, check_many
+from tests.support.grafana_schema import NPM_DIR, check_many, installed_version, schema_packages
 from tests.support.promql import (
     dashboard_documents,
     dashboard_expressions,
@@ -22,6 +22,14 @@ from tests.support.promql import (
 
 sys.path.insert(0, str(ROOT))
 generate = pytest.importorskip("dashboards.generate")
+SCHEMAS = schema_packages(NPM_DIR)
+"""Each @grafana/schema tests/k8s/package.json pins: the name it is installed under, and its version."""
+
+
+def require_schema(package: str) -> None:
+    """Fail unless ``package`` holds the pinned @grafana/schema (not skip: the check would silently go)."""
+    if installed_version(NPM_DIR, package) != SCHEMAS[package]:
+        pytest.fail(f"{package} is not @grafana/schema {SCHEMAS[package]}: run npm ci --prefix tests/k8s")
 
 
 def test_committed_dashboards_equal_a_fresh_generation() -> None:
@@ -121,20 +129,23 @@ def test_panel_ids_are_fixed_per_panel_not_per_position() -> None:
     assert ids["Declarations"] in (9, 10) and ids["Growth by part"] == 17
 
 
-def test_dashboards_match_grafana_schema_types() -> None:
+@pytest.mark.parametrize("package", SCHEMAS)
+def test_dashboards_match_grafana_schema_types(package: str) -> None:
     """Each dashboard as an object literal typed by @grafana/schema's Dashboard, each panel ``satisfies`` its
     plugin's Options/FieldConfig: tsc --strict rejects unknown fields at every typed level and wrong values;
-    panel ids must be positive and unique."""
-    if not (NPM_DIR / "node_modules" / "@grafana" / "schema").is_dir():
-        pytest.fail("npm packages missing: run the README's test command (npm ci --prefix tests/k8s)")
-    for name, document in dashboard_documents().items():
-        problems, untyped = check(document, NPM_DIR)
+    panel ids must be positive and unique. Against every pinned version of the schema."""
+    require_schema(package)
+    documents = dashboard_documents()
+    results = check_many(list(documents.values()), NPM_DIR, package=package)
+    for name, (problems, untyped) in zip(documents, results, strict=True):
         assert not untyped, f"{name}: no schema for panel types {sorted(untyped)}"
-        assert not problems, f"{name}:\n" + "\n".join(p.short() for p in problems)
+        assert not problems, f"{name} against {SCHEMAS[package]}:\n" + "\n".join(p.short() for p in problems)
 
 
-def test_the_schema_check_rejects_an_unknown_field_at_each_level() -> None:
+@pytest.mark.parametrize("package", SCHEMAS)
+def test_the_schema_check_rejects_an_unknown_field_at_each_level(package: str) -> None:
     """The check can fail: one unknown field per typed level, and a duplicate panel id, each reported at its path."""
+    require_schema(package)
     (overview,) = dashboard_documents().values()
     timeseries = next(i for i, p in enumerate(overview["panels"]) if p["type"] == "timeseries")
     table = next(i for i, p in enumerate(overview["panels"]) if p["type"] == "table")
@@ -147,9 +158,7 @@ def test_the_schema_check_rejects_an_unknown_field_at_each_level() -> None:
         f"$.panels[{timeseries}].fieldConfig.defaults.custom.lineWidthPx": lambda d: d["panels"][timeseries][
             "fieldConfig"
         ]["defaults"]["custom"].update(lineWidthPx=2),
-        f"$.panels[{table}].options.footer": lambda d: d["panels"][table]["options"].update(
-            footer={"show": False, "reducer": ["sum"]}
-        ),
+        f"$.panels[{table}].options.cellHeightPx": lambda d: d["panels"][table]["options"].update(cellHeightPx=24),
         f"$.panels[{table}].id": lambda d: d["panels"][table].update(id=d["panels"][timeseries]["id"]),
     }
     broken = []
@@ -157,7 +166,7 @@ def test_the_schema_check_rejects_an_unknown_field_at_each_level() -> None:
         document = copy.deepcopy(overview)
         mutate(document)
         broken.append(document)
-    results = check_many(broken, NPM_DIR)
+    results = check_many(broken, NPM_DIR, package=package)
     for path, (problems, _) in zip(cases, results, strict=True):
         assert path in [p.path for p in problems], (path, [p.short() for p in problems])
 
