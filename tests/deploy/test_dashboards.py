@@ -129,6 +129,14 @@ def test_panel_ids_are_fixed_per_panel_not_per_position() -> None:
     assert ids["Declarations"] in (9, 10) and ids["Growth by part"] == 17
 
 
+def test_the_docs_name_every_checked_grafana_schema() -> None:
+    """docs/dashboards.md names each @grafana/schema version the dashboards are checked against (two or more)."""
+    text = (ROOT / "docs" / "dashboards.md").read_text()
+    assert len(SCHEMAS) >= 2 and "@grafana/schema" in SCHEMAS, SCHEMAS
+    for version in SCHEMAS.values():
+        assert f"`{version}`" in text, f"docs/dashboards.md does not name @grafana/schema {version}"
+
+
 @pytest.mark.parametrize("package", SCHEMAS)
 def test_dashboards_match_grafana_schema_types(package: str) -> None:
     """Each dashboard as an object literal typed by @grafana/schema's Dashboard, each panel ``satisfies`` its
