@@ -1,9 +1,12 @@
 """deploy/helm: the chart renders and lints with Helm's own engine, agrees with the kustomize base and the rule
-file, refuses wrong values."""
+file, refuses wrong values; the post-renderer adds the base's sidecar to engine charts' Deployments."""
 
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from tests.deploy.test_kubernetes import (
     CUSTOM_KINDS,
     KUBERNETES,
     SUPPORTED_VERSIONS,
+    assert_restricted,
     build,
     check_custom_resources,
     generate_manifests,
@@ -26,6 +30,8 @@ from tests.support import ROOT
 from tests.support.promql import DASHBOARDS, RULES_FILE
 
 CHART = ROOT / "deploy" / "helm" / "modelkv-exporter"
+POST_RENDERER = ROOT / "deploy" / "helm" / "post-renderer" / "modelkv-sidecar.py"
+ENGINE_CHARTS = Path(__file__).parent / "engine_charts"
 HELM_LABELS = {
     "app.kubernetes.io/instance",
     "app.kubernetes.io/managed-by",
@@ -149,3 +155,84 @@ def test_values_file_is_valid_and_every_value_is_documented() -> None:
     table = generate_manifests.deploy_doc_text()
     for key in ("prometheusRule.alerts.undeclaredMemoryGrowth.thresholdMiB", "releaseLabel", "image.repository"):
         assert f"`{key}`" in table
+
+
+def post_render(manifests: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The post-renderer as Helm runs it: manifests on stdin, patched manifests on stdout."""
+    return subprocess.run([sys.executable, str(POST_RENDERER), *args], input=manifests, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("shape", "selector"),
+    [("production-stack.yaml", "model=llama3,helm-release-name=vllm"), ("vllm-example-chart.yaml", "release=test")],
+)
+def test_post_renderer_adds_the_sidecar(shape: str, selector: str, rendered: list[dict[str, Any]]) -> None:
+    manifests = (ENGINE_CHARTS / shape).read_text()
+    result = post_render(manifests, "--selector", selector, "--image", "registry.example.com/modelkv-exporter:0.1.0")
+    assert result.returncode == 0, result.stderr
+    before = [d for d in yaml.safe_load_all(manifests) if d]
+    after = [d for d in yaml.safe_load_all(result.stdout) if d]
+    parts = generate_manifests.sidecar_parts()
+    (engine_index,) = [i for i, d in enumerate(before) if d["metadata"]["name"].endswith("-deployment-vllm")]
+    assert [d for i, d in enumerate(after) if i != engine_index] == [
+        d for i, d in enumerate(before) if i != engine_index
+    ], "only the selected workload changes"
+    workload = after[engine_index]
+    for version in SUPPORTED_VERSIONS:
+        kubernetes_validate.validate(workload, version, strict=True)
+    pod = workload["spec"]["template"]
+    spec = pod["spec"]
+    (sidecar,) = [c for c in spec["initContainers"] if c["name"] == parts["initContainer"]["name"]]
+    assert sidecar == {**parts["initContainer"], "image": "registry.example.com/modelkv-exporter:0.1.0"}
+    assert sidecar["restartPolicy"] == "Always" and spec["initContainers"][-1] is sidecar
+    assert_restricted(sidecar)
+    assert {p["name"] for p in sidecar["ports"]} == {"modelkv-metrics", "modelkv-probe"}
+    assert parts["volume"] in spec["volumes"]
+    (engine,) = spec["containers"]
+    assert parts["engineEnv"][0] in engine["env"] and parts["engineVolumeMount"] in engine["volumeMounts"]
+    old_engine = before[engine_index]["spec"]["template"]["spec"]["containers"][0]
+    assert engine["env"][: len(old_engine["env"])] == old_engine["env"], "the engine keeps its own settings"
+    monitor = one(rendered, "PodMonitor")["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+    again = post_render(result.stdout, "--selector", selector)
+    assert again.returncode == 0 and [d for d in yaml.safe_load_all(again.stdout) if d] == after, "idempotent"
+
+
+def test_post_renderer_rebuilds_the_base_deployment() -> None:
+    """The base's example Deployment stripped of the sidecar and given back to the post-renderer is the base again."""
+    base = yaml.safe_load((KUBERNETES / "base" / "deployment.yaml").read_text())
+    bare = copy.deepcopy(base)
+    spec = bare["spec"]["template"]["spec"]
+    del spec["initContainers"]
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "modelkv-spool"]
+    engine = spec["containers"][0]
+    engine["env"] = [e for e in engine["env"] if e["name"] != "MODELKV_SPOOL_DIR"]
+    engine["volumeMounts"] = [m for m in engine["volumeMounts"] if m["name"] != "modelkv-spool"]
+    del bare["spec"]["template"]["metadata"]["labels"]["modelkv-exporter/scrape"]
+    result = post_render(yaml.safe_dump(bare), "--selector", "app.kubernetes.io/name=vllm-omni")
+    assert result.returncode == 0, result.stderr
+    rebuilt = yaml.safe_load(result.stdout)
+    rebuilt_engine = rebuilt["spec"]["template"]["spec"]["containers"][0]
+    base_engine = base["spec"]["template"]["spec"]["containers"][0]
+    # The base lists the spool first; the post-renderer appends. Same sets, otherwise the same object.
+    for field in ("env", "volumeMounts"):
+        assert sorted(json.dumps(x, sort_keys=True) for x in rebuilt_engine.pop(field)) == sorted(
+            json.dumps(x, sort_keys=True) for x in base_engine.pop(field)
+        )
+    rebuilt["spec"]["template"]["spec"]["volumes"].sort(key=lambda v: v["name"])
+    base["spec"]["template"]["spec"]["volumes"].sort(key=lambda v: v["name"])
+    assert rebuilt == base
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--selector", "model=nothing-here"], "no Deployment or StatefulSet is labelled model=nothing-here"),
+        (["--selector", "release=test", "--container", "engine"], "no container named engine"),
+        (["--selector", "release"], "is not key=value"),
+    ],
+)
+def test_post_renderer_refuses_what_it_cannot_do(args: list[str], message: str) -> None:
+    result = post_render((ENGINE_CHARTS / "vllm-example-chart.yaml").read_text(), *args)
+    assert result.returncode == 1 and message in result.stderr and result.stdout == ""
