@@ -44,7 +44,8 @@ HELM_LABELS = {
 def render(values: dict[str, Any] | None = None, namespace: str = "monitoring") -> list[dict[str, Any]]:
     """The chart rendered by Helm's engine with ``values``, as objects."""
     manifests = helm.Chart.load(CHART).render(values or {}, name="modelkv", namespace=namespace)
-    return [doc for text in manifests.values() for doc in yaml.safe_load_all(text) if doc]
+    objects = [manifests[path] for path in manifests if not path.endswith("/NOTES.txt")]
+    return [doc for text in objects for doc in yaml.safe_load_all(text) if doc]
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +156,13 @@ def test_values_file_is_valid_and_every_value_is_documented() -> None:
     table = generate_manifests.deploy_doc_text()
     for key in ("prometheusRule.alerts.undeclaredMemoryGrowth.thresholdMiB", "releaseLabel", "image.repository"):
         assert f"`{key}`" in table
+
+
+def test_notes_tell_how_to_add_the_sidecar_with_the_image() -> None:
+    image = {"repository": "registry.example.com/modelkv-exporter", "tag": "0.1.1"}
+    manifests = helm.Chart.load(CHART).render({"image": image}, name="modelkv", namespace="monitoring")
+    notes = manifests["modelkv-exporter/templates/NOTES.txt"]
+    assert "--image=registry.example.com/modelkv-exporter:0.1.1" in notes and "modelkv-sidecar.py" in notes
 
 
 def post_render(manifests: str, *args: str) -> subprocess.CompletedProcess[str]:
