@@ -294,6 +294,7 @@ def chart_values() -> dict[str, Any]:
             "enabled": True,
             "job": job,
             "selector": _base_pod_monitor()["spec"]["selector"]["matchLabels"],
+            "namespaces": [],
             "interval": endpoint["interval"],
             "scrapeTimeout": endpoint["scrapeTimeout"],
         },
@@ -367,6 +368,13 @@ def chart_schema() -> dict[str, Any]:
                             "additionalProperties": {**string, "pattern": LABEL_VALUE},
                             "minProperties": 1,
                             "description": "Pod labels the PodMonitor selects (matchLabels); the post-renderer sets them.",
+                        },
+                        "namespaces": {
+                            "type": "array",
+                            "items": {**string, "pattern": LABEL_VALUE, "minLength": 1},
+                            "uniqueItems": True,
+                            "description": "Namespaces of the engine pods; empty for the release's own "
+                            "(a PodMonitor looks only in its own namespace unless told otherwise).",
                         },
                         "interval": {**string, "pattern": DURATION, "description": "Scrape interval."},
                         "scrapeTimeout": {**string, "pattern": DURATION, "description": "Scrape timeout."},

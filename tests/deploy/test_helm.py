@@ -95,6 +95,14 @@ def test_chart_renders_what_the_example_overlay_builds() -> None:
     assert sorted(chart, key=lambda o: o["kind"]) == sorted(overlay, key=lambda o: o["kind"])
 
 
+def test_the_pod_monitor_looks_in_the_engines_namespaces(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    assert "namespaceSelector" not in one(rendered, "PodMonitor")["spec"], "by default, the release's namespace"
+    monitor = one(render({"podMonitor": {"namespaces": ["llm-a", "llm-b"]}}), "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["llm-a", "llm-b"]}
+    result = check_custom_resources([monitor], f"helm-namespaces-{tmp_path.name}")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_rules_and_dashboards_equal_their_sources(rendered: list[dict[str, Any]]) -> None:
     """Both sources hold Go-template braces (Prometheus's {{ $labels }}, Grafana's {{label}} legends):
     the chart embeds them as data, so they come out exactly as written."""
