@@ -4,6 +4,12 @@
 and every ``dashboards/*.json`` becomes a key of ``base/grafana-dashboards.yaml``. Run
 ``python deploy/kubernetes/generate_manifests.py`` after changing either; a test fails when they differ.
 
+The same run writes every generated file of the Helm chart (deploy/helm/modelkv-exporter): the rule
+file with tokens where the chart's values go (``RULE_VALUES`` says which literal each alert value
+replaces), the token map template, the dashboards, ``values.yaml``, ``values.schema.json`` and the
+values table in docs/deploy.md; and the sidecar's parts (deploy/helm/post-renderer/sidecar.yaml,
+deploy/helm/sidecar-values.yaml) from base/deployment.yaml.
+
 For your own deployment, ``--job-selector`` replaces the rules' ``job="modelkv-exporter"`` (the job the
 base's PodMonitor sets) and ``--runbook-url`` the address of docs/runbook.md in every ``runbook_url``;
 ``--output-dir`` writes the PrometheusRule, the dashboards ConfigMap and the plain rule file there:
