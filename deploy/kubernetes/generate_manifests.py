@@ -364,7 +364,6 @@ def chart_schema() -> dict[str, Any]:
                         "enabled": {"type": "boolean", "description": "Install the PodMonitor."},
                         "job": {
                             **string,
-                            "pattern": LABEL_VALUE,
                             "minLength": 1,
                             "description": "The job label set on the exporter's series; "
                             "prometheusRule.jobSelector must select it.",

@@ -121,7 +121,10 @@ def test_changed_values_change_exactly_their_sites() -> None:
     defaults = generate_manifests.rule_defaults()
     changed = {alert: {key: number * 3 + 1 for key, number in keys.items()} for alert, keys in defaults.items()}
     selector, runbook = 'job="llm/vllm-modelkv"', "https://wiki.example.com/modelkv/runbook.md"
-    values = {"prometheusRule": {"alerts": changed, "jobSelector": selector, "runbookUrl": runbook}}
+    values = {
+        "prometheusRule": {"alerts": changed, "jobSelector": selector, "runbookUrl": runbook},
+        "podMonitor": {"job": "llm/vllm-modelkv"},
+    }
     groups = rules_of(render(values))
     expected = generate_manifests.prometheus_rule(selector, runbook)["spec"]["groups"]
     assert groups == generate_manifests.apply_rule_values(expected, changed)
@@ -154,6 +157,17 @@ def test_changed_values_change_exactly_their_sites() -> None:
 def test_wrong_values_are_refused_naming_them(values: dict[str, Any], named: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=named):
         render(values)
+
+
+def test_a_job_selector_that_misses_the_pod_monitors_job_is_refused() -> None:
+    with pytest.raises(
+        helm.HelmRenderError, match='selects job="other", but podMonitor.job sets job="modelkv-exporter"'
+    ):
+        render({"prometheusRule": {"jobSelector": 'job="other"'}})
+    both = {"prometheusRule": {"jobSelector": 'job="other"'}, "podMonitor": {"job": "other"}}
+    assert 'up{job="other"}' in str(rules_of(render(both)))
+    regex = rules_of(render({"prometheusRule": {"jobSelector": 'job=~"modelkv-.*"'}}))
+    assert 'up{job=~"modelkv-.*"}' in str(regex), "a regular expression is the user's to check"
 
 
 def test_values_file_is_valid_and_every_value_is_documented() -> None:
