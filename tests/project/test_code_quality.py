@@ -29,8 +29,17 @@ CHECKS = {
         "bench",
         "dashboards",
         "scripts",
+        "deploy",
     ],
-    "mypy": [sys.executable, "-m", "mypy", "modelkv_exporter", "dashboards", "deploy/kubernetes/generate_manifests.py"],
+    "mypy": [
+        sys.executable,
+        "-m",
+        "mypy",
+        "modelkv_exporter",
+        "dashboards",
+        "deploy/kubernetes/generate_manifests.py",
+        "deploy/helm/post-renderer/modelkv-sidecar.py",
+    ],
 }
 
 
