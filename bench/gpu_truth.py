@@ -21,9 +21,11 @@ Checks (the exit status is 1 when one fails):
   ``modelkv_memory_measurement_available`` is 0 has no byte series, and every figure that is
   exported is positive;
 - without CUDA, the CUDA and NVML sources are reported absent;
-- ``--expect-nvml present``: every engine exports NVML's figure for its process, at least its
-  torch reserved bytes; ``--expect-nvml absent`` (run it in a new PID namespace, where NVML's
-  host PIDs are not the process's): no engine exports one, and each says it is unavailable.
+- NVML is asked for a PID no process can have for one engine: that engine's figure is absent and
+  said to be unavailable, never 0; ``--expect-nvml present``: every other engine exports NVML's
+  figure for its process, at least its torch reserved bytes (``bench/gpu_run.sh`` checks this in
+  a new PID namespace too, where the process's PID is not its host PID); ``--expect-nvml
+  absent``: none does.
 
 Two more sections on CUDA:
 - torch's peak after the sampler's resets: a vLLM-style profile (reset torch's peak, allocate
@@ -178,7 +180,7 @@ def nvml_absence(device: torch.device) -> str | None:
     if device_id is None:
         return "the device's NVML id is unknown"
     if nvml_process_bytes(nvml, device_id, os.getpid()) is None:
-        return "this PID is not in NVML's process list (no host PID namespace?)"
+        return "this PID is not in NVML's process list (no CUDA context yet, or a PID the driver cannot map)"
     return None
 
 

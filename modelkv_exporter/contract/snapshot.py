@@ -1,18 +1,21 @@
-"""The snapshot: what one engine process publishes, as plain dataclasses.
+"""The snapshot: what one engine process publishes, as plain dataclasses, each field declared once.
 
-Stdlib only: the sidecar reads these without torch or vLLM. The JSON form is
-documented in ``docs/snapshot-format.md`` and ``docs/snapshot.schema.json``;
-``decode`` turns untrusted JSON back into these classes.
+Stdlib only: the sidecar reads these without torch or vLLM. Each field is declared with
+``wire`` (``contract/fields.py``): its type, bounds, what a reader takes when it is absent, and
+its meaning. ``to_dict`` encodes by those declarations, the sidecar's decoder reads by them,
+and ``python scripts/docgen.py`` writes ``docs/snapshot.schema.json`` and the
+field reference in ``docs/snapshot-format.md`` from them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from modelkv_exporter.contract.vocabulary import RowDriver
+from modelkv_exporter.contract.fields import PLAIN_NAME, REQUIRED, fields_of, wire
+from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES, RowDriver
 
 SCHEMA_VERSION = 2
 """The newest ``schema_version`` this package reads and writes.
@@ -25,25 +28,44 @@ a sidecar that predates a bump keeps reading every document that does not need i
 MAX_NUM_SEQS_OPTIONAL = 2
 """The first version in which ``settings.max_num_seqs`` may be absent (an engine without one)."""
 
+MAX_ENGINE_ID_CHARS = 256
+"""The longest engine id a snapshot may carry."""
+
+CHECKS_BEYOND_FIELDS = (
+    "`bytes_per_row` equals `2 × layers × kv_heads × head_dim × physical_capacity_positions × element_size`",
+    "`row_count` follows the driver (`rows_fixed`, or `max(1, max_num_seqs)`; without `max_num_seqs` only `fixed`)",
+    "`peak_bytes` is their product",
+    "`(owner, name)` is unique among declarations, as is the `owner` of each observation",
+    "`started_at` is not after `heartbeat_at`",
+    "an observation that is not `available` has its byte figures and `cache_calls` dropped",
+)
+"""What a reader checks beyond each field's own declaration (the reader's decoder does; the docs list them)."""
+
 
 @dataclass(frozen=True)
 class EngineIdentity:
     """Who the engine process is. Every field but ``engine_id`` is optional."""
 
-    engine_id: str
-    model: str | None = None
-    served_model_name: str | None = None
-    architecture: str | None = None
-    stage_id: int | None = None
-    stage_name: str | None = None
-    replica: str | None = None
-    tp_rank: int | None = None
-    pp_rank: int | None = None
-    dp_rank: int | None = None
-    local_device: int | None = None
-    device: str | None = None
-    hostname: str | None = None
-    pid: int | None = None
+    engine_id: str = wire(
+        "unique per engine process in the spool; a restarted engine reuses its id and replaces its own file",
+        min_length=1,
+        max_length=MAX_ENGINE_ID_CHARS,
+    )
+    model: str | None = wire("the model path or name the engine loaded", default=None)
+    served_model_name: str | None = wire("the name the engine serves the model under", default=None)
+    architecture: str | None = wire("the model's architecture (class) name", default=None)
+    stage_id: int | None = wire("the vLLM-Omni stage id", default=None)
+    stage_name: str | None = wire('the vLLM-Omni stage name ("thinker", "talker", "code2wav", ...)', default=None)
+    replica: str | None = wire("the vLLM-Omni stage replica", default=None)
+    tp_rank: int | None = wire("tensor-parallel rank", default=None)
+    pp_rank: int | None = wire("pipeline-parallel rank", default=None)
+    dp_rank: int | None = wire("data-parallel rank", default=None)
+    local_device: int | None = wire("the device index within the process's visible devices", default=None)
+    device: str | None = wire(
+        "the physical device: `GPU-<uuid>`, else the index `CUDA_VISIBLE_DEVICES` maps it to, else `cpu`", default=None
+    )
+    hostname: str | None = wire("the host (pod) the engine runs on", default=None)
+    pid: int | None = wire("the engine process's PID", default=None)
 
     @property
     def model_label(self) -> str:
@@ -76,61 +98,92 @@ class EngineSettings:
     declarations are then all ``FIXED``.
     """
 
-    max_num_seqs: int | None
-    gpu_memory_utilization: float | None = None
-    paged_kv_bytes: int | None = None
-    paged_kv_blocks: int | None = None
+    max_num_seqs: int | None = wire(
+        "the concurrency at which `max_num_seqs` declarations were resolved. Null or absent (version 2 only) when "
+        "the engine has no such setting or cannot say: then `modelkv_engine_max_num_seqs` is absent, `inspect` and "
+        '`plan` print "none"/"—", and every declaration must be `fixed`-row (a per-sequence cache has no peak '
+        "without it: the engine records it in `dropped_declarations` as `unresolvable_spec` instead)",
+        absent=None,
+        required_below=MAX_NUM_SEQS_OPTIONAL,
+        minimum=1,
+    )
+    gpu_memory_utilization: float | None = wire(
+        "the share of the device the engine was told to use (CUDA engines)", default=None, maximum=1
+    )
+    paged_kv_bytes: int | None = wire(
+        "bytes of the paged KV cache's device backing allocation(s), each counted once however many KV-cache groups "
+        "view it (see [engine-hook.md](engine-hook.md#paged-kv-cache))",
+        default=None,
+    )
+    paged_kv_blocks: int | None = wire("blocks of the paged KV cache's shared pool", default=None)
 
 
 @dataclass(frozen=True)
 class Declaration:
     """One declared cache, resolved at the engine's ``max_num_seqs``."""
 
-    owner: str
-    owner_class: str
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    element_size: int
-    physical_capacity_positions: int
-    capacity_source: str
-    scope: str
-    rows: str
-    rows_fixed: int
-    rows_reason: str
-    allocation_note: str | None
-    bytes_per_row: int
-    row_count: int
-    peak_bytes: int
+    owner: str = wire('the owning module\'s path in the model (`""` = the root module)')
+    owner_class: str = wire("the owning module's class name")
+    name: str = wire("the cache's name, unique per owner", min_length=1)
+    layers: int = wire("attention layers the cache spans", minimum=1)
+    kv_heads: int = wire("key/value heads per layer", minimum=1)
+    head_dim: int = wire("elements per head", minimum=1)
+    dtype: str = wire("the element type's name (`bfloat16`, `float32`, ...)")
+    element_size: int = wire("bytes per element", minimum=1)
+    physical_capacity_positions: int = wire("positions one row holds at most", minimum=1)
+    capacity_source: str = wire("where that capacity comes from, as the declarer says")
+    scope: str = wire("how long one allocation lives (diagnostic: never scales the bytes)", choices=SCOPES)
+    rows: str = wire("what sets the live row count: a fixed count, or one row per sequence", choices=ROW_DRIVERS)
+    rows_fixed: int = wire("the row count of a `fixed` cache (1 for `max_num_seqs`)", minimum=1)
+    rows_reason: str = wire("why a `fixed` cache has that many rows", absent="")
+    allocation_note: str | None = wire("how the owner allocates the cache, as the declarer says", absent=None)
+    bytes_per_row: int = wire("`2 × layers × kv_heads × head_dim × physical_capacity_positions × element_size`")
+    row_count: int = wire("live rows at peak: `rows_fixed`, or `max(1, max_num_seqs)`", minimum=1)
+    peak_bytes: int = wire("`bytes_per_row × row_count`: the declared peak")
 
 
 @dataclass(frozen=True)
 class DroppedDeclaration:
     """Declarations of one owner that the engine could not publish, and why."""
 
-    owner: str
-    owner_class: str
-    reason: str
-    count: int
-    error: str = ""
+    owner: str = wire("the owning module's path")
+    owner_class: str = wire("the owning module's class name")
+    reason: str = wire(
+        "`declarer_raised` (its `model_local_kv_specs()` raised or returned no sequence) or `unresolvable_spec`; "
+        "readers accept any plain name",
+        pattern=PLAIN_NAME,
+    )
+    count: int = wire(
+        "declarations dropped: 1 for `declarer_raised` (how many it would have declared is unknown)", minimum=1
+    )
+    error: str = wire("the first exception's type and message", default="")
 
 
 @dataclass(frozen=True)
 class MemorySample:
     """Measured bytes by source at one instant; a source that was not measured is absent."""
 
-    sampled_at: float
-    values: Mapping[str, int] = field(default_factory=dict)
+    sampled_at: float = wire("Unix time of the sample")
+    values: Mapping[str, int] = wire(
+        "bytes by source (see [metrics.md](metrics.md#measured-memory-sources)); a source that was not measured "
+        "is **absent**, never 0",
+        default={},
+        absent=REQUIRED,
+        pattern=PLAIN_NAME,
+    )
 
 
 @dataclass(frozen=True)
 class Measured:
     """The latest sample and the post-initialisation baseline, each absent until taken."""
 
-    current: MemorySample | None = None
-    baseline: MemorySample | None = None
+    current: MemorySample | None = wire("the latest sample", default=None)
+    baseline: MemorySample | None = wire(
+        "the same, taken once after the engine finished initialising; growth is measured from it. Its "
+        "`torch_allocated_high_water` is the live tensors then plus the activation peak the engine profiled: how "
+        "high live tensors may go without leaving the engine's memory plan",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)
@@ -141,43 +194,62 @@ class Observation:
     figure and ``cache_calls`` is None (absent, never 0). ``calls`` may still be known then.
     """
 
-    owner: str
-    owner_class: str
-    available: bool
-    reason: str | None = None
-    peak_bytes: int | None = None
-    """The most bytes the owner's caches held at once since observation started."""
-    recent_peak_bytes: int | None = None
-    """The most bytes they held at once within the last sample interval (a cache freed before the sample counts)."""
-    live_bytes: int | None = None
-    """Bytes they hold at the sample."""
-    calls: int | None = None
-    """Outermost calls into the owner's methods since observation started."""
-    cache_calls: int | None = None
-    """Those of ``calls`` in which the owner created, initialised or updated a cache."""
-
-
-def _sample_dict(sample: MemorySample | None) -> dict[str, Any] | None:
-    return None if sample is None else {"sampled_at": sample.sampled_at, "values": dict(sample.values)}
+    owner: str = wire("the owning module's path")
+    owner_class: str = wire("the owning module's class name", absent="")
+    available: bool = wire(
+        "false: the owner's caches cannot be observed, `reason` says why, and the byte figures and `cache_calls` "
+        "are null, never 0 (a reader drops any it finds)"
+    )
+    reason: str | None = wire("why the caches cannot be observed", default=None)
+    peak_bytes: int | None = wire(
+        "the most bytes the owner's caches held at once since the engine started", default=None
+    )
+    recent_peak_bytes: int | None = wire(
+        "the most they held at once within the last sample interval (a cache freed before the sample counts)",
+        default=None,
+    )
+    live_bytes: int | None = wire("bytes they hold at the sample", default=None)
+    calls: int | None = wire("outermost calls into the owner's methods since observation started", default=None)
+    cache_calls: int | None = wire(
+        "those of `calls` in which the owner created, initialised or updated a cache", default=None
+    )
 
 
 @dataclass(frozen=True)
 class Snapshot:
     """One engine process's complete published state."""
 
-    engine: EngineIdentity
-    settings: EngineSettings
-    declarations: tuple[Declaration, ...]
-    started_at: float
-    heartbeat_at: float
-    measured: Measured = field(default_factory=Measured)
-    heartbeat_interval_seconds: float | None = None
-    ended: bool = False
-    writer: str = ""
-    observations: tuple[Observation, ...] = ()
-    """Per declaring owner, what its caches were observed to hold; empty from writers that do not observe."""
-    dropped_declarations: tuple[DroppedDeclaration, ...] | None = None
-    """Declarations the engine could not publish; None when the writer does not report them (older hooks)."""
+    engine: EngineIdentity = wire("who the engine process is")
+    settings: EngineSettings = wire("the settings that give declarations and memory their meaning")
+    declarations: tuple[Declaration, ...] = wire(
+        "every declared cache, resolved at `max_num_seqs`: every spec field of the protocol, the owner's module "
+        "path and class, the dtype's name and element size, and the resolved `bytes_per_row`, `row_count`, "
+        "`peak_bytes`"
+    )
+    started_at: float = wire("Unix time the engine process started publishing; not after `heartbeat_at`")
+    heartbeat_at: float = wire(
+        "Unix time of the last write; `modelkv_engine_snapshot_age_seconds` is measured from it. More than 10 s in "
+        "the future (engine and sidecar share their node's clock), the engine is stale until the clock gets there"
+    )
+    measured: Measured = wire("measured memory: the latest sample and the baseline", default=Measured())
+    heartbeat_interval_seconds: float | None = wire(
+        "the writer's promise to beat at least this often; null for a one-shot snapshot, which is never stale. A "
+        "beating snapshot is stale when older than max(`--stale-after`, 3 intervals)",
+        default=None,
+    )
+    ended: bool = wire("true once the engine shut down cleanly; the sidecar stops exporting it", default=False)
+    writer: str = wire("the writing package and version, e.g. `modelkv-exporter/0.1.0`", default="")
+    observations: tuple[Observation, ...] = wire(
+        "per declaring owner, what the engine observed its caches to hold ([observed-caches.md](observed-caches.md)); "
+        "absent from older writers, read as empty",
+        default=(),
+    )
+    dropped_declarations: tuple[DroppedDeclaration, ...] | None = wire(
+        "declarations the engine could not publish, one entry per owner and reason. An empty list means none were "
+        "dropped; absent or null means the writer does not report drops (hooks before this field), and the sidecar "
+        "then exports no drop count at all",
+        default=None,
+    )
 
     @property
     def schema_version(self) -> int:
@@ -217,32 +289,57 @@ class Snapshot:
         return sum(d.bytes_per_row for d in self.declarations if d.rows == RowDriver.MAX_NUM_SEQS.value)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form documented in docs/snapshot-format.md.
-
-        Built field by field from each dataclass's ``__dict__``: every value is
-        immutable, and ``dataclasses.asdict`` (which deep-copies every leaf) made a
-        heartbeat of 100 declarations cost 4 ms.
-        """
-        return {
-            "schema_version": self.schema_version,
-            "engine": dict(vars(self.engine)),
-            "settings": dict(vars(self.settings)),
-            "declarations": [dict(vars(d)) for d in self.declarations],
-            "started_at": self.started_at,
-            "heartbeat_at": self.heartbeat_at,
-            "measured": {
-                "current": _sample_dict(self.measured.current),
-                "baseline": _sample_dict(self.measured.baseline),
-            },
-            "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
-            "ended": self.ended,
-            "writer": self.writer,
-            "observations": [dict(vars(o)) for o in self.observations],
-            "dropped_declarations": None
-            if self.dropped_declarations is None
-            else [dict(vars(d)) for d in self.dropped_declarations],
-        }
+        """The JSON-ready form documented in docs/snapshot-format.md: ``schema_version``, then every field in order."""
+        return {"schema_version": self.schema_version, **_encoder(Snapshot)(self)}
 
     def to_json(self) -> bytes:
         """Compact UTF-8 JSON; non-finite floats are refused rather than written."""
         return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+Encoder = Callable[[Any], Any]
+
+
+def _encoder(cls: type) -> Encoder:
+    """The function that turns one instance of a snapshot dataclass into its JSON-ready dict.
+
+    Built once per class from its declared fields. A class whose fields are all plain values
+    is copied with ``dict(vars(...))``: every value is immutable, and ``dataclasses.asdict``
+    (which deep-copies every leaf) made a heartbeat of 100 declarations cost 4 ms.
+    """
+    cached: Encoder | None = _ENCODERS.get(cls)
+    if cached is not None:
+        return cached
+    fields = fields_of(cls)
+    nested = [(f.name, _value_encoder(f.kind, f.nested)) for f in fields]
+    if all(encode is None for _, encode in nested):
+
+        def encode(instance: Any) -> Any:
+            return dict(vars(instance))
+
+    else:
+
+        def encode(instance: Any) -> Any:
+            return {
+                name: value if convert is None or value is None else convert(value)
+                for name, convert in nested
+                for value in (getattr(instance, name),)
+            }
+
+    _ENCODERS[cls] = encode
+    return encode
+
+
+def _value_encoder(kind: str, nested: type | None) -> Encoder | None:
+    """How one field's value is encoded: None for a plain value kept as it is."""
+    if kind == "object" and nested is not None:
+        return _encoder(nested)
+    if kind == "list" and nested is not None:
+        item = _encoder(nested)
+        return lambda values: [item(value) for value in values]
+    if kind == "counts":
+        return dict
+    return None
+
+
+_ENCODERS: dict[type, Encoder] = {}

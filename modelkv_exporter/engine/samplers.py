@@ -56,8 +56,9 @@ def load_nvml() -> Any | None:
 def nvml_process_bytes(nvml: Any, device_id: str | int, pid: int) -> int | None:
     """GPU bytes NVML attributes to ``pid`` on the device (index or UUID), or None when not found.
 
-    Inside a container without the host PID namespace NVML reports host PIDs,
-    so the engine's own PID is often absent: that is "not measured", not 0.
+    The driver maps the PIDs it reports into the caller's PID namespace (driver 580 on an H200
+    found the process's own PID inside a new PID namespace); a PID it cannot map, a process with
+    no CUDA context yet, or usage NVML does not report is "not measured", never 0.
     """
     try:
         if isinstance(device_id, str):
@@ -100,7 +101,8 @@ class CudaSampler(MemorySampler):
     ``HIGH_WATER_SECONDS``, each sample reporting torch's peak since the one before, so that an
     allocation that lives between two samples is still seen. Torch keeps a single peak per device,
     which vLLM resets and reads while it loads and profiles: this sampler only reads it until
-    ``initialised`` is called, and from then on resets it after each reading.
+    ``initialised`` is called, and from then on resets it after each reading, except while a
+    caller that measures the peak itself holds the resets (``hold_resets``).
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class CudaSampler(MemorySampler):
         self.clock = clock
         self.pid = os.getpid()
         self.resetting = False
+        self._holds = 0
         self._lock = threading.Lock()
         self._peaks: collections.deque[tuple[float, int]] = collections.deque()
         self._peak_since_start = 0
@@ -145,7 +148,27 @@ class CudaSampler(MemorySampler):
                 values["torch_allocated_high_water"] = high
             return MemorySample(sample.sampled_at, values)
 
+    def hold_resets(self) -> Callable[[], None]:
+        """Stop resetting torch's peak until the returned function is called (once per hold).
+
+        For a caller about to measure the peak itself (vLLM re-running its memory profile): a
+        sample then still reads the peak, so the next one covers a longer window, never a shorter one.
+        """
+        with self._lock:
+            self._holds += 1
+        released = threading.Event()
+
+        def release() -> None:
+            with self._lock:
+                if not released.is_set():
+                    released.set()
+                    self._holds -= 1
+
+        return release
+
     def _reset_peak(self) -> None:
+        if self._holds:
+            return
         try:
             self.cuda.reset_peak_memory_stats(self.device)
         except Exception:

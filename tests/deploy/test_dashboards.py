@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.support import ROOT
-from tests.support.grafana_schema import NPM_DIR, check, check_many
+from tests.support.grafana_schema import NPM_DIR, check_many, installed_version, schema_packages
 from tests.support.promql import (
     dashboard_documents,
     dashboard_expressions,
@@ -22,6 +22,14 @@ from tests.support.promql import (
 
 sys.path.insert(0, str(ROOT))
 generate = pytest.importorskip("dashboards.generate")
+SCHEMAS = schema_packages(NPM_DIR)
+"""Each @grafana/schema tests/k8s/package.json pins: the name it is installed under, and its version."""
+
+
+def require_schema(package: str) -> None:
+    """Fail unless ``package`` holds the pinned @grafana/schema (not skip: the check would silently go)."""
+    if installed_version(NPM_DIR, package) != SCHEMAS[package]:
+        pytest.fail(f"{package} is not @grafana/schema {SCHEMAS[package]}: run npm ci --prefix tests/k8s")
 
 
 def test_committed_dashboards_equal_a_fresh_generation() -> None:
@@ -34,7 +42,7 @@ def test_committed_dashboards_equal_a_fresh_generation() -> None:
 
 def test_dashboard_shape() -> None:
     (overview,) = dashboard_documents().values()
-    assert overview["schemaVersion"] >= 39
+    assert overview["schemaVersion"] >= 41, "the schema version of Grafana 11.6, the oldest we claim"
     variables = {v["name"]: v for v in overview["templating"]["list"]}
     assert list(variables) == ["datasource", "job", "namespace", "pod", "model", "stage", "engine", "device"]
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
@@ -121,20 +129,62 @@ def test_panel_ids_are_fixed_per_panel_not_per_position() -> None:
     assert ids["Declarations"] in (9, 10) and ids["Growth by part"] == 17
 
 
-def test_dashboards_match_grafana_schema_types() -> None:
+def test_the_docs_name_every_checked_grafana_schema() -> None:
+    """docs/dashboards.md names each @grafana/schema version the dashboards are checked against (two or more)."""
+    text = (ROOT / "docs" / "dashboards.md").read_text()
+    assert len(SCHEMAS) >= 2 and "@grafana/schema" in SCHEMAS, SCHEMAS
+    for version in SCHEMAS.values():
+        assert f"`{version}`" in text, f"docs/dashboards.md does not name @grafana/schema {version}"
+
+
+@pytest.mark.parametrize("package", SCHEMAS)
+def test_dashboards_match_grafana_schema_types(package: str) -> None:
     """Each dashboard as an object literal typed by @grafana/schema's Dashboard, each panel ``satisfies`` its
     plugin's Options/FieldConfig: tsc --strict rejects unknown fields at every typed level and wrong values;
-    panel ids must be positive and unique."""
-    if not (NPM_DIR / "node_modules" / "@grafana" / "schema").is_dir():
-        pytest.fail("npm packages missing: run the README's test command (npm ci --prefix tests/k8s)")
-    for name, document in dashboard_documents().items():
-        problems, untyped = check(document, NPM_DIR)
+    panel ids must be positive and unique. Against every pinned version of the schema."""
+    require_schema(package)
+    documents = dashboard_documents()
+    results = check_many(list(documents.values()), NPM_DIR, package=package)
+    for name, (problems, untyped) in zip(documents, results, strict=True):
         assert not untyped, f"{name}: no schema for panel types {sorted(untyped)}"
-        assert not problems, f"{name}:\n" + "\n".join(p.short() for p in problems)
+        assert not problems, f"{name} against {SCHEMAS[package]}:\n" + "\n".join(p.short() for p in problems)
 
 
-def test_the_schema_check_rejects_an_unknown_field_at_each_level() -> None:
+def test_each_hand_patch_is_still_needed() -> None:
+    """The generator strips a field the SDK writes only while a pinned @grafana/schema rejects it: a newer SDK
+    that stops writing it fails in the generator (``del``), and schemas that all accept it fail here."""
+    sdk, patched = generate.overview_from_sdk(), generate.overview()
+    assert generate.without_legacy_fields(copy.deepcopy(sdk)) == patched
+    table = next(i for i, p in enumerate(patched["panels"]) if p["type"] == "table")
+    places: dict[str, tuple[tuple[str | int, ...], str]] = {}
+    for key in generate.LEGACY_VARIABLE_KEYS:
+        places[f"$.templating.list[1].{key}"] = (("templating", "list", 1), key)
+    for key in generate.LEGACY_TABLE_OPTION_KEYS:
+        places[f"$.panels[{table}].options.{key}"] = (("panels", table, "options"), key)
+    documents = []
+    for where, key in places.values():
+        document = copy.deepcopy(patched)
+        source, target = sdk, document
+        for part in where:
+            source, target = source[part], target[part]
+        target[key] = source[key]
+        documents.append(document)
+    rejected_by: dict[str, list[str]] = {path: [] for path in places}
+    for package in reversed(SCHEMAS):
+        require_schema(package)
+        for path, (problems, _) in zip(places, check_many(documents, NPM_DIR, package=package), strict=True):
+            if path in [p.path for p in problems]:
+                rejected_by[path].append(package)
+        if all(rejected_by.values()):
+            break
+    unneeded = [path for path, packages in rejected_by.items() if not packages]
+    assert not unneeded, f"every pinned @grafana/schema accepts {unneeded}: drop the patch from the generator"
+
+
+@pytest.mark.parametrize("package", SCHEMAS)
+def test_the_schema_check_rejects_an_unknown_field_at_each_level(package: str) -> None:
     """The check can fail: one unknown field per typed level, and a duplicate panel id, each reported at its path."""
+    require_schema(package)
     (overview,) = dashboard_documents().values()
     timeseries = next(i for i, p in enumerate(overview["panels"]) if p["type"] == "timeseries")
     table = next(i for i, p in enumerate(overview["panels"]) if p["type"] == "table")
@@ -147,9 +197,7 @@ def test_the_schema_check_rejects_an_unknown_field_at_each_level() -> None:
         f"$.panels[{timeseries}].fieldConfig.defaults.custom.lineWidthPx": lambda d: d["panels"][timeseries][
             "fieldConfig"
         ]["defaults"]["custom"].update(lineWidthPx=2),
-        f"$.panels[{table}].options.footer": lambda d: d["panels"][table]["options"].update(
-            footer={"show": False, "reducer": ["sum"]}
-        ),
+        f"$.panels[{table}].options.cellHeightPx": lambda d: d["panels"][table]["options"].update(cellHeightPx=24),
         f"$.panels[{table}].id": lambda d: d["panels"][table].update(id=d["panels"][timeseries]["id"]),
     }
     broken = []
@@ -157,7 +205,7 @@ def test_the_schema_check_rejects_an_unknown_field_at_each_level() -> None:
         document = copy.deepcopy(overview)
         mutate(document)
         broken.append(document)
-    results = check_many(broken, NPM_DIR)
+    results = check_many(broken, NPM_DIR, package=package)
     for path, (problems, _) in zip(cases, results, strict=True):
         assert path in [p.path for p in problems], (path, [p.short() for p in problems])
 

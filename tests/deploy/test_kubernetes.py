@@ -43,6 +43,46 @@ def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found
 
 
+def check_custom_resources(resources: list[dict[str, Any]], name: str) -> subprocess.CompletedProcess[str]:
+    """Type-check and validate() custom resources with @kubernetes-models/prometheus-operator (tsc, then node)."""
+    models = MODELS / "node_modules" / "@kubernetes-models" / "prometheus-operator"
+    if not models.is_dir():
+        pytest.fail("npm packages missing: run the README's test command (npm ci --prefix tests/k8s)")
+    lines = [
+        f'import {{ {kind} }} from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/{kind}";'
+        for kind in sorted(CUSTOM_KINDS)
+    ]
+    for i, resource in enumerate(resources):
+        body = {k: v for k, v in resource.items() if k not in {"apiVersion", "kind"}}
+        lines += [
+            f"const object{i} = new {resource['kind']}({json.dumps(body)});",
+            f"if (object{i}.apiVersion !== {json.dumps(resource['apiVersion'])}) throw new Error('apiVersion');",
+            f"object{i}.validate();",
+        ]
+    source = MODELS / f"{name}.ts"
+    source.write_text("\n".join(lines) + "\n")
+    try:
+        tsc = run_tsc(MODELS / "node_modules", source, MODELS)
+        if tsc.returncode != 0:
+            return tsc
+        runtime = source.with_suffix(".mjs")
+        runtime.write_text("\n".join(lines) + "\n")
+        try:
+            return subprocess.run(["node", str(runtime)], capture_output=True, text=True, cwd=MODELS)
+        finally:
+            runtime.unlink()
+    finally:
+        source.unlink()
+
+
+def assert_restricted(container: dict[str, Any]) -> None:
+    """The container meets the restricted Pod Security Standard on its own (and is read-only besides)."""
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"] and security["seccompProfile"]["type"] == "RuntimeDefault"
+
+
 @pytest.fixture(scope="module", params=BUILDS, ids=lambda p: p.name)
 def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     return build(request.param)
@@ -71,49 +111,19 @@ def test_custom_resources_match_prometheus_operator_models(objects: list[dict[st
     TypeScript's excess-property check rejects any field the operator's CRDs do not define,
     and the models' validate() checks types and patterns (durations, enums) at run time.
     """
-    models = MODELS / "node_modules" / "@kubernetes-models" / "prometheus-operator"
-    if not models.is_dir():
-        pytest.fail("npm packages missing: run the README's test command (npm ci --prefix tests/k8s)")
     custom = [o for o in objects if o["kind"] in CUSTOM_KINDS]
     assert {o["kind"] for o in custom} == CUSTOM_KINDS
 
-    def check(resources: list[dict[str, Any]], name: str) -> subprocess.CompletedProcess[str]:
-        lines = [
-            f'import {{ {kind} }} from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/{kind}";'
-            for kind in sorted(CUSTOM_KINDS)
-        ]
-        for i, resource in enumerate(resources):
-            body = {k: v for k, v in resource.items() if k not in {"apiVersion", "kind"}}
-            lines += [
-                f"const object{i} = new {resource['kind']}({json.dumps(body)});",
-                f"if (object{i}.apiVersion !== {json.dumps(resource['apiVersion'])}) throw new Error('apiVersion');",
-                f"object{i}.validate();",
-            ]
-        source = MODELS / f"{name}.ts"
-        source.write_text("\n".join(lines) + "\n")
-        try:
-            tsc = run_tsc(MODELS / "node_modules", source, MODELS)
-            if tsc.returncode != 0:
-                return tsc
-            runtime = source.with_suffix(".mjs")
-            runtime.write_text("\n".join(lines) + "\n")
-            try:
-                return subprocess.run(["node", str(runtime)], capture_output=True, text=True, cwd=MODELS)
-            finally:
-                runtime.unlink()
-        finally:
-            source.unlink()
-
-    result = check(custom, f"check-{tmp_path.name}")
+    result = check_custom_resources(custom, f"check-{tmp_path.name}")
     assert result.returncode == 0, result.stdout + result.stderr
 
     wrong_field = copy.deepcopy(one(custom, "PodMonitor"))
     wrong_field["spec"]["podMetricsEndpoints"][0]["scrapeInterval"] = "30s"
-    assert "scrapeInterval" in check([wrong_field], f"wrong-field-{tmp_path.name}").stdout
+    assert "scrapeInterval" in check_custom_resources([wrong_field], f"wrong-field-{tmp_path.name}").stdout
     wrong_value = copy.deepcopy(one(custom, "PrometheusRule"))
     (alerting,) = [g for g in wrong_value["spec"]["groups"] if g["name"] == "modelkv.alerts"]
     alerting["rules"][0]["for"] = "fifteen minutes"
-    assert check([wrong_value], f"wrong-value-{tmp_path.name}").returncode != 0
+    assert check_custom_resources([wrong_value], f"wrong-value-{tmp_path.name}").returncode != 0
 
 
 def test_the_job_selector_and_runbook_address_are_configurable(tmp_path: Path) -> None:
@@ -166,10 +176,7 @@ def test_sidecar_is_a_restricted_native_sidecar_sharing_the_spool(objects: list[
     spec = pod["spec"]
     (sidecar,) = [c for c in spec["initContainers"] if c["name"] == "modelkv-exporter"]
     assert sidecar["restartPolicy"] == "Always"
-    security = sidecar["securityContext"]
-    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
-    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
-    assert security["capabilities"]["drop"] == ["ALL"] and security["seccompProfile"]["type"] == "RuntimeDefault"
+    assert_restricted(sidecar)
     assert "readinessProbe" not in sidecar, "the exporter must never take the engine's pod out of service"
     assert sidecar["startupProbe"]["httpGet"]["path"] == sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}

@@ -31,13 +31,33 @@ def load() -> ModuleType:
 def test_the_script_passes_on_cpu_and_reports_the_cuda_sources_absent() -> None:
     result = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "NVML per-process figure: absent: no CUDA device" in result.stdout
+    assert "NVML per-process figure for this PID: absent: no CUDA device" in result.stdout
     rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ") and "MiB" in line]
     assert [r[0].strip() for r in rows] == [case.engine_id for case in load().CASES]
-    for engine, declared, held, allocated, reserved, nvml, _, _, observed in rows:
+    for engine, declared, held, counters, requested, allocated, reserved, nvml, _, _, observed in rows:
         assert declared == held == observed, engine
-        assert allocated.strip() == reserved.strip() == nvml.strip() == "absent", engine
+        assert counters.strip().endswith(" B"), engine
+        assert requested.strip() == allocated.strip() == reserved.strip() == nvml.strip() == "absent", engine
+    assert "torch's peak after the sampler's resets" not in result.stdout, "a CUDA-only section"
     assert result.stdout.rstrip().endswith("all checks passed")
+
+
+def test_expecting_nvml_where_there_is_none_fails() -> None:
+    """The NVML check can fail: here no engine has the figure, so expecting it is a failure per engine."""
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--expect-nvml", "present"], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    failures = [line for line in result.stdout.splitlines() if line.startswith("FAIL ")]
+    assert len(failures) == len(load().CASES) - 1, "every engine that asks NVML for its own PID"
+    assert all("NVML's process figure is None (available 0.0)" in line for line in failures)
+
+
+def test_the_allocator_slack_allows_a_large_blocks_unsplit_remainder() -> None:
+    """Seen on an H200: a cold allocator handed a 66.6 MiB cache 1.2 MiB more than its storages."""
+    truth = load()
+    assert truth.allocator_slack([8]) == 512
+    assert truth.allocator_slack([2**20 + 1, 8]) == 512 + 2**20 + 512
 
 
 def test_the_script_fails_when_the_caches_hold_other_than_was_observed(

@@ -151,6 +151,65 @@ def test_the_sampler_never_shrinks_the_peak_vllm_profiles(resetting: bool) -> No
     assert (measured == 3000) is not resetting, f"vLLM would budget {measured} bytes of activations"
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["held", "broken: not held"])
+def test_a_profile_after_initialisation_reads_the_whole_peak_while_resets_are_held(held: bool) -> None:
+    """vLLM's profile run again after initialisation (by an RPC) with a heartbeat sample inside it."""
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    sampler.initialised()
+    release = sampler.hold_resets() if held else None
+    measured = profiled_activation_peak(cuda, sampler)
+    assert (measured == 3000) is held, f"vLLM would budget {measured} bytes of activations"
+    if release is not None:
+        release()
+        release()  # a second release changes nothing
+    cuda.calls.clear()
+    sampler()
+    assert "reset_peak_memory_stats" in cuda.calls, "released: the sampler resets again"
+
+
+class ProfilingWorker:
+    """A worker whose ``determine_available_memory`` profiles as vLLM's does, with a heartbeat sample inside."""
+
+    def __init__(self, cuda: FakeCuda, sampler: engine_memory.CudaSampler) -> None:
+        self.cuda, self.sampler = cuda, sampler
+        self.fail = False
+
+    def determine_available_memory(self) -> int:
+        measured = profiled_activation_peak(self.cuda, self.sampler)
+        if self.fail:
+            raise RuntimeError("out of memory while profiling")
+        return measured
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "broken: the plan lacks the step"])
+def test_the_hook_holds_resets_around_a_profile_run_again_after_initialisation(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, hooked: bool
+) -> None:
+    from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+    from tests.support.snapshots import make_snapshot
+
+    if not hooked:
+        plan = vllm_plugin.worker_plan
+        monkeypatch.setattr(
+            vllm_plugin, "worker_plan", lambda: tuple(m for m in plan() if m.name != "determine_available_memory")
+        )
+    module = SimpleNamespace(Worker=type("Worker", (ProfilingWorker,), {}))
+    vllm_plugin.Registration(HookConfig(tmp_path)).patch_worker(module)  # type: ignore[arg-type]
+    cuda = FakeCuda()
+    sampler = engine_memory.CudaSampler(cuda, "cuda:0")
+    worker = module.Worker(cuda, sampler)
+    setattr(worker, lifecycle.ATTRIBUTE, lifecycle.WorkerHook(SnapshotPublisher(tmp_path, make_snapshot("e")), sampler))
+    sampler.initialised()
+    assert (worker.determine_available_memory() == 3000) is hooked
+    assert sampler._holds == 0, "the hold ends with the profile"
+    worker.fail = True
+    with pytest.raises(RuntimeError, match="out of memory while profiling"):
+        worker.determine_available_memory()
+    assert sampler._holds == 0, "and when the profile raises, which reaches vLLM unchanged"
+
+
 def test_the_high_water_mark_catches_an_allocation_that_lives_between_two_samples() -> None:
     cuda, clock = FakeCuda(), Clock()
     sampler = engine_memory.CudaSampler(cuda, "cuda:0", clock=clock)
@@ -321,7 +380,8 @@ if os.environ.get("IMPORT_WORKER"):
     from vllm.v1.worker.cpu_worker import CPUWorker
     from vllm.v1.worker.worker_base import WorkerWrapperBase
     print("PROBE wrapped", all(getattr(getattr(Worker, n), plugin.MARKER, False)
-                         for n in ("load_model", "initialize_from_config", "compile_or_warm_up_model", "shutdown")))
+                         for n in ("load_model", "initialize_from_config", "compile_or_warm_up_model",
+                                   "determine_available_memory", "shutdown")))
     print("PROBE cpu-inherits", getattr(CPUWorker.load_model, plugin.MARKER, False))
     print("PROBE init_worker-wrapped", getattr(WorkerWrapperBase.init_worker, plugin.MARKER, False))
     print("PROBE still-waiting-for", [sorted(f.waiting) for f in sys.meta_path if isinstance(f, PatchOnImport)])

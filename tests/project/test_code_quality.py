@@ -29,6 +29,7 @@ CHECKS = {
         "bench",
         "dashboards",
         "scripts",
+        "deploy",
     ],
     "mypy": [
         sys.executable,
@@ -37,6 +38,7 @@ CHECKS = {
         "modelkv_exporter",
         "dashboards",
         "deploy/kubernetes/generate_manifests.py",
+        "deploy/helm/post-renderer/modelkv-sidecar.py",
         "scripts/docgen.py",
     ],
 }

@@ -26,12 +26,17 @@ COPIES = (
     re.compile(rf"modelkv_exporter-{V}-py3-none-any\.whl"),  # a wheel's file name
     re.compile(rf"newName: \S+/modelkv-exporter\n\s+newTag: {V}"),  # the example overlay's image tag
     re.compile(rf"ARG VERSION={V}"),  # the image's version label
+    re.compile(rf"(?m)^appVersion: \"{V}\""),  # the Helm chart's application
+    re.compile(rf"(?m)^version: {V}"),  # the Helm chart's and the post-renderer plugin's own versions
+    re.compile(rf"repository: modelkv-exporter\n\s+tag: {V}"),  # the chart's default image tag
+    re.compile(rf"`image\.tag` \| string \| `\"{V}\"`"),  # the chart's values table in docs/deploy.md
 )
 """Where another file names this package's version; the one group is the version named."""
 
-NOT_COPIES = ("pyproject.toml", "tests/sidecar/golden/")
-"""The golden expositions carry what the sidecar renders for the installed version (``test_golden`` compares
-them); their spools are fixtures written by some version, and stay as they were written."""
+NOT_COPIES = ("pyproject.toml", "tests/")
+"""Tests are no copies: an image tag a test asserts is what a manifest above renders (and that test fails
+when they part), one it passes in is any tag; the golden expositions carry what the sidecar renders for the
+installed version (``test_golden`` compares them), and their spools are fixtures written by some version."""
 
 
 def _tracked_text_files() -> dict[str, str]:

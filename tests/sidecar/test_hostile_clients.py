@@ -158,9 +158,16 @@ def test_keep_alive_serves_and_then_closes_an_idle_connection(guarded: Sidecar) 
 def test_bodies_are_refused_or_dropped_never_drained(guarded: Sidecar) -> None:
     huge = exchange(guarded, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n" + b"x" * 65536)
     assert status(huge) == 413
+    declared = exchange(guarded, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n")
+    assert status(declared) == 413, "a declared body past the limit: refused before a byte of it comes"
     chunk = b"400\r\n" + b"x" * 1024 + b"\r\n"
     chunked = b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 3
     assert status(exchange(guarded, chunked)) == 413, "a chunked body past the limit, whatever it declares"
+    with connect(guarded) as sock:  # an unread chunked body, its length unknown: closed after the answer
+        sock.sendall(chunked[: -len(chunk) * 2])
+        assert status(read_response(sock)) == 405
+        assert read_all(sock) == b""
+    assert refusals(guarded)["body_not_read"] == 1
     with connect(guarded) as sock:  # a small unread body is dropped and the connection goes on
         sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000)
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -179,7 +186,7 @@ def test_bodies_are_refused_or_dropped_never_drained(guarded: Sidecar) -> None:
         except OSError:
             pass
     assert trickled < 200, "the rest of the body had the idle timeout to come, then the connection closed"
-    assert refusals(guarded)["body_too_large"] == 2
+    assert refusals(guarded)["body_too_large"] == 3
 
 
 def test_the_connection_cap_evicts_idle_connections_and_refuses_when_none_is_idle(guarded: Sidecar) -> None:

@@ -14,7 +14,11 @@ every unknown property is listed.
 Besides the types, panel ids are checked: present, positive and unique (a rule of Grafana's
 dashboard model that the schema's types cannot express).
 
-Usage: python -m tests.support.grafana_schema [--all] [--verbose] [--keep] [--npm-dir DIR] DASHBOARD.json
+Several versions of @grafana/schema can be installed side by side: the newest under its own
+name, older ones under npm aliases (``"grafana-schema-11": "npm:@grafana/schema@11.6.16"``);
+``schema_packages`` lists them and ``package`` picks the one a check types against.
+
+Usage: python -m tests.support.grafana_schema [--all] [--verbose] [--keep] [--npm-dir DIR] [--package NAME] DASHBOARD.json
 From Python: check(dashboard, npm_dir) or check_many(dashboards, npm_dir) (one tsc run for all).
 Stdlib only; needs node and ``npm ci --prefix tests/k8s`` (which installs @grafana/schema and TypeScript).
 Exit status: 0 clean, 1 errors found, 2 usage or setup problem.
@@ -37,7 +41,10 @@ from tests.support.typescript import run_tsc as compile_typescript
 HERE = Path(__file__).resolve().parent
 NPM_DIR = HERE.parent / "k8s"
 """The npm folder whose node_modules hold @grafana/schema and TypeScript."""
-COMPOSABLE = "@grafana/schema/dist/esm/raw/composable"
+SCHEMA = "@grafana/schema"
+"""The schema's npm name, and the name its default version is installed under."""
+COMPOSABLE = "dist/esm/raw/composable"
+"""Where the panel plugins' types lie inside the package."""
 
 # Panel plugin id -> (folder and module name under COMPOSABLE, has a FieldConfig type).
 # Module names are the subpaths that @grafana/schema's package.json "exports" declares.
@@ -68,7 +75,7 @@ PANEL_TYPES: dict[str, tuple[str, str, bool]] = {
 }
 
 PRELUDE = """\
-import type { Dashboard, FieldConfig, FieldConfigSource, Panel, RowPanel } from "@grafana/schema";
+import type { Dashboard, FieldConfig, FieldConfigSource, Panel, RowPanel } from "{package}";
 {imports}
 
 // JSON carries an enum's value, not the enum: accept each string enum's values as string
@@ -186,18 +193,54 @@ class Writer:
             self.add(f"{pad}{head}{json.dumps(value)}{suffix}{tail}", path)
 
 
-def typescript(dashboards: list[dict[str, Any]]) -> Writer:
-    """The check as TypeScript: imports and types, then one typed literal per dashboard.
+def schema_packages(npm_dir: Path = NPM_DIR) -> dict[str, str]:
+    """Each @grafana/schema that ``npm_dir``'s package.json installs: the name it is installed under, and
+    its pinned version; oldest first."""
+    dependencies: dict[str, str] = json.loads((npm_dir / "package.json").read_text())["dependencies"]
+    pinned = {
+        name: spec.removeprefix(f"npm:{SCHEMA}@")
+        for name, spec in dependencies.items()
+        if name == SCHEMA or spec.startswith(f"npm:{SCHEMA}@")
+    }
+    return dict(sorted(pinned.items(), key=lambda item: tuple(int(part) for part in item[1].split("."))))
+
+
+def installed_version(npm_dir: Path, package: str) -> str | None:
+    """The version of @grafana/schema installed under ``package`` in ``npm_dir``, or None."""
+    manifest = npm_dir / "node_modules" / package / "package.json"
+    if not manifest.is_file():
+        return None
+    installed: dict[str, str] = json.loads(manifest.read_text())
+    return installed["version"] if installed.get("name") == SCHEMA else None
+
+
+def module_suffix(npm_dir: Path, package: str) -> str:
+    """What the import of a panel plugin's types needs after the module's name: nothing where the
+    package's "exports" list each module (@grafana/schema 12 and later), ``.js`` where they map all of
+    ``dist/`` at once (11.6), so that TypeScript finds the module's ``.d.ts`` beside its ``.js``."""
+    manifest = json.loads((npm_dir / "node_modules" / package / "package.json").read_text())
+    folder, module, _ = PANEL_TYPES["timeseries"]
+    listed = f"./{COMPOSABLE}/{folder}/panelcfg/x/{module}PanelCfg_types.gen"
+    return "" if listed in manifest.get("exports", {}) else ".js"
+
+
+def typescript(dashboards: list[dict[str, Any]], package: str = SCHEMA, suffix: str = "") -> Writer:
+    """The check as TypeScript against the @grafana/schema installed under ``package``: imports and
+    types, then one typed literal per dashboard. ``suffix`` ends each panel module's name (``module_suffix``).
 
     Each line's path starts with the dashboard's index in ``dashboards``."""
     imports, panels = [], []
     for plugin, (folder, module, has_custom) in PANEL_TYPES.items():
         alias = f"P_{folder}"
-        spec = f"{COMPOSABLE}/{folder}/panelcfg/x/{module}PanelCfg_types.gen"
+        spec = f"{package}/{COMPOSABLE}/{folder}/panelcfg/x/{module}PanelCfg_types.gen{suffix}"
         imports.append(f'import type * as {alias} from "{spec}";')
         custom = f"{alias}.FieldConfig" if has_custom else "NoCustom"
         panels.append(f"  {json.dumps(plugin)}: PanelOf<{json.dumps(plugin)}, {alias}.Options, {custom}>;")
-    prelude = PRELUDE.replace("{imports}", "\n".join(imports)).replace("{panels}", "\n".join(panels))
+    prelude = (
+        PRELUDE.replace("{package}", package)
+        .replace("{imports}", "\n".join(imports))
+        .replace("{panels}", "\n".join(panels))
+    )
     writer = Writer()
     for line in prelude.splitlines():
         writer.add(line, ("<prelude>",))
@@ -285,15 +328,21 @@ def panel_id_problems(dashboard: dict[str, Any]) -> list[Problem]:
 
 
 def check_many(
-    dashboards: list[dict[str, Any]], npm_dir: Path, every: bool = False, keep: bool = False
+    dashboards: list[dict[str, Any]],
+    npm_dir: Path,
+    every: bool = False,
+    keep: bool = False,
+    package: str = SCHEMA,
 ) -> list[tuple[list[Problem], set[str]]]:
-    """For each dashboard, its type errors (every unknown property with ``every``) and panel id
-    problems, and the panel types it has that no schema covers; one tsc run per round."""
+    """For each dashboard, its type errors against the @grafana/schema installed under ``package``
+    (every unknown property with ``every``) and panel id problems, and the panel types it has that
+    no schema covers; one tsc run per round."""
     documents = json.loads(json.dumps(dashboards))
+    suffix = module_suffix(npm_dir, package)
     problems: list[list[Problem]] = [[] for _ in documents]
     untyped: list[set[str]] = [set() for _ in documents]
     for _ in range(50):
-        writer = typescript(documents)
+        writer = typescript(documents, package, suffix)
         errors, _ = run_tsc(writer, npm_dir, keep)
         for path, code, message in errors:
             if path == ("<prelude>",) or not isinstance(path[0], int):
@@ -318,10 +367,10 @@ def check_many(
 
 
 def check(
-    dashboard: dict[str, Any], npm_dir: Path, every: bool = False, keep: bool = False
+    dashboard: dict[str, Any], npm_dir: Path, every: bool = False, keep: bool = False, package: str = SCHEMA
 ) -> tuple[list[Problem], set[str]]:
     """``check_many`` of one dashboard."""
-    return check_many([dashboard], npm_dir, every, keep)[0]
+    return check_many([dashboard], npm_dir, every, keep, package)[0]
 
 
 def panel_types(dashboard: dict[str, Any]) -> set[str]:
@@ -342,13 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--npm-dir", type=Path, default=NPM_DIR, help="folder with node_modules (@grafana/schema, typescript)"
     )
+    parser.add_argument(
+        "--package", default=SCHEMA, help=f"the name a @grafana/schema is installed under (default {SCHEMA})"
+    )
     args = parser.parse_args(argv)
-    if not (args.npm_dir / "node_modules" / "@grafana" / "schema").is_dir():
-        print(f"no node_modules/@grafana/schema in {args.npm_dir}: run npm ci there", file=sys.stderr)
+    if installed_version(args.npm_dir, args.package) is None:
+        print(f"no @grafana/schema at node_modules/{args.package} in {args.npm_dir}: run npm ci there", file=sys.stderr)
         return 2
     dashboard = json.loads(args.dashboard.read_text())
     try:
-        problems, untyped = check(dashboard, args.npm_dir, every=args.all, keep=args.keep)
+        problems, untyped = check(dashboard, args.npm_dir, every=args.all, keep=args.keep, package=args.package)
     except RuntimeError as error:
         print(error, file=sys.stderr)
         return 2

@@ -106,8 +106,10 @@ def make_snapshot(
         )
     return Snapshot(
         engine=EngineIdentity(
-            engine_id=engine_id, served_model_name=identity.pop("served_model_name", "m"), **identity
-        ),  # type: ignore[arg-type]
+            engine_id=engine_id,
+            served_model_name=identity.pop("served_model_name", "m"),  # type: ignore[arg-type]
+            **identity,  # type: ignore[arg-type]
+        ),
         settings=EngineSettings(max_num_seqs=max_num_seqs),
         declarations=declarations,
         started_at=now - 10,

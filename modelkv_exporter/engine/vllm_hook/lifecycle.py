@@ -10,6 +10,9 @@
 - after ``compile_or_warm_up_model``: take the baseline again (initialisation is over), with the
   activation peak vLLM profiled as the live tensors' headroom, and only from now on let the sampler
   reset torch's peak statistics (vLLM resets and reads them while it loads and profiles);
+- around ``determine_available_memory`` (vLLM's memory profile, which resets torch's peak and
+  reads it; it runs again only when someone calls it after initialisation): hold the sampler's
+  resets, so that the profile reads the whole peak;
 - before ``shutdown`` (and at exit): mark the snapshot ended.
 
 ``plugin`` runs every step guarded, so that no failure here reaches the engine.
@@ -18,6 +21,7 @@
 from __future__ import annotations
 
 import atexit
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -119,6 +123,15 @@ def after_warm_up(worker: Any, config: HookConfig) -> None:
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
         hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
+
+
+def hold_peak_resets(worker: Any, config: HookConfig) -> Callable[[], None] | None:
+    """A step that measures torch's peak itself starts: hold the sampler's resets; the result releases them."""
+    hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
+    if hook is None:
+        return None
+    hold = getattr(hook.sampler, "hold_resets", None)
+    return hold() if callable(hold) else None
 
 
 def before_shutdown(worker: Any, config: HookConfig) -> None:

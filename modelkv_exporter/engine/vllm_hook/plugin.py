@@ -16,6 +16,9 @@ them ourselves would cost seconds in processes that never build a worker):
 the very call that is about to build the worker: then the class that call resolves is hooked
 at once (``in_flight_worker_class``).
 
+A step runs before or after its method, or around it: a step ``around`` runs before and
+returns what to run after, even when the method raises.
+
 Each wrapper calls the original and forwards every argument; whatever our part raises is
 logged once and swallowed, so the engine loads and serves as if we were not there. A wrapper
 that another wrapped method of the same worker calls (an override calling ``super()``) runs
@@ -48,11 +51,15 @@ DIFFUSION_MODULE = "vllm_omni.diffusion.worker.diffusion_worker"
 TARGET = WORKER_MODULE
 MARKER = "__modelkv_wrapped__"
 
-Step = Callable[..., None]
+Step = Callable[..., Any]
 
 
 class Method(NamedTuple):
-    """A lifecycle method of a worker class and the step that runs ``when`` it is called."""
+    """A lifecycle method of a worker class and the step that runs ``when`` it is called.
+
+    ``when`` is ``"before"``, ``"after"`` or ``"around"`` (the step runs before the method and
+    returns a function, or None, to run after it).
+    """
 
     name: str
     when: str
@@ -71,6 +78,7 @@ def worker_plan() -> Plan:
         Method("load_model", "after", lifecycle.after_load_model),
         Method("initialize_from_config", "after", lifecycle.after_kv_init, with_arguments=True),
         Method("compile_or_warm_up_model", "after", lifecycle.after_warm_up),
+        Method("determine_available_memory", "around", lifecycle.hold_peak_resets),
         Method("shutdown", "before", lifecycle.before_shutdown),
     )
 
@@ -132,21 +140,22 @@ class Registration:
             }
         )
 
-    def guarded(self, step: str, function: Callable[..., object], *args: Any) -> None:
-        """Run ``function``; a failure is logged the first time ``step`` fails, and never raised."""
+    def guarded(self, step: str, function: Callable[..., Any], *args: Any) -> Any:
+        """Run ``function`` and return its result; a failure is logged the first time ``step`` fails, never raised."""
         try:
-            function(*args)
+            return function(*args)
         except Exception:
             if step not in self.failed:
                 self.failed.add(step)
                 logger.warning("modelkv: %s failed; the engine continues without it", step, exc_info=True)
+            return None
 
-    def run_step(self, method: Method, worker: Any, plan: Plan, arguments: tuple[Any, ...] = ()) -> None:
+    def run_step(self, method: Method, worker: Any, plan: Plan, arguments: tuple[Any, ...] = ()) -> Any:
         """One lifecycle step for ``worker``, after making sure its own class's overrides are hooked too."""
         if type(worker) not in self.hooked:
             self.patch_subclass(type(worker), plan)
         extra = arguments if method.with_arguments else ()
-        self.guarded(method.step.__name__, method.step, worker, self.config, *extra)
+        return self.guarded(method.step.__name__, method.step, worker, self.config, *extra)
 
     def _active(self) -> set[tuple[int, str]]:
         active: set[tuple[int, str]] | None = getattr(self._calls, "active", None)
@@ -164,6 +173,13 @@ class Registration:
             active.add(key)
             try:
                 arguments = (*args, *kwargs.values())
+                if method.when == "around":
+                    undo = self.run_step(method, worker, plan, arguments)
+                    try:
+                        return original(worker, *args, **kwargs)
+                    finally:
+                        if callable(undo):
+                            self.guarded(method.step.__name__, undo)
                 if method.when == "before":
                     self.run_step(method, worker, plan, arguments)
                 result = original(worker, *args, **kwargs)

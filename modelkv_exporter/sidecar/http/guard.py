@@ -1,6 +1,6 @@
 """uvicorn's httptools protocol with limits: no client can hold a connection, memory or the log for long.
 
-uvicorn (0.55) bounds none of this: a head of any size is buffered until it ends, a connection
+uvicorn (0.29 to 0.55) bounds none of this: a head of any size is buffered until it ends, a connection
 that sends nothing or trickles a header is kept forever, an unread body is read to its end,
 and every bad request logs a warning. ``guarded_protocol`` returns a subclass of
 ``HttpToolsProtocol`` for ``uvicorn.Config(http=...)`` that keeps everything else of uvicorn
@@ -23,6 +23,33 @@ and every bad request logs a warning. ``guarded_protocol`` returns a subclass of
 Error answers are followed by a half-close and a short, bounded read of what the client still
 sends, so it reads the status rather than a reset. Each refusal is counted by ``Refusal``.
 """
+
+# What of uvicorn this rests on. Its public settings carry what they can: the class goes in through
+# ``Config(http=...)``, and server.py sets ``server_header``, ``backlog`` and ``ws`` there too.
+# For the rest uvicorn has no public setting: ``limit_concurrency`` answers 503 only after reading a
+# request's head (the work a connection cap is there to refuse) and closes no idle connection to make
+# room; ``h11_max_incomplete_event_size`` bounds the h11 parser only, and uvicorn has no head, header
+# count, header time or body limit for httptools, nor any send timeout. So this subclasses uvicorn's
+# ``HttpToolsProtocol``, whose methods and attributes are not documented API. Left, and why:
+# - asyncio's protocol methods (``connection_made``, ``connection_lost``, ``data_received``,
+#   ``pause_writing``, ``resume_writing``) and httptools' parser callbacks (``on_message_begin``,
+#   ``on_url``, ``on_header``, ``on_headers_complete``, ``on_body``, ``on_message_complete``): public
+#   names of asyncio and httptools; overridden to count and time the bytes and the head before uvicorn
+#   sees them, each calling uvicorn's own through ``super()``.
+# - ``on_response_complete``: uvicorn's callback when a response is written, the one moment a
+#   connection becomes idle again.
+# - ``send_400_response``: what uvicorn calls on a parser error, which is how a callback's refusal
+#   (``_Refused``) reaches the client; overridden to answer the refusal's status instead of 400.
+# - ``_unset_keepalive_if_required`` (private): cancels the keep-alive timer uvicorn arms after each
+#   response. The public ``timeout_keep_alive`` (server.py sets it) starts no timer before a first
+#   request, keeps no idle order for the cap to evict by, and ends with a plain close that waits on
+#   unsent bytes; this module's idle timer takes its place, as it does before a first request.
+# - attributes read: ``transport`` (set here too for a refused connection), ``scope`` (to add the abort
+#   extension), ``cycle`` with its ``response_started``, ``response_complete``, ``disconnected`` and
+#   ``message_event`` (to drop the app's answer when a refusal comes first), ``pipeline`` (pipelined
+#   requests waiting); ``parser`` is cleared for a refused connection, as uvicorn clears it.
+# The method names are checked when a server is built (``check_uvicorn_surface``); pyproject.toml caps
+# uvicorn at the newest version whose tests pass, and `make test` runs them on the lowest one too.
 
 from __future__ import annotations
 
@@ -52,7 +79,8 @@ UVICORN_SURFACE = (
     "send_400_response",
     "_unset_keepalive_if_required",
 )
-"""What of uvicorn's protocol this module overrides or calls; checked when a server is built."""
+"""uvicorn's protocol methods this module overrides or calls (the comment above says why each); checked when a
+server is built."""
 
 STATUS_REFUSAL = {
     400: Refusal.INVALID_REQUEST,
@@ -96,9 +124,12 @@ class GuardedProtocol(HttpToolsProtocol):
     refusals: ClassVar[MutableMapping[str, int]] = collections.Counter()
     idle: ClassVar[collections.OrderedDict[GuardedProtocol, None]] = collections.OrderedDict()
     """Connections waiting for a request, longest-waiting first."""
+    accepted: ClassVar[set[GuardedProtocol]] = set()
+    """The server's open connections (kept here rather than read from uvicorn's server state)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._refused = False
@@ -107,6 +138,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_started = False
         self._head_bytes = 0
         self._headers_seen = 0
+        self._line_bytes = 0
+        self._content_length = 0
+        self._chunked = False
         self._status = 0
         self._body_declared: int | None = 0
         self._body_seen = 0
@@ -121,13 +155,14 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Accept within ``max_connections``, closing the longest-idle connection to make room, else refuse."""
-        if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
+        if len(self.accepted) >= self.limits.max_connections and not self._evict_idle():
             self._refused = True
             self.transport = transport
             self._count(Refusal.CONNECTIONS)
             transport.close()
             return
         super().connection_made(transport)
+        self.accepted.add(self)
         self._wait_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -138,7 +173,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._refused:
             self.parser = None  # type: ignore[assignment]  # no parser <-> protocol cycle left for the collector
             return
-        self._unset_keepalive_if_required()
+        self.accepted.discard(self)
         super().connection_lost(exc)
 
     def _evict_idle(self) -> bool:
@@ -155,7 +190,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _arm(self, delay: float, callback: Callable[[], None]) -> None:
         self._cancel_timer()
-        self._timer = self.loop.call_later(delay, callback)
+        self._timer = self._loop.call_later(delay, callback)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -266,6 +301,9 @@ class GuardedProtocol(HttpToolsProtocol):
             self._arm(self.limits.header_timeout, self._head_expired)
         self._in_head = True
         self._headers_seen = 0
+        self._line_bytes = 0
+        self._content_length = 0
+        self._chunked = False
         self._body_seen = 0
         self._discarded = 0
         super().on_message_begin()
@@ -274,28 +312,28 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         """414 past ``max_line_bytes``."""
-        if len(self.url) + len(url) > self.limits.max_line_bytes:
+        self._line_bytes += len(url)
+        if self._line_bytes > self.limits.max_line_bytes:
             self._reject(414)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """431 past ``max_headers`` or a header line past ``max_line_bytes``."""
+        """431 past ``max_headers`` or a header line past ``max_line_bytes``; notes how the body is framed."""
         self._headers_seen += 1
         if self._headers_seen > self.limits.max_headers or len(name) + len(value) > self.limits.max_line_bytes:
             self._reject(431)
+        lowered = name.lower()
+        if lowered == b"content-length":
+            self._content_length = int(value)
+        elif lowered == b"transfer-encoding":
+            self._chunked = True
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         """The head is in: 413 for a declared body past ``max_body_bytes``, else on to the app."""
         self._in_head = False
         self._cancel_timer()
-        declared: int | None = 0
-        for name, value in self.headers:
-            if name == b"content-length":
-                declared = int(value)
-            elif name == b"transfer-encoding":
-                declared = None
-                break
+        declared = None if self._chunked else self._content_length
         self._body_declared = declared
         if declared is not None and declared > self.limits.max_body_bytes:
             self._reject(413)
@@ -330,15 +368,11 @@ class GuardedProtocol(HttpToolsProtocol):
         connections together may hold ``max_unsent_bytes``."""
         super().pause_writing()
         if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_expired)
+            self._send_timer = self._loop.call_later(self.limits.send_timeout, self._send_expired)
         self._check_unsent()
 
     def _check_unsent(self) -> None:
-        unsent = {
-            c: c.transport.get_write_buffer_size()
-            for c in self.connections
-            if isinstance(c, GuardedProtocol) and not c.transport.is_closing()
-        }
+        unsent = {c: c.transport.get_write_buffer_size() for c in self.accepted if not c.transport.is_closing()}
         total = sum(unsent.values())
         while total > self.limits.max_unsent_bytes and unsent:
             heaviest = max(unsent, key=unsent.__getitem__)
@@ -394,5 +428,5 @@ def guarded_protocol(limits: HttpLimits, refusals: MutableMapping[str, int]) -> 
     return type(
         "GuardedProtocol",
         (GuardedProtocol,),
-        {"limits": limits, "refusals": refusals, "idle": collections.OrderedDict()},
+        {"limits": limits, "refusals": refusals, "idle": collections.OrderedDict(), "accepted": set()},
     )

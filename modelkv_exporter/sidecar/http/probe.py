@@ -9,36 +9,48 @@ while the loop has run its heartbeat (uvicorn's ``callback_notify``, once a seco
 the app has started and the main port listens, it answers 503 ``starting``: a startup probe
 passes only once the server serves.
 
-It serves one short connection at a time (the kubelet's), reads at most ``MAX_REQUEST_BYTES``
-with a one-second timeout, and closes; it is meant for the kubelet only (see docs/deploy.md).
+No client on this port can keep a probe waiting. One thread serves every connection at once
+through a selector, so a slow client holds only its own connection. Each connection has
+``deadline`` seconds from its accept to send a head (at most ``MAX_REQUEST_BYTES``) and take
+the answer, then it is closed, answered or not. At most ``max_connections`` are open: a new
+one closes the oldest. It is meant for the kubelet only (see docs/deploy.md and
+docs/reliability.md). Nothing here imports uvicorn: the answers are formatted here.
 """
 
 from __future__ import annotations
 
+import errno
 import math
+import selectors
 import socket
 import threading
 import time
-
-from modelkv_exporter.sidecar.http.guard import canned
+from dataclasses import dataclass, field
+from http import HTTPStatus
 
 MAX_STALL_SECONDS = 30.0
 MAX_REQUEST_BYTES = 4096
-READ_TIMEOUT_SECONDS = 1.0
-ACCEPT_POLL_SECONDS = 0.5
+DEADLINE_SECONDS = 2.0
+MAX_CONNECTIONS = 64
+BACKLOG = 128
+POLL_SECONDS = 0.5
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
-_OK = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n"
-)
-_STALLED = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 19\r\n"
-    b"connection: close\r\n\r\nevent loop stalled\n"
-)
-_STARTING = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 9\r\n"
-    b"connection: close\r\n\r\nstarting\n"
-)
-_NOT_FOUND = canned(404)
+
+def plain(status: int, body: str) -> bytes:
+    """A complete, closing plain-text response."""
+    content = body.encode()
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(content)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + content
+
+
+_OK = plain(200, "ok\n")
+_STALLED = plain(503, "event loop stalled\n")
+_STARTING = plain(503, "starting\n")
+_NOT_FOUND = plain(404, "Not Found\n")
 
 
 class Heartbeat:
@@ -70,17 +82,41 @@ def answer(request: bytes, heartbeat: Heartbeat, max_stall: float) -> bytes:
     return response if method == b"GET" else response[: response.index(b"\r\n\r\n") + 4]
 
 
+@dataclass
+class _Connection:
+    """One accepted connection: its deadline, the head so far, then what is left of its answer."""
+
+    sock: socket.socket
+    deadline: float
+    received: bytearray = field(default_factory=bytearray)
+    unsent: bytes | None = None
+
+
 class ProbeListener:
     """A listening socket and the daemon thread that serves it; ``start`` binds, ``stop`` closes and joins."""
 
-    def __init__(self, host: str, port: int, heartbeat: Heartbeat, max_stall: float = MAX_STALL_SECONDS) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        heartbeat: Heartbeat,
+        max_stall: float = MAX_STALL_SECONDS,
+        *,
+        deadline: float = DEADLINE_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.host = host
         self.port = port
         self.heartbeat = heartbeat
         self.max_stall = max_stall
+        self.deadline = deadline
+        self.max_connections = max_connections
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._selector = selectors.DefaultSelector()
+        self._open: dict[socket.socket, _Connection] = {}
+        """Open connections, oldest (and so soonest due) first."""
 
     def start(self) -> None:
         """Bind and listen (an error here stops the server's start), then serve from a thread."""
@@ -89,13 +125,14 @@ class ProbeListener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             listener.bind((self.host, self.port))
-            listener.listen(64)
+            listener.listen(BACKLOG)
         except OSError:
             listener.close()
             raise
-        listener.settimeout(ACCEPT_POLL_SECONDS)
+        listener.setblocking(False)
         self.port = listener.getsockname()[1]
         self._socket = listener
+        self._selector.register(listener, selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._serve, name="modelkv-probe", daemon=True)
         self._thread.start()
 
@@ -104,27 +141,103 @@ class ProbeListener:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        else:
+            self._selector.close()
         if self._socket is not None:
             self._socket.close()
 
     def _serve(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for key, _ in self._selector.select(self._wait()):
+                    if key.data is None:
+                        self._accept()
+                    elif key.data.sock in self._open:
+                        self._step(key.data)
+                self._expire()
+        finally:
+            for connection in list(self._open.values()):
+                self._close(connection)
+            self._selector.close()
+
+    def _wait(self) -> float:
+        """Seconds until the oldest connection is due, at most ``POLL_SECONDS`` (how soon ``stop`` is seen)."""
+        oldest = next(iter(self._open.values()), None)
+        due = POLL_SECONDS if oldest is None else oldest.deadline - time.monotonic()
+        return min(max(due, 0.0), POLL_SECONDS)
+
+    def _accept(self) -> None:
+        """Take what waits in the accept queue (a batch at most); past the cap, each new connection closes the oldest.
+
+        A connection that fails on its way in (``ECONNABORTED``, the network errors Linux passes on
+        to ``accept``) is skipped. Out of descriptors, the oldest is closed to make room.
+        """
         assert self._socket is not None
-        while not self._stop.is_set():
+        for _ in range(self.max_connections):
             try:
-                connection, _ = self._socket.accept()
-            except TimeoutError:
-                continue
-            except OSError:
+                sock, _ = self._socket.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            with connection:
-                try:
-                    connection.settimeout(READ_TIMEOUT_SECONDS)
-                    request = b""
-                    while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST_BYTES:
-                        chunk = connection.recv(MAX_REQUEST_BYTES)
-                        if not chunk:
-                            break
-                        request += chunk
-                    connection.sendall(answer(request, self.heartbeat, self.max_stall))
-                except OSError:
-                    pass
+            except OSError as error:
+                if error.errno not in OUT_OF_DESCRIPTORS:
+                    continue
+                if not self._evict_oldest():
+                    self._stop.wait(POLL_SECONDS)
+                return
+            if len(self._open) >= self.max_connections:
+                self._evict_oldest()
+            sock.setblocking(False)
+            connection = _Connection(sock, time.monotonic() + self.deadline)
+            self._open[sock] = connection
+            self._selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _step(self, connection: _Connection) -> None:
+        """Read what the connection sent, or send what it has not taken of its answer."""
+        if connection.unsent is None:
+            try:
+                chunk = connection.sock.recv(MAX_REQUEST_BYTES - len(connection.received))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._close(connection)
+                return
+            start = max(len(connection.received) - 3, 0)
+            connection.received += chunk
+            complete = connection.received.find(b"\r\n\r\n", start) >= 0
+            if chunk and not complete and len(connection.received) < MAX_REQUEST_BYTES:
+                return
+            connection.unsent = answer(bytes(connection.received), self.heartbeat, self.max_stall)
+        try:
+            sent = connection.sock.send(connection.unsent)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(connection)
+            return
+        connection.unsent = connection.unsent[sent:]
+        if connection.unsent:
+            self._selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
+        else:
+            self._close(connection)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._open:
+            oldest = next(iter(self._open.values()))
+            if oldest.deadline > now:
+                return
+            self._close(oldest)
+
+    def _evict_oldest(self) -> bool:
+        """Close the oldest connection, answering it first if its head has come (it may be a probe)."""
+        oldest = next(iter(self._open.values()), None)
+        if oldest is None:
+            return False
+        self._step(oldest)
+        self._close(oldest)
+        return True
+
+    def _close(self, connection: _Connection) -> None:
+        if self._open.pop(connection.sock, None) is not None:
+            self._selector.unregister(connection.sock)
+            connection.sock.close()

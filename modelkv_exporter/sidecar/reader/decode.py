@@ -3,6 +3,11 @@
 Everything a hostile or broken writer can put in a file ends here as a
 ``SnapshotError`` with one of a few stable reasons (they become a metric label):
 never another exception type, never a partially trusted document.
+
+The shape and bounds of every field come from the snapshot dataclasses' declarations
+(``contract/fields.py``): a reader per class is compiled from them once. What a field
+declaration cannot say (the declared arithmetic, uniqueness, timestamps in order, the
+version's own rules) is checked here, after the fields: the snapshot's ``CHECKS_BEYOND_FIELDS``.
 """
 
 from __future__ import annotations
@@ -15,23 +20,9 @@ from enum import Enum
 from typing import Any, NoReturn
 
 from modelkv_exporter.contract import arithmetic
-from modelkv_exporter.contract.snapshot import (
-    MAX_NUM_SEQS_OPTIONAL,
-    SCHEMA_VERSION,
-    Declaration,
-    DroppedDeclaration,
-    EngineIdentity,
-    EngineSettings,
-    Measured,
-    MemorySample,
-    Observation,
-    Snapshot,
-)
-from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES, RowDriver
-
-MAX_INT = 2**63 - 1
-MAX_ENGINE_ID_CHARS = 256
-SOURCE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+from modelkv_exporter.contract.fields import MAX_INT, MAX_NUMBER, REQUIRED, FieldInfo, fields_of
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Declaration, Snapshot
+from modelkv_exporter.contract.vocabulary import RowDriver
 
 
 class RejectReason(str, Enum):
@@ -64,126 +55,180 @@ def _reject_constant(token: str) -> NoReturn:
     raise ValueError(f"non-finite number {token} is not JSON")
 
 
-class _Fields:
-    """Typed, bounded access to one JSON object; unknown keys are ignored."""
+Reader = Callable[[Any, str, int], Any]
+"""Reads one JSON value found at a path, for a document of a schema version, into its Python value."""
 
-    def __init__(self, value: Any, where: str) -> None:
-        if not isinstance(value, dict):
-            _invalid(where, f"expected an object, got {type(value).__name__}")
-        self._data = value
-        self.where = where
 
-    def _get(self, key: str, required: bool) -> Any:
-        value = self._data.get(key)
-        if value is None and required:
-            _invalid(f"{self.where}.{key}", "required field is missing")
-        return value
+def _integer(info: FieldInfo) -> Reader:
+    minimum = int(info.rule.minimum)
 
-    def integer(self, key: str, *, required: bool = True, minimum: int = 0) -> Any:
-        value = self._get(key, required)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            _invalid(f"{self.where}.{key}", f"expected an integer, got {type(value).__name__}")
+    def read(value: Any, where: str, version: int) -> int:
+        if value.__class__ is not int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                _invalid(where, f"expected an integer, got {type(value).__name__}")
         if not minimum <= value <= MAX_INT:
-            _invalid(f"{self.where}.{key}", f"{value} is outside [{minimum}, 2^63-1]")
-        return value
+            _invalid(where, f"{value} is outside [{minimum}, 2^63-1]")
+        return int(value)
 
-    def number(self, key: str, *, required: bool = True) -> Any:
-        value = self._get(key, required)
-        if value is None:
-            return None
+    return read
+
+
+def _number(info: FieldInfo) -> Reader:
+    maximum = info.rule.maximum
+
+    def read(value: Any, where: str, version: int) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _invalid(f"{self.where}.{key}", f"expected a number, got {type(value).__name__}")
-        if not math.isfinite(value) or value < 0 or value > 1e15:
-            _invalid(f"{self.where}.{key}", f"{value!r} is not a finite number in [0, 1e15]")
+            _invalid(where, f"expected a number, got {type(value).__name__}")
+        if not math.isfinite(value) or value < 0 or value > MAX_NUMBER:
+            _invalid(where, f"{value!r} is not a finite number in [0, 1e15]")
+        if maximum is not None and value > maximum:
+            _invalid(where, f"{value} is above {maximum:g}")
         return float(value)
 
-    def text(self, key: str, *, required: bool = True) -> Any:
-        value = self._get(key, required)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            _invalid(f"{self.where}.{key}", f"expected a string, got {type(value).__name__}")
-        return value.encode("utf-8", "replace").decode("utf-8")
+    return read
 
-    def boolean(self, key: str) -> bool:
-        value = self._data.get(key, False)
-        if not isinstance(value, bool):
-            _invalid(f"{self.where}.{key}", f"expected true or false, got {type(value).__name__}")
+
+def _text(info: FieldInfo) -> Reader:
+    rule = info.rule
+    pattern = None if rule.pattern is None else re.compile(rule.pattern)
+
+    def read(value: Any, where: str, version: int) -> str:
+        if value.__class__ is not str:
+            _invalid(where, f"expected a string, got {type(value).__name__}")
+        if not value.isascii():
+            value = value.encode("utf-8", "replace").decode("utf-8")
+        if len(value) < rule.min_length or (rule.max_length is not None and len(value) > rule.max_length):
+            if rule.max_length is None:
+                _invalid(where, f"must have at least {rule.min_length} character(s)")
+            _invalid(where, f"must be {rule.min_length} to {rule.max_length} characters")
+        if rule.choices is not None and value not in rule.choices:
+            _invalid(where, f"{value!r} is not one of {sorted(rule.choices)}")
+        if pattern is not None and not pattern.fullmatch(value):
+            _invalid(where, f"{value[:80]!r} is not a plain name")
         return value
 
-    def child(self, key: str, *, required: bool = True) -> _Fields | None:
-        value = self._get(key, required)
-        return None if value is None else _Fields(value, f"{self.where}.{key}")
+    return read
 
-    def items(self, key: str, parse: Callable[[Any, str], Any]) -> tuple[Any, ...]:
-        value = self._get(key, True)
+
+def _boolean(info: FieldInfo) -> Reader:
+    def read(value: Any, where: str, version: int) -> bool:
+        if not isinstance(value, bool):
+            _invalid(where, f"expected true or false, got {type(value).__name__}")
+        return value
+
+    return read
+
+
+def _counts(info: FieldInfo) -> Reader:
+    pattern = re.compile(info.rule.pattern or ".*")
+    count = _integer(info)
+
+    def read(value: Any, where: str, version: int) -> dict[str, int]:
+        if not isinstance(value, dict):
+            _invalid(where, f"expected an object, got {type(value).__name__}")
+        parsed: dict[str, int] = {}
+        for key, item in value.items():
+            if not pattern.fullmatch(key):
+                _invalid(where, f"measurement source {key[:80]!r} is not a plain name")
+            parsed[key] = count(item, f"{where}.{key}", version)
+        return parsed
+
+    return read
+
+
+def _listing(info: FieldInfo) -> Reader:
+    assert info.nested is not None
+    item = _object_reader(info.nested)
+
+    def read(value: Any, where: str, version: int) -> tuple[Any, ...]:
         if not isinstance(value, list):
-            _invalid(f"{self.where}.{key}", f"expected a list, got {type(value).__name__}")
-        return tuple(parse(item, f"{self.where}.{key}[{i}]") for i, item in enumerate(value))
+            _invalid(where, f"expected a list, got {type(value).__name__}")
+        return tuple(item(entry, f"{where}[{i}]", version) for i, entry in enumerate(value))
 
-    def mapping(self) -> dict[str, Any]:
-        return self._data
-
-
-def _engine(fields: _Fields) -> EngineIdentity:
-    engine_id = fields.text("engine_id")
-    if not engine_id or len(engine_id) > MAX_ENGINE_ID_CHARS:
-        _invalid("engine.engine_id", f"must be 1 to {MAX_ENGINE_ID_CHARS} characters")
-    optional_text = ("model", "served_model_name", "architecture", "stage_name", "replica", "device", "hostname")
-    optional_int = ("stage_id", "tp_rank", "pp_rank", "dp_rank", "local_device", "pid")
-    return EngineIdentity(
-        engine_id=engine_id,
-        **{key: fields.text(key, required=False) for key in optional_text},
-        **{key: fields.integer(key, required=False) for key in optional_int},
-    )
+    return read
 
 
-def _settings(fields: _Fields, version: int) -> EngineSettings:
-    utilization = fields.number("gpu_memory_utilization", required=False)
-    if utilization is not None and utilization > 1:
-        _invalid("settings.gpu_memory_utilization", f"{utilization} is above 1")
-    return EngineSettings(
-        max_num_seqs=fields.integer("max_num_seqs", minimum=1, required=version < MAX_NUM_SEQS_OPTIONAL),
-        gpu_memory_utilization=utilization,
-        paged_kv_bytes=fields.integer("paged_kv_bytes", required=False),
-        paged_kv_blocks=fields.integer("paged_kv_blocks", required=False),
-    )
+def _field_reader(info: FieldInfo) -> Reader:
+    if info.kind == "object":
+        assert info.nested is not None
+        return _object_reader(info.nested)
+    build = {
+        "integer": _integer,
+        "number": _number,
+        "text": _text,
+        "boolean": _boolean,
+        "counts": _counts,
+        "list": _listing,
+    }[info.kind]
+    return build(info)
 
 
-def _declaration(value: Any, where: str) -> Declaration:
-    f = _Fields(value, where)
-    declaration = Declaration(
-        owner=f.text("owner"),
-        owner_class=f.text("owner_class"),
-        name=f.text("name"),
-        layers=f.integer("layers", minimum=1),
-        kv_heads=f.integer("kv_heads", minimum=1),
-        head_dim=f.integer("head_dim", minimum=1),
-        dtype=f.text("dtype"),
-        element_size=f.integer("element_size", minimum=1),
-        physical_capacity_positions=f.integer("physical_capacity_positions", minimum=1),
-        capacity_source=f.text("capacity_source"),
-        scope=f.text("scope"),
-        rows=f.text("rows"),
-        rows_fixed=f.integer("rows_fixed", minimum=1),
-        rows_reason=f.text("rows_reason", required=False) or "",
-        allocation_note=f.text("allocation_note", required=False),
-        bytes_per_row=f.integer("bytes_per_row"),
-        row_count=f.integer("row_count", minimum=1),
-        peak_bytes=f.integer("peak_bytes"),
-    )
-    if not declaration.name:
-        _invalid(f"{where}.name", "must not be empty")
-    if declaration.scope not in SCOPES:
-        _invalid(f"{where}.scope", f"{declaration.scope!r} is not one of {sorted(SCOPES)}")
-    if declaration.rows not in ROW_DRIVERS:
-        _invalid(f"{where}.rows", f"{declaration.rows!r} is not one of {sorted(ROW_DRIVERS)}")
-    return declaration
+_READERS: dict[type, Reader] = {}
 
 
-def _check_arithmetic(declaration: Declaration, max_num_seqs: int | None, where: str) -> None:
+INTEGER, PLAIN_TEXT = 1, 2
+"""Fields a valid document's value passes without a call: an in-range integer, an ASCII text with no bound."""
+
+
+def _fast_path(info: FieldInfo) -> tuple[int, int]:
+    """Which fast path a field takes (0: none), and an integer's lowest value.
+
+    Any other value (a bool, a non-ASCII string with possible lone surrogates, a bounded text)
+    goes through the field's full reader, which gives the error.
+    """
+    rule = info.rule
+    if info.kind == "integer":
+        return INTEGER, int(rule.minimum)
+    plain = rule.min_length == 0 and rule.max_length is None and rule.pattern is None and rule.choices is None
+    return (PLAIN_TEXT if info.kind == "text" and plain else 0), 0
+
+
+def _object_reader(cls: type) -> Reader:
+    """The reader of one snapshot dataclass, compiled once from its field declarations.
+
+    A field that is missing or null takes its declared ``absent`` value, or makes the document
+    invalid when it has none (or, with ``required_below``, in older versions). A boolean is
+    absent only when missing: JSON's null is no truth value.
+    """
+    cached = _READERS.get(cls)
+    if cached is not None:
+        return cached
+    plan = [
+        (
+            info.name,
+            info.rule.absent,
+            info.rule.required_below,
+            info.kind == "boolean",
+            _field_reader(info),
+            *_fast_path(info),
+        )
+        for info in fields_of(cls)
+    ]
+
+    def read(value: Any, where: str, version: int) -> Any:
+        if not isinstance(value, dict):
+            _invalid(where, f"expected an object, got {type(value).__name__}")
+        arguments: dict[str, Any] = {}
+        get = value.get
+        for name, absent, required_below, boolean, field_reader, fast, lowest in plan:
+            item = get(name)
+            if fast == INTEGER and item.__class__ is int and lowest <= item <= MAX_INT:
+                arguments[name] = item
+            elif fast == PLAIN_TEXT and item.__class__ is str and item.isascii():
+                arguments[name] = item
+            elif item is None and (not boolean or name not in value):
+                if absent is REQUIRED or (required_below is not None and version < required_below):
+                    _invalid(f"{where}.{name}", "required field is missing")
+                arguments[name] = absent
+            else:
+                arguments[name] = field_reader(item, f"{where}.{name}", version)
+        return cls(**arguments)
+
+    _READERS[cls] = read
+    return read
+
+
+def _check_declaration(declaration: Declaration, max_num_seqs: int | None, where: str) -> None:
     if max_num_seqs is None and declaration.rows != RowDriver.FIXED.value:
         _invalid(f"{where}.rows", f"{declaration.rows!r} needs settings.max_num_seqs, which is absent")
     expected_row = arithmetic.bytes_per_row(
@@ -202,65 +247,32 @@ def _check_arithmetic(declaration: Declaration, max_num_seqs: int | None, where:
         _invalid(f"{where}.peak_bytes", f"{declaration.peak_bytes} != {expected_row} x {expected_rows}")
 
 
-def _dropped(value: Any, where: str) -> DroppedDeclaration:
-    f = _Fields(value, where)
-    reason = f.text("reason")
-    if not SOURCE_NAME.fullmatch(reason):
-        _invalid(f"{where}.reason", f"{reason[:80]!r} is not a plain name")
-    return DroppedDeclaration(
-        owner=f.text("owner"),
-        owner_class=f.text("owner_class"),
-        reason=reason,
-        count=f.integer("count", minimum=1),
-        error=f.text("error", required=False) or "",
-    )
+OBSERVED_FIGURES = ("peak_bytes", "recent_peak_bytes", "live_bytes", "cache_calls")
+"""An observation's figures that mean nothing when it is not ``available``."""
 
 
-def _sample(fields: _Fields | None) -> MemorySample | None:
-    if fields is None:
-        return None
-    values = fields.child("values")
-    assert values is not None
-    parsed: dict[str, int] = {}
-    for source in values.mapping():
-        if not SOURCE_NAME.fullmatch(source):
-            _invalid(f"{values.where}", f"measurement source {source[:80]!r} is not a plain name")
-        parsed[source] = values.integer(source)
-    return MemorySample(sampled_at=fields.number("sampled_at"), values=parsed)
-
-
-def _measured(fields: _Fields | None) -> Measured:
-    if fields is None:
-        return Measured()
-    return Measured(
-        current=_sample(fields.child("current", required=False)),
-        baseline=_sample(fields.child("baseline", required=False)),
-    )
-
-
-def _observation(value: Any, where: str) -> Observation:
-    """One owner's observation; the figures of an unavailable one are dropped (absent, never 0)."""
-    f = _Fields(value, where)
-    available = f.boolean("available")
-    figures = ("peak_bytes", "recent_peak_bytes", "live_bytes", "cache_calls")
-    return Observation(
-        owner=f.text("owner"),
-        owner_class=f.text("owner_class", required=False) or "",
-        available=available,
-        reason=f.text("reason", required=False),
-        calls=f.integer("calls", required=False),
-        **{key: f.integer(key, required=False) if available else None for key in figures},
-    )
-
-
-def _observations(root: _Fields) -> tuple[Observation, ...]:
-    if root.mapping().get("observations") is None:
-        return ()
-    observations = root.items("observations", _observation)
-    owners = [o.owner for o in observations]
+def _checked(snapshot: Snapshot) -> Snapshot:
+    """The checks no field declaration says; an unavailable observation's figures dropped."""
+    seen: set[tuple[str, str]] = set()
+    for i, declaration in enumerate(snapshot.declarations):
+        where = f"snapshot.declarations[{i}]"
+        _check_declaration(declaration, snapshot.settings.max_num_seqs, where)
+        key = (declaration.owner, declaration.name)
+        if key in seen:
+            _invalid(where, f"duplicate declaration {declaration.name!r} of owner {declaration.owner!r}")
+        seen.add(key)
+    if snapshot.started_at > snapshot.heartbeat_at:
+        _invalid("snapshot.started_at", f"{snapshot.started_at!r} is after heartbeat_at {snapshot.heartbeat_at!r}")
+    owners = [o.owner for o in snapshot.observations]
     if len(set(owners)) != len(owners):
         _invalid("snapshot.observations", "an owner is observed twice")
-    return observations
+    if any(not o.available for o in snapshot.observations):
+        observations = tuple(
+            o if o.available else o.__class__(**{**vars(o), **dict.fromkeys(OBSERVED_FIGURES)})
+            for o in snapshot.observations
+        )
+        snapshot = Snapshot(**{**vars(snapshot), "observations": observations})
+    return snapshot
 
 
 def decode_json(data: bytes) -> Any:
@@ -273,46 +285,28 @@ def decode_json(data: bytes) -> Any:
         raise SnapshotError(RejectReason.INVALID_JSON, str(error)[:200]) from None
 
 
-def snapshot_from_dict(document: Any) -> Snapshot:
-    """Validate a decoded JSON document and build the ``Snapshot`` it describes."""
-    root = _Fields(document, "snapshot")
-    version = root.integer("schema_version", minimum=1)
+def schema_version_of(document: Any) -> int:
+    """The document's ``schema_version``, refused when invalid or newer than this reader reads."""
+    if not isinstance(document, dict):
+        _invalid("snapshot", f"expected an object, got {type(document).__name__}")
+    version = document.get("schema_version")
+    if version is None:
+        _invalid("snapshot.schema_version", "required field is missing")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_INT:
+        _invalid("snapshot.schema_version", f"{version!r} is not an integer of at least 1")
     if version > SCHEMA_VERSION:
         raise SnapshotError(
             RejectReason.UNSUPPORTED_VERSION,
             f"schema_version {version} is newer than this sidecar reads ({SCHEMA_VERSION}); upgrade the sidecar",
         )
-    engine = _engine(root.child("engine"))  # type: ignore[arg-type]
-    settings = _settings(root.child("settings"), version)  # type: ignore[arg-type]
-    declarations = root.items("declarations", _declaration)
-    seen: set[tuple[str, str]] = set()
-    for i, declaration in enumerate(declarations):
-        where = f"snapshot.declarations[{i}]"
-        _check_arithmetic(declaration, settings.max_num_seqs, where)
-        key = (declaration.owner, declaration.name)
-        if key in seen:
-            _invalid(where, f"duplicate declaration {declaration.name!r} of owner {declaration.owner!r}")
-        seen.add(key)
-    interval = root.number("heartbeat_interval_seconds", required=False)
-    started_at, heartbeat_at = root.number("started_at"), root.number("heartbeat_at")
-    if started_at > heartbeat_at:
-        _invalid("snapshot.started_at", f"{started_at!r} is after heartbeat_at {heartbeat_at!r}")
-    dropped = (
-        root.items("dropped_declarations", _dropped) if root.mapping().get("dropped_declarations") is not None else None
-    )
-    return Snapshot(
-        engine=engine,
-        settings=settings,
-        declarations=declarations,
-        started_at=started_at,
-        heartbeat_at=heartbeat_at,
-        measured=_measured(root.child("measured", required=False)),
-        heartbeat_interval_seconds=interval,
-        ended=root.boolean("ended"),
-        writer=root.text("writer", required=False) or "",
-        observations=_observations(root),
-        dropped_declarations=dropped,
-    )
+    return version
+
+
+def snapshot_from_dict(document: Any) -> Snapshot:
+    """Validate a decoded JSON document and build the ``Snapshot`` it describes."""
+    version = schema_version_of(document)
+    snapshot: Snapshot = _object_reader(Snapshot)(document, "snapshot", version)
+    return _checked(snapshot)
 
 
 def parse_snapshot(data: bytes) -> Snapshot:
