@@ -31,8 +31,9 @@ Two more sections on CUDA:
 - torch's peak after the sampler's resets: a vLLM-style profile (reset torch's peak, allocate
   and free an activation, read ``allocated_bytes.all.peak``) run between two samples of a sampler
   that resets the peak must still read the whole activation, and the sampler's next high-water
-  mark must hold it; the same profile with a sample *inside* it is printed to show what a reset
-  there would cost (the reason the sampler resets only after initialisation);
+  mark must hold it; with a sample *inside* it, the profile reads the whole activation while the
+  sampler's resets are held (as the hook holds them around ``determine_available_memory``), and
+  what a reset there would cost is printed beside it;
 - NVML: the device's MIG mode, NVML's process list, and whether this PID is in it.
 
 Any machine:   .venv/bin/python bench/gpu_truth.py
@@ -215,6 +216,9 @@ def check_peak_after_resets(device: torch.device, problems: list[str]) -> None:
     between = profile_peak(cuda, device)
     second = sampler()
     inside = profile_peak(cuda, device, during=sampler)
+    release = sampler.hold_resets()
+    held = profile_peak(cuda, device, during=sampler)
+    release()
     live = first.values.get("torch_allocated", 0)
     high = second.values.get("torch_allocated_high_water")
     print("torch's peak after the sampler's resets (a profile allocates and frees "
@@ -222,8 +226,13 @@ def check_peak_after_resets(device: torch.device, problems: list[str]) -> None:
     print("| measurement | peak rise the profile reads | sampler's high-water mark after it |")
     print("|---|---:|---:|")
     print(f"| profile between two samples | {gib(between)} | {gib(high)} |")
-    print(f"| profile with a sample inside it (never done: resets start after initialisation) | {gib(inside)} | |")
+    print(f"| profile with a sample inside it, resets not held | {gib(inside)} | |")
+    print(
+        f"| profile with a sample inside it, resets held (the hook, around determine_available_memory) | {gib(held)} | |"
+    )
     print()
+    if held != ACTIVATION_BYTES:
+        problems.append(f"a profile with a sample inside it, resets held, read a peak rise of {held}")
     if between != ACTIVATION_BYTES:
         problems.append(f"a profile between two samples read a peak rise of {between}, not {ACTIVATION_BYTES}")
     if high is None or high < live + ACTIVATION_BYTES:
