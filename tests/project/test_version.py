@@ -4,9 +4,11 @@ and every other copy in the tree (image tags, wheel names, examples) is held to 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -68,10 +70,17 @@ def test_the_code_reads_the_version_from_the_installed_metadata() -> None:
     assert result.stdout.strip() == f"modelkv-exporter {PYPROJECT_VERSION}"
 
 
-def test_a_checkout_that_was_never_installed_says_its_version_is_unknown() -> None:
-    """Without site-packages no metadata is found, as in a bare checkout: the version is ``UNKNOWN``, not a guess."""
+def test_a_checkout_that_was_never_installed_says_its_version_is_unknown(tmp_path: Path) -> None:
+    """A copy of the package alone, run without site-packages, finds no metadata: the version is ``UNKNOWN``.
+
+    A copy, because an editable install leaves ``modelkv_exporter.egg-info`` in the checkout's
+    root, where the metadata finder looks when the root is on the path.
+    """
+    shutil.copytree(
+        ROOT / "modelkv_exporter", tmp_path / "modelkv_exporter", ignore=shutil.ignore_patterns("__pycache__")
+    )
     result = subprocess.run(
-        [sys.executable, "-S", "-m", "modelkv_exporter", "--version"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-S", "-m", "modelkv_exporter", "--version"], cwd=tmp_path, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"modelkv-exporter {version.UNKNOWN}"
