@@ -56,11 +56,11 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, MutableMapping
-from http import HTTPStatus
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from modelkv_exporter.sidecar.http.answers import closing_answer
 from modelkv_exporter.sidecar.http.limits import LINGER_SECONDS, HttpLimits
 from modelkv_exporter.sidecar.http.sending import ABORT
 from modelkv_exporter.sidecar.vocabulary import Refusal
@@ -91,19 +91,7 @@ STATUS_REFUSAL = {
 }
 
 
-def canned(status: int, extra: bytes = b"") -> bytes:
-    """A complete, closing plain-text answer with ``status``."""
-    body = f"{HTTPStatus(status).phrase}\n".encode()
-    return (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n".encode()
-        + extra
-        + b"\r\n"
-        + body
-    )
-
-
-ANSWERS = {status: canned(status) for status in STATUS_REFUSAL}
+ANSWERS = {status: closing_answer(status) for status in STATUS_REFUSAL}
 
 
 class _Refused(Exception):

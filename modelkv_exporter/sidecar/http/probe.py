@@ -26,7 +26,8 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http import HTTPStatus
+
+from modelkv_exporter.sidecar.http.answers import closing_answer
 
 MAX_STALL_SECONDS = 30.0
 MAX_REQUEST_BYTES = 4096
@@ -37,20 +38,10 @@ POLL_SECONDS = 0.5
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-def plain(status: int, body: str) -> bytes:
-    """A complete, closing plain-text response."""
-    content = body.encode()
-    head = (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        f"content-length: {len(content)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode() + content
-
-
-_OK = plain(200, "ok\n")
-_STALLED = plain(503, "event loop stalled\n")
-_STARTING = plain(503, "starting\n")
-_NOT_FOUND = plain(404, "Not Found\n")
+_OK = closing_answer(200, "ok\n")
+_STALLED = closing_answer(503, "event loop stalled\n")
+_STARTING = closing_answer(503, "starting\n")
+_NOT_FOUND = closing_answer(404)
 
 
 class Heartbeat:
