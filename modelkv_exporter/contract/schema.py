@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from modelkv_exporter.contract.fields import MAX_INT, MAX_NUMBER, REQUIRED, FieldInfo, fields_of
-from modelkv_exporter.contract.snapshot import CHECKS_BEYOND_FIELDS, SCHEMA_VERSION, Snapshot
+from modelkv_exporter.contract.snapshot import CHECKS_BEYOND_FIELDS, SCHEMA_VERSION, VERSION_FIELD, Snapshot
 from modelkv_exporter.contract.vocabulary import RowDriver
 
 
@@ -32,7 +32,7 @@ def _value_schema(info: FieldInfo) -> dict[str, Any]:
     """The schema of a present, non-null value of the field."""
     rule = info.rule
     if info.kind == "integer":
-        return {"type": "integer", "minimum": int(rule.minimum), "maximum": MAX_INT}
+        return {"type": "integer", "minimum": int(rule.minimum), "maximum": int(rule.maximum or MAX_INT)}
     if info.kind == "number":
         return {"type": "number", "minimum": rule.minimum, "maximum": rule.maximum or MAX_NUMBER}
     if info.kind == "boolean":
@@ -109,16 +109,8 @@ def _versioned_requirements() -> list[dict[str, Any]]:
 def json_schema() -> dict[str, Any]:
     """``docs/snapshot.schema.json``."""
     root = object_schema(Snapshot)
-    root["required"] = ["schema_version", *root["required"]]
-    root["properties"] = {
-        "schema_version": {
-            "description": "the oldest version whose readers read this document right",
-            "type": "integer",
-            "minimum": 1,
-            "maximum": SCHEMA_VERSION,
-        },
-        **root["properties"],
-    }
+    root["required"] = [VERSION_FIELD.name, *root["required"]]
+    root["properties"] = {VERSION_FIELD.name: field_schema(VERSION_FIELD), **root["properties"]}
     fixed_rows_without_max_num_seqs = {
         "if": {"properties": {"settings": {"properties": {"max_num_seqs": {"type": "null"}}}}},
         "then": {"properties": {"declarations": {"items": {"properties": {"rows": {"const": RowDriver.FIXED.value}}}}}},
@@ -127,7 +119,7 @@ def json_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://modelkv-exporter.invalid/snapshot-v1.schema.json",
-        "title": f"modelkv-exporter engine snapshot, schema_version 1 to {SCHEMA_VERSION}",
+        "title": f"modelkv-exporter engine snapshot, {VERSION_FIELD.name} 1 to {SCHEMA_VERSION}",
         "description": (
             "One engine process's declarations and measured memory; generated from modelkv_exporter/contract/"
             "snapshot.py by python scripts/docgen.py, do not edit. Readers ignore unknown fields; see "
@@ -148,6 +140,8 @@ def _bounds(info: FieldInfo) -> str:
     """A field's JSON type and bounds, in words."""
     rule = info.rule
     if info.kind == "integer":
+        if rule.maximum is not None:
+            return f"integer in [{rule.minimum:g}, {rule.maximum:g}]"
         return "integer ≥ 1" if rule.minimum >= 1 else "integer ≥ 0"
     if info.kind == "number":
         return f"number in [0, {rule.maximum:g}]" if rule.maximum is not None else "number in [0, 1e15]"
@@ -184,17 +178,17 @@ def field_reference() -> str:
     """The field reference table of ``docs/snapshot-format.md``: every field, by its path from the root."""
     lines = ["| field | value | presence | meaning |", "|---|---|---|---|"]
 
+    def row(info: FieldInfo, path: str) -> None:
+        lines.append(f"| `{path}` | {_bounds(info)} | {_presence(info)} | {info.rule.meaning} |")
+
     def walk(cls: type, prefix: str) -> None:
         for info in fields_of(cls):
             path = f"{prefix}{info.name}"
-            lines.append(f"| `{path}` | {_bounds(info)} | {_presence(info)} | {info.rule.meaning} |")
+            row(info, path)
             if info.nested is not None:
                 walk(info.nested, f"{path}[]." if info.kind == "list" else f"{path}.")
 
-    lines.append(
-        "| `schema_version` | integer in [1, "
-        f"{SCHEMA_VERSION}] | required | the oldest version whose readers read this document right |"
-    )
+    row(VERSION_FIELD, VERSION_FIELD.name)
     walk(Snapshot, "")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelkv_exporter.contract.fields import PLAIN_NAME, REQUIRED, fields_of, wire
+from modelkv_exporter.contract.fields import PLAIN_NAME, REQUIRED, FieldInfo, Rule, fields_of, wire
 from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES, RowDriver
 
 SCHEMA_VERSION = 2
@@ -27,6 +27,16 @@ a sidecar that predates a bump keeps reading every document that does not need i
 
 MAX_NUM_SEQS_OPTIONAL = 2
 """The first version in which ``settings.max_num_seqs`` may be absent (an engine without one)."""
+
+VERSION_FIELD = FieldInfo(
+    "schema_version",
+    "integer",
+    False,
+    Rule("the oldest version whose readers read this document right", minimum=1, maximum=SCHEMA_VERSION),
+)
+"""The one field no dataclass holds: every document's first, derived from its content (``Snapshot.schema_version``).
+
+A reader refuses a version above the newest it reads as unsupported, not invalid."""
 
 MAX_ENGINE_ID_CHARS = 256
 """The longest engine id a snapshot may carry."""
@@ -290,7 +300,7 @@ class Snapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form documented in docs/snapshot-format.md: ``schema_version``, then every field in order."""
-        return {"schema_version": self.schema_version, **_encoder(Snapshot)(self)}
+        return {VERSION_FIELD.name: self.schema_version, **_encoder(Snapshot)(self)}
 
     def to_json(self) -> bytes:
         """Compact UTF-8 JSON; non-finite floats are refused rather than written."""

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.fields import MAX_INT, MAX_NUMBER, REQUIRED, FieldInfo, fields_of
-from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Declaration, Snapshot
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, VERSION_FIELD, Declaration, Snapshot
 from modelkv_exporter.contract.vocabulary import RowDriver
 
 
@@ -289,11 +289,10 @@ def schema_version_of(document: Any) -> int:
     """The document's ``schema_version``, refused when invalid or newer than this reader reads."""
     if not isinstance(document, dict):
         _invalid("snapshot", f"expected an object, got {type(document).__name__}")
-    version = document.get("schema_version")
+    version = document.get(VERSION_FIELD.name)
     if version is None:
-        _invalid("snapshot.schema_version", "required field is missing")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_INT:
-        _invalid("snapshot.schema_version", f"{version!r} is not an integer of at least 1")
+        _invalid(f"snapshot.{VERSION_FIELD.name}", "required field is missing")
+    version = _integer(VERSION_FIELD)(version, f"snapshot.{VERSION_FIELD.name}", 0)
     if version > SCHEMA_VERSION:
         raise SnapshotError(
             RejectReason.UNSUPPORTED_VERSION,
