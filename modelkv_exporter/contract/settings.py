@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from modelkv_exporter.contract.fields import REQUIRED
+
 T = TypeVar("T")
 
-REQUIRED: Any = dataclasses.MISSING
-"""The default of a setting without one: a field without a default, and a ``Table`` default that makes it required."""
 
 _SETTING = "modelkv_setting"
 _GROUP = "modelkv_group"
@@ -71,8 +71,10 @@ class Setting:
 
 def setting(default: Any, parse: Callable[[str], Any], help: str, *, name: str = "") -> Any:
     """A dataclass field that is a setting: ``default`` (``REQUIRED`` for none), how a flag's or a variable's
-    text becomes its value, and what it means. ``name`` replaces the field's name as the setting's."""
-    return field(default=default, metadata={_SETTING: Setting(name, parse, help)})
+    text becomes its value, and what it means. ``name`` replaces the field's name as the setting's.
+    ``REQUIRED`` is the snapshot fields' own "no default" (``contract/fields.py``): one sentinel for both."""
+    metadata = {_SETTING: Setting(name, parse, help)}
+    return field(metadata=metadata) if default is REQUIRED else field(default=default, metadata=metadata)
 
 
 def group(kind: type, prefix: str = "") -> Any:
@@ -89,7 +91,8 @@ def settings_of(kind: type, prefix: str = "") -> tuple[tuple[Setting, Any], ...]
             found += settings_of(item.default_factory, prefix + item.metadata[_GROUP])
         elif _SETTING in item.metadata:
             row: Setting = item.metadata[_SETTING]
-            found.append((dataclasses.replace(row, dest=prefix + (row.dest or item.name)), item.default))
+            default = REQUIRED if item.default is dataclasses.MISSING else item.default
+            found.append((dataclasses.replace(row, dest=prefix + (row.dest or item.name)), default))
     return tuple(found)
 
 
