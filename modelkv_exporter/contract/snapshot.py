@@ -9,6 +9,7 @@ field reference in ``docs/snapshot-format.md`` from them.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -310,6 +311,7 @@ class Snapshot:
 Encoder = Callable[[Any], Any]
 
 
+@functools.cache
 def _encoder(cls: type) -> Encoder:
     """The function that turns one instance of a snapshot dataclass into its JSON-ready dict.
 
@@ -317,9 +319,6 @@ def _encoder(cls: type) -> Encoder:
     is copied with ``dict(vars(...))``: every value is immutable, and ``dataclasses.asdict``
     (which deep-copies every leaf) made a heartbeat of 100 declarations cost 4 ms.
     """
-    cached: Encoder | None = _ENCODERS.get(cls)
-    if cached is not None:
-        return cached
     fields = fields_of(cls)
     nested = [(f.name, _value_encoder(f.kind, f.nested)) for f in fields]
     if all(encode is None for _, encode in nested):
@@ -336,7 +335,6 @@ def _encoder(cls: type) -> Encoder:
                 for value in (getattr(instance, name),)
             }
 
-    _ENCODERS[cls] = encode
     return encode
 
 
@@ -350,6 +348,3 @@ def _value_encoder(kind: str, nested: type | None) -> Encoder | None:
     if kind == "counts":
         return dict
     return None
-
-
-_ENCODERS: dict[type, Encoder] = {}

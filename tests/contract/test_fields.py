@@ -96,3 +96,19 @@ def test_documents_of_each_version_written_before_the_field_table_still_read(ver
         assert json.loads(data)["schema_version"] == version
         read = parse_snapshot(data)
         assert read.to_dict()["schema_version"] == version, "written back with the same version"
+
+
+@dataclass(frozen=True)
+class Dial:
+    """A toy object with a bounded integer."""
+
+    position: int = wire("where it points", minimum=1, maximum=9)
+
+
+def test_an_integer_maximum_is_enforced_by_the_reader_as_the_schema_states() -> None:
+    """The reader once took every integer up to 2^63-1 whatever the declaration said: 10 read, the schema refused it."""
+    reader = decode._object_reader(Dial)
+    assert reader({"position": 9}, "dial", 1) == Dial(9)
+    with pytest.raises(SnapshotError, match=r"dial.position: 10 is outside \[1, 9\]"):
+        reader({"position": 10}, "dial", 1)
+    assert schema.object_schema(Dial)["properties"]["position"]["maximum"] == 9

@@ -12,6 +12,7 @@ version's own rules) is checked here, after the fields: the snapshot's ``CHECKS_
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -60,17 +61,24 @@ Reader = Callable[[Any, str, int], Any]
 
 
 def _integer(info: FieldInfo) -> Reader:
-    minimum = int(info.rule.minimum)
+    minimum, maximum = _integer_range(info)
+    shown = "2^63-1" if maximum == MAX_INT else str(maximum)
 
     def read(value: Any, where: str, version: int) -> int:
         if value.__class__ is not int:
             if isinstance(value, bool) or not isinstance(value, int):
                 _invalid(where, f"expected an integer, got {type(value).__name__}")
-        if not minimum <= value <= MAX_INT:
-            _invalid(where, f"{value} is outside [{minimum}, 2^63-1]")
+        if not minimum <= value <= maximum:
+            _invalid(where, f"{value} is outside [{minimum}, {shown}]")
         return int(value)
 
     return read
+
+
+def _integer_range(info: FieldInfo) -> tuple[int, int]:
+    """The lowest and highest value an integer field admits."""
+    rule = info.rule
+    return int(rule.minimum), MAX_INT if rule.maximum is None else int(rule.maximum)
 
 
 def _number(info: FieldInfo) -> Reader:
@@ -163,26 +171,24 @@ def _field_reader(info: FieldInfo) -> Reader:
     return build(info)
 
 
-_READERS: dict[type, Reader] = {}
-
-
 INTEGER, PLAIN_TEXT = 1, 2
 """Fields a valid document's value passes without a call: an in-range integer, an ASCII text with no bound."""
 
 
-def _fast_path(info: FieldInfo) -> tuple[int, int]:
-    """Which fast path a field takes (0: none), and an integer's lowest value.
+def _fast_path(info: FieldInfo) -> tuple[int, int, int]:
+    """Which fast path a field takes (0: none), and an integer's lowest and highest value.
 
     Any other value (a bool, a non-ASCII string with possible lone surrogates, a bounded text)
     goes through the field's full reader, which gives the error.
     """
     rule = info.rule
     if info.kind == "integer":
-        return INTEGER, int(rule.minimum)
+        return (INTEGER, *_integer_range(info))
     plain = rule.min_length == 0 and rule.max_length is None and rule.pattern is None and rule.choices is None
-    return (PLAIN_TEXT if info.kind == "text" and plain else 0), 0
+    return (PLAIN_TEXT if info.kind == "text" and plain else 0), 0, 0
 
 
+@functools.cache
 def _object_reader(cls: type) -> Reader:
     """The reader of one snapshot dataclass, compiled once from its field declarations.
 
@@ -190,9 +196,6 @@ def _object_reader(cls: type) -> Reader:
     invalid when it has none (or, with ``required_below``, in older versions). A boolean is
     absent only when missing: JSON's null is no truth value.
     """
-    cached = _READERS.get(cls)
-    if cached is not None:
-        return cached
     plan = [
         (
             info.name,
@@ -210,9 +213,9 @@ def _object_reader(cls: type) -> Reader:
             _invalid(where, f"expected an object, got {type(value).__name__}")
         arguments: dict[str, Any] = {}
         get = value.get
-        for name, absent, required_below, boolean, field_reader, fast, lowest in plan:
+        for name, absent, required_below, boolean, field_reader, fast, lowest, highest in plan:
             item = get(name)
-            if fast == INTEGER and item.__class__ is int and lowest <= item <= MAX_INT:
+            if fast == INTEGER and item.__class__ is int and lowest <= item <= highest:
                 arguments[name] = item
             elif fast == PLAIN_TEXT and item.__class__ is str and item.isascii():
                 arguments[name] = item
@@ -224,7 +227,6 @@ def _object_reader(cls: type) -> Reader:
                 arguments[name] = field_reader(item, f"{where}.{name}", version)
         return cls(**arguments)
 
-    _READERS[cls] = read
     return read
 
 
@@ -292,13 +294,13 @@ def schema_version_of(document: Any) -> int:
     version = document.get(VERSION_FIELD.name)
     if version is None:
         _invalid(f"snapshot.{VERSION_FIELD.name}", "required field is missing")
-    version = _integer(VERSION_FIELD)(version, f"snapshot.{VERSION_FIELD.name}", 0)
-    if version > SCHEMA_VERSION:
+    if version.__class__ is int and version > SCHEMA_VERSION:
         raise SnapshotError(
             RejectReason.UNSUPPORTED_VERSION,
             f"schema_version {version} is newer than this sidecar reads ({SCHEMA_VERSION}); upgrade the sidecar",
         )
-    return version
+    read: int = _integer(VERSION_FIELD)(version, f"snapshot.{VERSION_FIELD.name}", 0)
+    return read
 
 
 def snapshot_from_dict(document: Any) -> Snapshot:
