@@ -156,12 +156,13 @@ class CudaSampler(MemorySampler):
         """
         with self._lock:
             self._holds += 1
-        released = threading.Event()
+        held = True
 
         def release() -> None:
+            nonlocal held
             with self._lock:
-                if not released.is_set():
-                    released.set()
+                if held:
+                    held = False
                     self._holds -= 1
 
         return release
