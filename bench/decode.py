@@ -118,8 +118,12 @@ def interleaved(functions: dict[str, Callable[[], Any]], rounds: int) -> dict[st
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+SNAPSHOT_FILE = Path("/tmp/modelkv-bench-decode.json")
+"""Where the callgrind runs read the snapshot from."""
+
+
 def instructions(revision: str | None, data: bytes) -> int | None:
-    """Instructions of one decode under callgrind (the whole run minus a run without the decode)."""
+    """Instructions of one decode under callgrind: (a run of six decodes - a run of one) / 5, so start-up cancels."""
 
     def run(decodes: int) -> int | None:
         code = (
@@ -143,8 +147,6 @@ def instructions(revision: str | None, data: bytes) -> int | None:
     base, one = run(1), run(6)
     return None if base is None or one is None else (one - base) // 5
 
-
-SNAPSHOT_FILE = Path("/tmp/modelkv-bench-decode.json")
 
 
 def main() -> None:
