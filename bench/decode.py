@@ -148,7 +148,6 @@ def instructions(revision: str | None, data: bytes) -> int | None:
     return None if base is None or one is None else (one - base) // 5
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="HEAD", help="the revision whose decoder is the 'before'")
