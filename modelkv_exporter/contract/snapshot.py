@@ -227,6 +227,67 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class KVLayout:
+    """The key/value geometry the engine saw in a discovered cache, where its tensors have one.
+
+    Every figure is what was seen, not a bound: ``positions`` is the most positions one row held,
+    ``rows`` the most rows at once.
+    """
+
+    layers: int = wire("cache layers (or the leading layer dimension of one stacked tensor)", minimum=1)
+    kv_heads: int = wire("key/value heads per layer", minimum=1)
+    head_dim: int = wire("elements per head", minimum=1)
+    dtype: str = wire("the element type's name (`bfloat16`, `float32`, ...)")
+    element_size: int = wire("bytes per element", minimum=1)
+    positions: int = wire("the most positions one row held", minimum=0)
+    rows: int = wire("the most rows (batch entries) held at once", minimum=0)
+
+
+@dataclass(frozen=True)
+class DiscoveredOwner:
+    """A module that holds cache memory it does not declare, found by the engine (see ``DiscoveryMethod``)."""
+
+    owner: str = wire('the module\'s path in the model (`""` = the root module)')
+    owner_class: str = wire("the module's class name", absent="")
+    found_by: str = wire(
+        "`cache_layer` (a `transformers` cache built while no declaring owner ran) or `census` (tensors the "
+        "module holds that it did not hold after initialisation); readers accept any plain name",
+        pattern=PLAIN_NAME,
+    )
+    peak_bytes: int = wire("the most bytes it held at once since the engine started")
+    recent_peak_bytes: int = wire("the most it held at once within the last sample interval")
+    live_bytes: int = wire("bytes it holds at the sample")
+    declares: bool = wire(
+        "true when the module also declares caches: what was found is beyond what its declared caches hold",
+        default=False,
+    )
+    storages: int = wire("distinct tensor storages it holds at the sample", default=0)
+    layout: KVLayout | None = wire("the key/value geometry seen, where the tensors have one", default=None)
+
+
+@dataclass(frozen=True)
+class DiscoveryStatus:
+    """Whether discovery ran, and what its census could and could not cover."""
+
+    enabled: bool = wire("false: discovery is off (`reason` says why); `discovered` is then empty")
+    reason: str | None = wire(
+        "why discovery is off: turned off by a setting, or the error that turned it off", default=None
+    )
+    census_at: float | None = wire("Unix time the last complete census finished; null before the first", default=None)
+    census_seconds: float | None = wire("wall time the last census took, its yields included", default=None)
+    modules: int = wire("modules the last census visited", default=0)
+    objects: int = wire("objects (tensors, containers, plain objects) the last census visited", default=0)
+    budget_exhausted: str | None = wire(
+        "null, or the census budget the last census ran out of first (`modules`, `objects` or `depth`; readers "
+        "accept any plain name): memory beyond it was not looked at",
+        default=None,
+        pattern=PLAIN_NAME,
+    )
+    owners_below_floor: int = wire("discovered owners left out because they hold less than the size floor", default=0)
+    owners_over_budget: int = wire("discovered owners left out because the engine's owner budget was spent", default=0)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One engine process's complete published state."""
 
@@ -259,6 +320,16 @@ class Snapshot:
         "declarations the engine could not publish, one entry per owner and reason. An empty list means none were "
         "dropped; absent or null means the writer does not report drops (hooks before this field), and the sidecar "
         "then exports no drop count at all",
+        default=None,
+    )
+    discovered: tuple[DiscoveredOwner, ...] = wire(
+        "modules that hold cache memory they do not declare, each at least the engine's size floor; absent from "
+        "older writers, read as empty",
+        default=(),
+    )
+    discovery: DiscoveryStatus | None = wire(
+        "whether discovery ran and what its census covered; absent or null from writers without discovery, and "
+        "the sidecar then exports no discovery figures",
         default=None,
     )
 

@@ -1,4 +1,5 @@
-"""The words engine and sidecar share: cache lifetimes, row drivers, measured-memory sources and drop reasons.
+"""The words engine and sidecar share: cache lifetimes, row drivers, measured-memory sources, drop reasons and
+how an undeclared cache was found.
 
 Declarations, snapshots, metric labels, rules and docs all use these values; nothing else
 spells them. The words only the sidecar's metrics speak are in ``sidecar.vocabulary``.
@@ -82,3 +83,16 @@ class DropReason(str, Enum):
 
     UNRESOLVABLE_SPEC = "unresolvable_spec"
     """A spec the owner returned could not be resolved (a missing or malformed field)."""
+
+
+class DiscoveryMethod(str, Enum):
+    """How the engine found memory a module holds without declaring it."""
+
+    CACHE_LAYER = "cache_layer"
+    """A ``transformers`` cache layer created, copied or first used while no declaring owner ran."""
+
+    CENSUS = "census"
+    """Tensors reachable from the module that it did not hold after initialisation (a cache of its own)."""
+
+
+DISCOVERY_METHODS: frozenset[str] = frozenset(method.value for method in DiscoveryMethod)

@@ -400,7 +400,6 @@ def test_to_dict_has_every_field_of_every_dataclass() -> None:
         "e", measured={"a": 1}, baseline={"b": 2}, stage_name="s", observations=(make_observation("decoder"),)
     )
     expected = {"schema_version": snapshot.schema_version, **asdict(snapshot)}
-    expected["declarations"] = list(expected["declarations"])
-    expected["observations"] = list(expected["observations"])
+    expected = {name: list(value) if isinstance(value, tuple) else value for name, value in expected.items()}
     assert snapshot.to_dict() == expected
     assert list(snapshot.to_dict()) == ["schema_version", *(f.name for f in fields(Snapshot))]
