@@ -48,6 +48,11 @@ class Observer:
             if self.unavailable is None:
                 wrap_owner(owner, state)
 
+    def state_of(self, owner: object) -> OwnerState | None:
+        """The counters of an observed owner (for ``modelkv_exporter.testing``), or None when not observed."""
+        state = self._owners.get(id(owner))
+        return state if state is not None and state.owner_ref() is owner else None
+
     def sample(self) -> tuple[Observation, ...]:
         """Every owner's figures now, and the start of the next interval. Never raises."""
         try:
@@ -124,9 +129,10 @@ class Observer:
             found.update(mine)
             size = sum(mine.values())
             per_layer += size
-            if observing and size != record.bytes:
-                state.add(size - record.bytes)
+            delta = size - record.bytes
+            if observing and delta:
                 record.bytes = size
+                state.add(delta)
         live = sum(found.values())
         devices = sorted({device for device, _ in found})
         if len(devices) > 1:

@@ -1,0 +1,232 @@
+"""Observe a model while the author's own code drives it, then judge every owner's declaration.
+
+``observe(model, max_num_seqs=...)`` collects the model's declarations (as the engine does),
+resolves them at ``max_num_seqs``, installs the process's cache observer for the duration of the
+``with`` block and records each owner's call peaks; on leaving it builds ``run.report``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import TracebackType
+
+from modelkv_exporter.contract.declaration_text import layout_figures
+from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
+from modelkv_exporter.contract.verdicts import Verdict, VerdictKind, judge
+from modelkv_exporter.engine.observe import Observer, install, installed
+from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners
+from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
+from modelkv_exporter.testing.diagnosis import diagnose
+from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
+from modelkv_exporter.testing.layout import CallPeak
+from modelkv_exporter.testing.recorder import OwnerRecorder, attach, detach
+from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
+
+NAMED = "named"
+"""``found_by`` of an owner the author named to the check (it declares nothing)."""
+
+Discovery = Callable[[], Iterable[DiscoveredOwner]]
+"""A source of discovered owners, read when the run ends (the engine's discovery, when it runs)."""
+
+
+def _module_at(model: object, path: str) -> object:
+    current = model
+    for part in path.split(".") if path else ():
+        current = getattr(current, part)
+    return current
+
+
+class CacheCheck:
+    """One observed run of a model; use ``observe()`` to make one and ``with`` to run it."""
+
+    def __init__(
+        self,
+        model: object,
+        *,
+        max_num_seqs: int,
+        owners: Sequence[str] = (),
+        discovery: Discovery | None = None,
+    ) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+        self.model = model
+        self.max_num_seqs = max_num_seqs
+        self.named = tuple(owners)
+        self.discovery = discovery
+        self.report: Report | None = None
+        self._batch: list[int | None] = [None]
+        self._observer: Observer | None = None
+        self._recorders: dict[str, OwnerRecorder] = {}
+        self._declarations: tuple[Declaration, ...] = ()
+        self._dropped: tuple[DroppedDeclaration, ...] = ()
+        self._owners: list[tuple[str, object]] = []
+
+    @contextlib.contextmanager
+    def batch(self, size: int) -> Iterator[None]:
+        """Label the calls made inside as running ``size`` sequences at once (how rows are inferred)."""
+        if size < 1:
+            raise ValueError(f"a batch holds at least 1 sequence, got {size}")
+        before, self._batch[0] = self._batch[0], size
+        try:
+            yield
+        finally:
+            self._batch[0] = before
+
+    def __enter__(self) -> CacheCheck:
+        if installed() is not None:
+            raise RuntimeError(
+                "a model-local KV observer is already installed in this process (an engine, or a check still "
+                "running): run the check in a test process of its own"
+            )
+        collected = collect_declarations(self.model)
+        self._declarations, unresolved = resolve_owned(collected.specs, self.max_num_seqs)
+        self._dropped = declarer_failures(collected.failures) + unresolved
+        owners = list(declaring_owners(self.model))
+        known = {path for path, _ in owners}
+        owners += [(path, _module_at(self.model, path)) for path in self.named if path not in known]
+        self._owners = owners
+        observer = self._observer = install(owners, enabled=True)
+        for path, owner in owners:
+            state = observer.state_of(owner)
+            if state is not None:
+                self._recorders[path] = attach(state, self._batch)
+        observer.sample()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        observer = self._observer
+        if observer is None:
+            return
+        try:
+            observations = {o.owner: o for o in observer.sample()}
+            discovered = tuple(self.discovery()) if self.discovery is not None and kind is None else ()
+            self.report = self._report(observer, observations, discovered)
+        finally:
+            for recorder in self._recorders.values():
+                detach(recorder)
+            if installed() is observer:
+                observer.uninstall()
+            self._observer = None
+
+    def _report(
+        self, observer: Observer, observations: dict[str, Observation], discovered: tuple[DiscoveredOwner, ...]
+    ) -> Report:
+        reports = [self._owner_report(path, owner, observations.get(path)) for path, owner in self._owners]
+        reports += [discovered_report(found) for found in discovered]
+        unavailable = observer.unavailable
+        for recorder in self._recorders.values():
+            unavailable = unavailable or (recorder.failure and f"the check's recorder failed: {recorder.failure}")
+        return Report(self.max_num_seqs, tuple(reports), self._dropped, unavailable)
+
+    def _owner_report(self, path: str, owner: object, observation: Observation | None) -> OwnerReport:
+        declarations = tuple(d for d in self._declarations if d.owner == path)
+        recorder = self._recorders.get(path)
+        peaks = recorder.call_peaks() if recorder is not None else ()
+        declared = sum(d.peak_bytes for d in declarations)
+        reached, missed = reached_bound(peaks, declarations)
+        found_by = NAMED if path in self.named and not declarations else ""
+        if observation is None or not observation.available:
+            verdict = judge(
+                declared_bytes=declared,
+                observed_bytes=None,
+                calls=None,
+                cache_calls=None,
+                reached=None,
+                unobserved=observation.reason or "" if observation is not None else "not observed",
+            )
+            return OwnerReport(
+                path, type(owner).__name__, declarations, verdict, (), None, None, None, peaks, (), found_by
+            )
+        verdict = judge(
+            declared_bytes=declared,
+            observed_bytes=observation.peak_bytes,
+            calls=observation.calls,
+            cache_calls=observation.cache_calls,
+            reached=reached,
+            not_reached=missed,
+        )
+        return OwnerReport(
+            path,
+            observation.owner_class,
+            declarations,
+            verdict,
+            tuple(self._problems(declarations, peaks)),
+            observation.calls,
+            observation.cache_calls,
+            observation.live_bytes,
+            peaks,
+            self._suggestions(path, peaks, observation.live_bytes),
+            found_by,
+        )
+
+    @staticmethod
+    def _peak(peaks: Sequence[CallPeak]) -> CallPeak | None:
+        return max(peaks, key=lambda p: p.bytes, default=None)
+
+    def _problems(self, declarations: tuple[Declaration, ...], peaks: Sequence[CallPeak]) -> list:  # type: ignore[type-arg]
+        peak = self._peak(peaks)
+        if peak is None:
+            return []
+        return diagnose(declarations, peak.shapes(), infer_rows(peaks), peak.rows)
+
+    def _suggestions(self, path: str, peaks: Sequence[CallPeak], live_after: int | None) -> tuple[Suggestion, ...]:
+        peak = self._peak(peaks)
+        if peak is None:
+            return ()
+        rows = infer_rows(peaks)
+        return tuple(
+            Suggestion(suggest(path, shape, rows, infer_capacity(peaks, shape), live_after)) for shape in peak.shapes()
+        )
+
+
+def discovered_report(found: DiscoveredOwner) -> OwnerReport:
+    """A discovered owner's entry: the memory it holds that it does not declare, and what its layout suggests."""
+    detail = "beyond the caches it declares" if found.declares else ""
+    verdict = Verdict(VerdictKind.UNDECLARED, 0, found.peak_bytes, detail)
+    suggestions = () if found.layout is None else (Suggestion(layout_figures(found.owner, found.peak_bytes, found.layout)),)
+    return OwnerReport(
+        found.owner, found.owner_class, (), verdict, (), None, None, found.live_bytes, (), suggestions, found.found_by
+    )
+
+
+def observe(
+    model: object, *, max_num_seqs: int, owners: Sequence[str] = (), discovery: Discovery | None = None
+) -> CacheCheck:
+    """Check ``model``'s declarations against what its caches hold while the ``with`` block drives it.
+
+    ``max_num_seqs``: the concurrency to resolve the declarations at (drive the model up to it to
+    check for over-reporting). ``owners``: module paths that declare nothing but should be
+    observed too (a cache you suspect). ``discovery``: a source of discovered owners (their
+    snapshot records), read when the block ends. ``run.report`` holds the ``Report`` afterwards::
+
+        with observe(model, max_num_seqs=2) as run:
+            for size in (1, 2):
+                with run.batch(size):
+                    drive(model, size)
+        run.report.assert_ok()
+    """
+    return CacheCheck(model, max_num_seqs=max_num_seqs, owners=owners, discovery=discovery)
+
+
+def check(
+    model: object,
+    drive: Callable[..., object],
+    *,
+    max_num_seqs: int,
+    batches: Sequence[int] = (),
+    owners: Sequence[str] = (),
+    discovery: Discovery | None = None,
+) -> Report:
+    """Observe ``model`` while ``drive(model)`` runs (or ``drive(model, size)`` for each of ``batches``); the report."""
+    with observe(model, max_num_seqs=max_num_seqs, owners=owners, discovery=discovery) as run:
+        if batches:
+            for size in batches:
+                with run.batch(size):
+                    drive(model, size)
+        else:
+            drive(model)
+    assert run.report is not None
+    return run.report
