@@ -64,8 +64,10 @@ def owner_verdicts(snapshot: Snapshot) -> list[OwnerVerdict]:
     for discovered in snapshot.discovered:
         detail = f"found by {discovered.found_by}" + (", beyond the caches it declares" if discovered.declares else "")
         verdict = Verdict(VerdictKind.UNDECLARED, 0, discovered.peak_bytes, detail)
-        figures = None if discovered.layout is None else layout_figures(
-            discovered.owner, discovered.peak_bytes, discovered.layout
+        figures = (
+            None
+            if discovered.layout is None
+            else layout_figures(discovered.owner, discovered.peak_bytes, discovered.layout)
         )
         found.append(OwnerVerdict(discovered.owner, discovered.owner_class, verdict, figures, discovered.found_by))
     return found
@@ -75,7 +77,11 @@ def _suggestion(item: OwnerVerdict, width: int) -> list[str]:
     if item.verdict.ok or item.verdict.kind is VerdictKind.UNKNOWN:
         return []
     if item.figures is None:
-        return [_wrapped(f"no suggestion from the spool: the engine reports no geometry for it; {TESTING_HINT}", width, "    ")]
+        return [
+            _wrapped(
+                f"no suggestion from the spool: the engine reports no geometry for it; {TESTING_HINT}", width, "    "
+            )
+        ]
     lines = ["    suggested declaration:"]
     lines += ["      " + line for line in code_of(item.figures).splitlines()]
     lines.append("    evidence:")
@@ -94,9 +100,11 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
         engine = snapshot.engine
         heading = f"engine {engine.engine_id}" + (f", stage {engine.stage_label}" if engine.stage_label else "")
         max_num_seqs = snapshot.settings.max_num_seqs
-        parts.append(heading + f", max_num_seqs {'none' if max_num_seqs is None else max_num_seqs}" + (
-            ", ended" if snapshot.ended else ""
-        ))
+        parts.append(
+            heading
+            + f", max_num_seqs {'none' if max_num_seqs is None else max_num_seqs}"
+            + (", ended" if snapshot.ended else "")
+        )
         items = owner_verdicts(snapshot)
         if not items:
             parts.append("  no owner declares a cache or was discovered")
@@ -118,4 +126,3 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
     if suggested:
         parts += ["the suggestions need:", IMPORTS, ""]
     return "\n".join(parts).rstrip() + "\n", passing
-

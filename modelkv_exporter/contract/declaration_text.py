@@ -57,8 +57,9 @@ def spec_code(figures: Sequence[Figure], indent: str = "") -> str:
 def evidence_lines(figures: Sequence[Figure], indent: str = "") -> list[str]:
     """``field: evidence`` for every figure, the not-inferred ones marked."""
     return [
-        f"{indent}{figure.field}: {figure.evidence}" if figure.inferred else f"{indent}{figure.field}: NOT INFERRED: "
-        f"{figure.evidence}"
+        f"{indent}{figure.field}: {figure.evidence}"
+        if figure.inferred
+        else f"{indent}{figure.field}: NOT INFERRED: {figure.evidence}"
         for figure in figures
     ]
 

@@ -16,11 +16,30 @@ asserts it. Engine side: needs torch and transformers (``pip install '.[torch]'`
 See docs/declaring-caches.md.
 """
 
-from modelkv_exporter.contract.verdicts import Verdict, VerdictKind
-from modelkv_exporter.testing.diagnosis import FieldProblem
-from modelkv_exporter.testing.layout import CallPeak, LayerGroup
-from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
-from modelkv_exporter.testing.run import CacheCheck, check, observe
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from modelkv_exporter.contract.verdicts import Verdict, VerdictKind
+    from modelkv_exporter.testing.diagnosis import FieldProblem
+    from modelkv_exporter.testing.layout import CallPeak, LayerGroup
+    from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
+    from modelkv_exporter.testing.run import CacheCheck, check, observe
+
+_HOMES = {
+    "CacheCheck": "run",
+    "check": "run",
+    "observe": "run",
+    "OwnerReport": "report",
+    "Report": "report",
+    "Suggestion": "report",
+    "FieldProblem": "diagnosis",
+    "CallPeak": "layout",
+    "LayerGroup": "layout",
+}
+"""Where each public name lives; imported on first use, so that loading the pytest plugin imports no torch."""
 
 __all__ = [
     "CacheCheck",
@@ -35,3 +54,12 @@ __all__ = [
     "check",
     "observe",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Verdict", "VerdictKind"):
+        return getattr(importlib.import_module("modelkv_exporter.contract.verdicts"), name)
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -8,7 +8,7 @@ the same bytes: only these comparisons catch them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from modelkv_exporter.contract.snapshot import Declaration
@@ -29,25 +29,25 @@ def _names(declarations: Sequence[Declaration]) -> str:
     return ", ".join(d.name for d in declarations)
 
 
-def _values(values: set[object]) -> str:
+def _values(values: Collection[object]) -> str:
     return ", ".join(str(v) for v in sorted(values, key=str))
 
 
 def geometry_problems(declarations: Sequence[Declaration], shapes: Sequence[Shape]) -> list[FieldProblem]:
     """dtype, kv_heads, head_dim and layers: each a value the caches held that no declaration has."""
     problems = []
-    for field, seen, declared in (
+    compared: tuple[tuple[str, Collection[object], Collection[object]], ...] = (
         ("dtype", {s.dtype for s in shapes}, {d.dtype for d in declarations}),
         ("kv_heads", {s.kv_heads for s in shapes}, {d.kv_heads for d in declarations}),
         ("head_dim", {s.head_dim for s in shapes}, {d.head_dim for d in declarations}),
-    ):
-        missing = seen - declared
+    )
+    for field, seen, declared in compared:
+        missing = {value for value in seen if value not in declared}
         if missing:
             problems.append(
                 FieldProblem(
                     field,
-                    f"{field}: {_names(declarations)} declares {_values(declared)}; its caches hold "
-                    f"{_values(missing)}",
+                    f"{field}: {_names(declarations)} declares {_values(declared)}; its caches hold {_values(missing)}",
                 )
             )
     declared_layers = {d.layers for d in declarations}
@@ -120,7 +120,9 @@ def position_problems(declarations: Sequence[Declaration], shape: Shape) -> list
     ]
 
 
-def diagnose(declarations: Sequence[Declaration], shapes: Sequence[Shape], rows: Rows, peak_rows: int) -> list[FieldProblem]:
+def diagnose(
+    declarations: Sequence[Declaration], shapes: Sequence[Shape], rows: Rows, peak_rows: int
+) -> list[FieldProblem]:
     """Every field problem, geometry first; positions only when geometry and rows agree."""
     if not declarations or not shapes:
         return []

@@ -8,7 +8,7 @@ length. The scope is never inferred: how long an allocation lives is the author'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from modelkv_exporter.contract.declaration_text import SCOPE_UNKNOWN, Figure, dtype_code, python_string, spec_name
@@ -26,7 +26,7 @@ class Rows:
     evidence: str
 
 
-def _listing(values: Sequence[object]) -> str:
+def _listing(values: Iterable[object]) -> str:
     return ", ".join(str(v) for v in values)
 
 
@@ -40,7 +40,7 @@ def infer_rows(peaks: Sequence[CallPeak]) -> Rows:
     seen = sorted({peak.rows for peak in peaks})
     if len(by_batch) < 2:
         if by_batch:
-            (batch, rows), = by_batch.items()
+            ((batch, rows),) = by_batch.items()
             return Rows(
                 None,
                 rows,
@@ -86,8 +86,10 @@ def infer_capacity(peaks: Sequence[CallPeak], shape: Shape) -> Capacity:
     reaching = [call for call, positions in per_call if positions == shape.positions]
     groups = f"{shape.layers} layers x {shape.rows} rows: {shape.groups_text}"
     if len(reaching) >= 2:
-        calls = f"calls {reaching[0]}-{reaching[-1]}" if reaching == list(range(reaching[0], reaching[-1] + 1)) else (
-            f"calls {_listing(reaching)}"
+        calls = (
+            f"calls {reaching[0]}-{reaching[-1]}"
+            if reaching == list(range(reaching[0], reaching[-1] + 1))
+            else (f"calls {_listing(reaching)}")
         )
         return Capacity(
             shape.positions,
@@ -129,6 +131,7 @@ def suggest(owner: str, shape: Shape, rows: Rows, capacity: Capacity, live_after
         if len(shape.groups) > 1
         else f"{shape.layers} layers held at the peak"
     )
+    row_figures: tuple[Figure, ...]
     if rows.driver is RowDriver.MAX_NUM_SEQS:
         row_figures = (Figure("rows", "RowDriver.MAX_NUM_SEQS", rows.evidence),)
     elif rows.driver is RowDriver.FIXED:

@@ -17,7 +17,7 @@ from modelkv_exporter.contract.verdicts import Verdict, VerdictKind, judge
 from modelkv_exporter.engine.observe import Observer, install, installed
 from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
-from modelkv_exporter.testing.diagnosis import diagnose
+from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
 from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
 from modelkv_exporter.testing.layout import CallPeak
 from modelkv_exporter.testing.recorder import OwnerRecorder, attach, detach
@@ -82,7 +82,7 @@ class CacheCheck:
         collected = collect_declarations(self.model)
         self._declarations, unresolved = resolve_owned(collected.specs, self.max_num_seqs)
         self._dropped = declarer_failures(collected.failures) + unresolved
-        owners = list(declaring_owners(self.model))
+        owners: list[tuple[str, object]] = list(declaring_owners(self.model))
         known = {path for path, _ in owners}
         owners += [(path, _module_at(self.model, path)) for path in self.named if path not in known]
         self._owners = owners
@@ -166,7 +166,7 @@ class CacheCheck:
     def _peak(peaks: Sequence[CallPeak]) -> CallPeak | None:
         return max(peaks, key=lambda p: p.bytes, default=None)
 
-    def _problems(self, declarations: tuple[Declaration, ...], peaks: Sequence[CallPeak]) -> list:  # type: ignore[type-arg]
+    def _problems(self, declarations: tuple[Declaration, ...], peaks: Sequence[CallPeak]) -> list[FieldProblem]:
         peak = self._peak(peaks)
         if peak is None:
             return []
@@ -186,7 +186,9 @@ def discovered_report(found: DiscoveredOwner) -> OwnerReport:
     """A discovered owner's entry: the memory it holds that it does not declare, and what its layout suggests."""
     detail = "beyond the caches it declares" if found.declares else ""
     verdict = Verdict(VerdictKind.UNDECLARED, 0, found.peak_bytes, detail)
-    suggestions = () if found.layout is None else (Suggestion(layout_figures(found.owner, found.peak_bytes, found.layout)),)
+    suggestions = (
+        () if found.layout is None else (Suggestion(layout_figures(found.owner, found.peak_bytes, found.layout)),)
+    )
     return OwnerReport(
         found.owner, found.owner_class, (), verdict, (), None, None, found.live_bytes, (), suggestions, found.found_by
     )

@@ -185,7 +185,9 @@ def test_fixed_rows_where_they_follow_max_num_seqs_is_caught_by_rows(monkeypatch
     with_spec(llm, monkeypatch, rows=RowDriver.FIXED, rows_fixed=1, rows_reason="one local decode at a time")
     report = check(llm, local_decode, max_num_seqs=2, batches=(1, 2))
     assert field_of_each_problem(report) == ["rows"]
-    with pytest.raises(AssertionError, match=r"wrong field rows: .* declares FIXED \(1 rows\); its caches held one row"):
+    with pytest.raises(
+        AssertionError, match=r"wrong field rows: .* declares FIXED \(1 rows\); its caches held one row"
+    ):
         report.assert_ok()
 
 
