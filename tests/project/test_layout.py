@@ -263,3 +263,10 @@ def test_model_authors_import_path_is_the_engines_protocol() -> None:
     from modelkv_exporter.engine import protocol as implementation
 
     assert all(getattr(protocol, name) is getattr(implementation, name) for name in implementation.__all__)
+
+
+def test_the_model_authors_check_loads_none_of_the_sidecars_libraries() -> None:
+    code = f"for name in {_modules('testing')!r}: __import__(name)\nimport modelkv_exporter.testing as t; t.check"
+    loaded = _ours_loaded_after(code)
+    assert {name.split(".")[1] for name in loaded - {PACKAGE}} == {"contract", "engine", "testing"}, sorted(loaded)
+    assert _loaded_after(code) & SIDECAR_LIBRARIES == set()
