@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modelkv_exporter.cli.arguments import add_settings, apply_environment
+from modelkv_exporter.cli.arguments import add_settings, apply_environment, attach_dashed_values
 from modelkv_exporter.cli.settings import TABLES, ServerSettings
 from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.version import VERSION
@@ -18,6 +18,10 @@ from modelkv_exporter.contract.version import VERSION
 if TYPE_CHECKING:
     from modelkv_exporter.sidecar.reader.scan import SpoolScan
 
+PLAN_HELP = (
+    "each engine's peak at another max_num_seqs (--max-num-seqs), the largest max_num_seqs that fits a budget "
+    "(--budget), or both; from the declarations, scaled up where an owner was observed holding more"
+)
 DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines publish into a spool directory."
 
 
@@ -47,10 +51,23 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _spool_of(args: argparse.Namespace) -> Path:
+    """DIR, else --spool-dir or MODELKV_SPOOL_DIR; a DIR that differs from MODELKV_SPOOL_DIR is named in a note.
+
+    DIR and a different --spool-dir never get here: ``parse_arguments`` refuses them.
+    """
+    if args.directory and args.spool_dir and not _same_directory(args.directory, args.spool_dir):
+        print(
+            f"modelkv-exporter {args.command}: reading DIR {args.directory}, not MODELKV_SPOOL_DIR {args.spool_dir}",
+            file=sys.stderr,
+        )
     directory = args.directory or args.spool_dir
     if not directory:
         raise SystemExit(f"modelkv-exporter {args.command}: give DIR, --spool-dir or MODELKV_SPOOL_DIR")
     return Path(directory)
+
+
+def _same_directory(one: str, other: str) -> bool:
+    return Path(one).resolve() == Path(other).resolve()
 
 
 def _unreadable(args: argparse.Namespace, error: str | None) -> int:
@@ -81,15 +98,24 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    """Print each engine's declared peak at --max-num-seqs and the largest that fits --budget."""
+    """Print each engine's peak now, at --max-num-seqs, and the largest max_num_seqs that fits --budget."""
+    import time
+
     from modelkv_exporter.cli.reports import plan_report, report_width
     from modelkv_exporter.cli.settings import PlanSettings
+    from modelkv_exporter.sidecar.reader.state import Staleness
 
+    wanted = build(PlanSettings, vars(args))
+    if wanted.max_num_seqs is None and wanted.budget is None:
+        args.subparser.error(
+            "--max-num-seqs, --budget or both are needed (or MODELKV_MAX_NUM_SEQS, MODELKV_BUDGET): "
+            "the peak at a max_num_seqs, the largest max_num_seqs within a budget"
+        )
     scan = _spool_scan(args)
     if not scan.ok:
         return _unreadable(args, scan.error)
-    wanted = build(PlanSettings, vars(args))
-    sys.stdout.write(plan_report(scan, wanted.max_num_seqs, wanted.budget, report_width()))
+    view = build(Staleness, vars(args)).classify(scan, time.time())
+    sys.stdout.write(plan_report(view, wanted.max_num_seqs, wanted.budget, report_width()))
     return 0
 
 
@@ -102,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", serve, "serve /metrics for a spool directory (the sidecar)"),
         ("demo", demo, "run demo engines with real transformers caches and serve them"),
         ("inspect", inspect, "print every engine's declarations in a spool directory"),
-        ("plan", plan, "declared peak at another max_num_seqs, and the largest that fits a budget"),
+        ("plan", plan, PLAN_HELP),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name in ("inspect", "plan"):
@@ -114,7 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_arguments(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
     """The command and its settings from ``argv``, then ``environ`` for every setting not given as a flag."""
+    argv = attach_dashed_values(list(sys.argv[1:] if argv is None else argv), TABLES)
     args = build_parser().parse_args(argv)
+    directory, flag = getattr(args, "directory", None), args.spool_dir
+    if directory and flag and not _same_directory(directory, flag):
+        args.subparser.error(f"DIR {directory} and --spool-dir {flag} name different directories: give one")
     apply_environment(args.subparser, args, TABLES[args.command], environ)
     return args
 

@@ -66,7 +66,7 @@ def test_inspect_and_plan_fit_120_columns_and_keep_every_word(spool: Path) -> No
         assert "8x16x64x71" in out and "Qwen/Qwen3-Omni-30B-A3B-Instruct" in unwrapped
         plan = run_cli("plan", str(spool), "--max-num-seqs", "64", "--budget", "1GiB", columns=columns).stdout
         assert max(len(line) for line in plan.splitlines()) <= limit
-        assert "largest max_num_seqs within 1.0 GiB" in plan
+        assert "fits 1.0 GiB" in plan
 
 
 def test_the_width_limit_is_what_keeps_lines_short(spool: Path) -> None:
@@ -75,6 +75,43 @@ def test_the_width_limit_is_what_keeps_lines_short(spool: Path) -> None:
     view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
     assert max(len(line) for line in inspect_report(view, 120).splitlines()) <= 120
     assert max(len(line) for line in inspect_report(view, 10_000).splitlines()) > 200
+
+
+SEPARATORS = "./_-: "
+
+
+def _cut_where_a_part_ends(cell: str, whole: str) -> bool:
+    """Whether ``cell`` is ``whole``'s head and tail around an ellipsis, each cut where a word or path part ends."""
+    head, _, tail = cell.partition("…")
+    return (
+        whole.startswith(head)
+        and whole.endswith(tail)
+        and (not head or head[-1] in SEPARATORS)
+        and (not tail or whole[len(whole) - len(tail) - 1] in SEPARATORS)
+    )
+
+
+def test_long_names_are_cut_where_a_part_ends_and_keep_their_tail() -> None:
+    path = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"
+    assert abbreviate(path, 40) == "thinker.…and_sliding_window_cache_owner"
+    assert abbreviate(path, 30) == "thinker.…window_cache_owner"
+    assert abbreviate("qwen3-omni-thinker-s0-tp0-pp0-dp0", 20) == "qwen3-…tp0-pp0-dp0"
+    for width in range(12, len(path)):
+        cut = abbreviate(path, width)
+        assert len(cut) <= width and _cut_where_a_part_ends(cut, path), (width, cut)
+        assert cut.endswith("owner"), "the distinguishing tail of the module path stays"
+    assert abbreviate("long_context_" * 3, 8) == "long_…", "no trailing part fits: the head alone"
+    assert abbreviate("x" * 40, 9) == "xxxx…xxxx", "no place to cut: the middle"
+
+
+def test_inspect_cuts_owner_and_cache_names_where_a_part_ends(spool: Path) -> None:
+    _fill(spool)
+    names = [LONG_OWNER, "long_context_" * 6, "decoder", "pool", "cache"]
+    out = run_cli("inspect", str(spool), columns="80").stdout
+    cut = [cell for line in out.splitlines() for cell in line.split("  ") if "…" in cell]
+    assert cut, "the 80-column table cuts the long names"
+    for cell in cut:
+        assert any(_cut_where_a_part_ends(cell.strip(), name) for name in names), cell
 
 
 def test_tables_cut_only_text_columns_in_the_middle() -> None:
