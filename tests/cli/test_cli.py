@@ -61,6 +61,7 @@ def test_every_setting_has_a_flag_and_variable_of_its_name() -> None:
         (["serve", "--spool-dir", "s"], {"MODELKV_MAX_SNAPSHOT_BYTES": "-1"}, "MODELKV_MAX_SNAPSHOT_BYTES='-1'"),
         (["serve", "--spool-dir", "s"], {"MODELKV_LOG_LEVEL": "loud"}, "loud is not a log level"),
         (["plan", "d"], {"MODELKV_LOG_LEVEL": "loud"}, "modelkv-exporter plan: error: --max-num-seqs"),
+        (["plan", "d"], {"MODELKV_BUDGET": "-5MiB"}, "error: MODELKV_BUDGET='-5MiB': '-5MiB' is negative"),
     ],
 )
 def test_bad_settings_are_clear_errors(argv: list[str], env: dict[str, str], message: str) -> None:
