@@ -33,6 +33,10 @@ GROWTH_LEGEND = (
     "growth since baseline: measured memory now minus the engine's post-initialisation baseline; "
     "growth source: the measurement it is taken from"
 )
+STATUS_LEGEND = (
+    "status: ok, attention (and why), stale, ended or forgotten, judged from each snapshot alone; "
+    "growth beyond the memory plan is judged by the ModelKVUndeclaredMemoryGrowth alert over 15 minutes, not here"
+)
 GEOMETRY_LEGEND = "geometry: layers × kv_heads × head_dim × positions per row, then the element type"
 OBSERVED_LEGEND = (
     "observed peak: the most the owner's transformers caches held at once since the engine started; "
@@ -50,7 +54,7 @@ th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;f
 .state{padding:1px 7px;border-radius:9px;font-size:12px}.exported{background:#d7f3df}.stale{background:#fde2c8}.forgotten{background:#e4e4e4}
 .ended{background:#e3e6ea}.rejected{background:#f9d0d0}.muted{color:#6b7280}code{font-size:12px}
 .ok{background:#d7f3df}.attention{background:#f9d0d0}
-#attention{background:#fff4e5;border-left:4px solid #d9822b;padding:4px 16px 8px;margin-top:12px}
+#attention{background:#fff4e5;border-left:4px solid #d9822b;padding:4px 16px 8px;margin:12px 0 14px}
 #attention.calm{background:#eef8f1;border-color:#3b9a5b}#attention ul{margin:4px 0;padding-left:20px}
 """
 
@@ -234,7 +238,7 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
                "growth since baseline", "growth source", "age"]  # fmt: skip
     engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(5, 6, 7, 8, 10))
     if live:
-        engines += f'<p class="muted">{escape(GROWTH_LEGEND)}</p>'
+        engines += f'<p class="muted">{escape(STATUS_LEGEND)}<br>{escape(GROWTH_LEGEND)}</p>'
     else:
         engines = '<p class="muted">No snapshot in the spool yet.</p>'
     sections = "".join(
