@@ -12,9 +12,12 @@ from typing import Literal
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
+from modelkv_exporter.sidecar.reader.state import EngineState
 
 Kind = Literal["gauge", "counter", "info"]
 Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
+UNITS = ("bytes", "seconds")
+"""Base units a family's name can end in; OpenMetrics states them in a ``# UNIT`` line."""
 
 ENGINE = ("engine", "model", "stage")
 DECLARATION = (*ENGINE, "owner", "cache", "scope", "rows")
@@ -40,13 +43,18 @@ class Metric:
             return self.name.removesuffix("_info")
         return self.name
 
+    @property
+    def unit(self) -> str:
+        """The base unit the family's name ends in (``bytes``, ``seconds``), or "" for none."""
+        return next((unit for unit in UNITS if self.family_name.endswith(f"_{unit}")), "")
+
     def family(self) -> Family:
         """A fresh, empty family for one scrape."""
         if self.kind == "counter":
-            return CounterMetricFamily(self.family_name, self.help, labels=self.labels)
+            return CounterMetricFamily(self.family_name, self.help, labels=self.labels, unit=self.unit)
         if self.kind == "info":
             return InfoMetricFamily(self.family_name, self.help, labels=self.labels)
-        return GaugeMetricFamily(self.family_name, self.help, labels=self.labels)
+        return GaugeMetricFamily(self.family_name, self.help, labels=self.labels, unit=self.unit)
 
 
 _D, _E, _M, _X = "Declarations", "Engines", "Measured memory", "Exporter health"
@@ -211,7 +219,7 @@ _METRICS: list[Metric] = [
     Metric(
         "modelkv_exporter_spool_files",
         "gauge",
-        "Snapshot files in the spool by state (exported, stale, ended, rejected).",
+        f"Snapshot files in the spool by state ({', '.join(state.value for state in EngineState)}).",
         ("state",),
         _X,
     ),

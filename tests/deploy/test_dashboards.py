@@ -229,3 +229,48 @@ def test_the_layout_picture_draws_declared_dashed_and_every_panel() -> None:
         assert panel["title"] in html
     assert layout.legend_text("{{engine}} ({{source}})", {"engine": "e", "source": "s"}) == "e (s)"
     assert layout.format_value(1.5 * 1024**3, "bytes") == "1.50 GiB" and layout.format_value(0.0021, "s") == "2.1 ms"
+
+
+DOCS_NAMING_PANELS = ("README.md", "docs/runbook.md", "docs/dashboards.md", "docs/deploy.md", "docs/observed-caches.md")
+ITALIC = re.compile(r"(?<![*\w])\*([^*\n]+(?:\n[^*\n]+)?)\*(?![*\w])")
+"""An italic span, which may wrap onto a second line."""
+
+
+def named_titles(text: str, *, every_italic: bool) -> list[str]:
+    """Dashboard, row and panel titles a page names, written as the docs write them: in italics.
+
+    In the runbook every italic span is one (it uses bold for its headings); elsewhere the
+    spans followed by "panel", "dashboard" or "row", and the first two columns of the
+    dashboards page's panel table.
+    """
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "``", re.sub(r"\*\*[^*\n]+\*\*", "", text))
+    spans = [
+        m for m in ITALIC.finditer(text) if every_italic or re.match(r"\s+(panels?|dashboard|row)\b", text[m.end() :])
+    ]
+    titles = [" ".join(m.group(1).split()) for m in spans]
+    if "| Row | Panel | What it shows |" in text:
+        table = text.split("| Row | Panel | What it shows |", 1)[1].split("\n\n", 1)[0]
+        for row in table.splitlines()[2:]:
+            titles += [t for cell in row.split("|")[1:3] for t in re.split(r", (?=[A-Z])", cell.strip()) if t]
+    return titles
+
+
+def test_the_docs_name_only_dashboards_and_panels_that_exist() -> None:
+    """A runbook that sends the person paged at night to a panel nobody can find is a bug."""
+    existing = {d["title"] for d in dashboard_documents().values()}
+    existing |= {p["title"] for d in dashboard_documents().values() for p in panels(d)}
+    named = {
+        (page, title)
+        for page in DOCS_NAMING_PANELS
+        for title in named_titles((ROOT / page).read_text(), every_italic=page == "docs/runbook.md")
+    }
+    runbook = {title for page, title in named if page == "docs/runbook.md"}
+    assert runbook >= {
+        "Growth by part",
+        "Declared peak against measured growth",
+        "modelkv: declared and measured GPU memory",
+    }
+    assert sorted((page, title) for page, title in named if title not in existing) == []
+    broken = "the *modelkv overview* dashboard, and the *Growth by parts* panel"
+    assert named_titles(broken, every_italic=False) == ["modelkv overview", "Growth by parts"], "the check can fail"

@@ -118,8 +118,33 @@ def test_promtool_accepts_the_exposition(sidecar: Sidecar) -> None:
     write_snapshot(sidecar.spool_dir, make_snapshot("e2", declarations=()))
     (sidecar.spool_dir / "bad.json").write_text("{")
     text = sidecar.get("/metrics").text
+    openmetrics = sidecar.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}).text
+    assert "# UNIT " in openmetrics and "# UNIT " not in text, "UNIT lines belong to OpenMetrics only"
+    # promtool check metrics reads the text format only (it refuses OpenMetrics' info type).
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_openmetrics_states_the_unit_of_every_bytes_and_seconds_family(sidecar: Sidecar) -> None:
+    """prometheus_client's OpenMetrics parser reads a unit for each ``_bytes`` and ``_seconds`` family.
+
+    The parser refuses a unit the family's name does not end with, and the text format (0.0.4)
+    has no UNIT line: its parser reads every family without one.
+    """
+    write_snapshot(
+        sidecar.spool_dir,
+        make_snapshot("e", measured={"process_resident": 1 << 30}, baseline={"process_resident": 1 << 29}),
+    )
+    accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+    units = {
+        family.name: family.unit
+        for family in Exposition(sidecar.get("/metrics", headers=accept).text, openmetrics=True)
+    }
+    expected = {name: name.rsplit("_", 1)[1] if name.endswith(("_bytes", "_seconds")) else "" for name in units}
+    assert units == expected
+    assert {unit for unit in units.values()} == {"bytes", "seconds", ""}
+    assert {"modelkv_memory_process_resident_bytes", "modelkv_exporter_collect_duration_seconds"} <= set(units)
+    assert {family.unit for family in Exposition(sidecar.get("/metrics").text)} == {""}
 
 
 @pytest.fixture

@@ -2,7 +2,10 @@
 
 No scripts and no external assets (the app sends a Content-Security-Policy that
 forbids both), so it works through ``kubectl port-forward`` and in air-gapped
-clusters. Every value from a snapshot is HTML-escaped, and its unprintable characters
+clusters. It leads with what needs attention: per engine, the findings of
+``sidecar.attention`` (under-reporting owners, undeclared caches, dropped declarations, unused
+declared caches, a stale heartbeat), then rejected files and an unreadable spool; the engines
+table carries each engine's status; the details follow. Every value from a snapshot is HTML-escaped, and its unprintable characters
 (controls, bidi overrides, bytes of file names that are not UTF-8) are shown as escapes.
 """
 
@@ -13,6 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from modelkv_exporter.contract.snapshot import Declaration, Snapshot
+from modelkv_exporter.sidecar.attention import NAMED, Concern, Finding, Status, findings, status
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.sizes import human_bytes
@@ -28,6 +32,10 @@ LINKS = (
 GROWTH_LEGEND = (
     "growth since baseline: measured memory now minus the engine's post-initialisation baseline; "
     "growth source: the measurement it is taken from"
+)
+STATUS_LEGEND = (
+    "status: ok, attention (and why), stale, ended or forgotten, judged from each snapshot alone; "
+    "growth beyond the memory plan is judged by the ModelKVUndeclaredMemoryGrowth alert over 15 minutes, not here"
 )
 GEOMETRY_LEGEND = "geometry: layers × kv_heads × head_dim × positions per row, then the element type"
 OBSERVED_LEGEND = (
@@ -45,6 +53,9 @@ th,td{padding:5px 10px;border-bottom:1px solid #e3e6ea;text-align:left;vertical-
 th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 .state{padding:1px 7px;border-radius:9px;font-size:12px}.exported{background:#d7f3df}.stale{background:#fde2c8}.forgotten{background:#e4e4e4}
 .ended{background:#e3e6ea}.rejected{background:#f9d0d0}.muted{color:#6b7280}code{font-size:12px}
+.ok{background:#d7f3df}.attention{background:#f9d0d0}
+#attention{background:#fff4e5;border-left:4px solid #d9822b;padding:4px 16px 8px;margin:12px 0 14px}
+#attention.calm{background:#eef8f1;border-color:#3b9a5b}#attention ul{margin:4px 0;padding-left:20px}
 """
 
 
@@ -78,11 +89,18 @@ def _signed_bytes(value: int) -> str:
     return ("−" if value < 0 else "") + human_bytes(abs(value))
 
 
+def _status_cell(state: EngineState, found: Sequence[Finding]) -> str:
+    word = status(state, found).value
+    concerns = ", ".join(f.concern.value for f in found if f.concern is not Concern.STALE)
+    return f'<span class="state {word}">{word}</span>' + (f": {escape(concerns)}" if concerns else "")
+
+
 def _engine_row(snapshot: Snapshot, state: EngineState, now: float) -> list[str]:
     engine = snapshot.engine
     growth = measured_growth(snapshot)
     return [
         f'<a href="#engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</a>',
+        _status_cell(state, findings(snapshot, state, now)),
         escape(engine.model_label),
         escape(engine.stage_label),
         f'<span class="state {state.value}">{state.value}</span>',
@@ -167,6 +185,41 @@ def _engine_section(snapshot: Snapshot) -> str:
     return f'{title}<p class="muted">{line}</p>{observed}{_table(headers, rows, numeric=(4, 5))}'
 
 
+def _attention(view: SpoolView, live: Sequence[tuple[Snapshot, EngineState]]) -> str:
+    """The summary the page opens with: each engine that needs attention and why, rejected files, the spool."""
+    items = []
+    if view.scan.error:
+        items.append(f"<li><strong>spool not readable</strong>: {escape(SPOOL_UNREADABLE)}</li>")
+    ok = 0
+    for snapshot, state in live:
+        found = findings(snapshot, state, view.now)
+        if not found:
+            ok += status(state, found) is Status.OK
+            continue
+        engine = snapshot.engine
+        reasons = "".join(f"<li><strong>{f.concern.value}</strong>: {escape(f.detail)}</li>" for f in found)
+        items.append(
+            f'<li><a href="#engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</a> '
+            f'<span class="muted">{escape(" · ".join(v for v in (engine.model_label, engine.stage_label) if v))}</span>'
+            f"<ul>{reasons}</ul></li>"
+        )
+    if view.rejected:
+        names = [f"{entry.file_name} ({entry.error.reason.value})" for entry in view.rejected if entry.error]
+        more = f"; and {len(names) - NAMED} more" if len(names) > NAMED else ""
+        items.append(
+            f'<li><a href="#rejected">{len(names)} rejected snapshot file{"s" if len(names) != 1 else ""}</a>: '
+            f"{escape('; '.join(names[:NAMED]) + more)}</li>"
+        )
+    if view.scan.skipped:
+        items.append(f"<li>{view.scan.skipped} files past --max-spool-files or --max-spool-bytes not read</li>")
+    if not items:
+        return (
+            '<section id="attention" class="calm"><h2>Needs attention</h2>'
+            f"<p>Nothing: {ok} engine{'s' if ok != 1 else ''} ok.</p></section>"
+        )
+    return f'<section id="attention"><h2>Needs attention</h2><ul>{"".join(items)}</ul></section>'
+
+
 def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
     """The whole page for one view of the spool."""
     rejected: list[list[str]] = []
@@ -181,11 +234,11 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
     if view.scan.error:
         summary = f"<strong>spool not readable: {escape(SPOOL_UNREADABLE)}</strong>"
     nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in LINKS)
-    headers = ["engine", "model", "stage", "state", "max_num_seqs", "caches", "declared peak",
+    headers = ["engine", "status", "model", "stage", "state", "max_num_seqs", "caches", "declared peak",
                "growth since baseline", "growth source", "age"]  # fmt: skip
-    engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(4, 5, 6, 7, 9))
+    engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(5, 6, 7, 8, 10))
     if live:
-        engines += f'<p class="muted">{escape(GROWTH_LEGEND)}</p>'
+        engines += f'<p class="muted">{escape(STATUS_LEGEND)}<br>{escape(GROWTH_LEGEND)}</p>'
     else:
         engines = '<p class="muted">No snapshot in the spool yet.</p>'
     sections = "".join(
@@ -198,8 +251,8 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
         f"<title>modelkv-exporter</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>modelkv-exporter {escape(version)}</h1>"
         f"<p>spool <code>{escape(spool_dir)}</code> · {summary} · generated {generated_at(view.now)}</p></header>"
-        f"<main><nav>{nav}</nav><h2>Engines</h2>{engines}"
+        f"<main>{_attention(view, live)}<nav>{nav}</nav><h2>Engines</h2>{engines}"
         f"<h2>Declarations</h2>"
         f"{f'<p class=muted>{escape(GEOMETRY_LEGEND)}</p>{sections}' if sections else '<p class=muted>None.</p>'}"
-        f"<h2>Rejected files</h2>{rejected_html}</main></body></html>\n"
+        f'<h2 id="rejected">Rejected files</h2>{rejected_html}</main></body></html>\n'
     )
