@@ -56,8 +56,8 @@ SETTINGS = merged([*TABLES.values(), engine_config.TABLE])
 
 SECTION_NOTES: dict[str, tuple[str, ...]] = {
     "Discovered caches": (
-        "Modules that hold cache memory without declaring it, found by the engine: `found_by=\"cache_layer\"` for a "
-        "`transformers` cache built while no declaring owner ran, `found_by=\"census\"` for tensors a module holds "
+        'Modules that hold cache memory without declaring it, found by the engine: `found_by="cache_layer"` for a '
+        '`transformers` cache built while no declaring owner ran, `found_by="census"` for tensors a module holds '
         "that it did not hold after initialisation ([observed-caches.md](observed-caches.md)). All eight families "
         "are new; `owner` is labelled as a declaration's owner is, `declares` and `layout` are on the info series "
         "only. A writer that does not report discovery gets none of them; with discovery off, only "

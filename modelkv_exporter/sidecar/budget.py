@@ -159,9 +159,7 @@ class Admission:
                     entries.append(entry)
                     continue
                 key = (entry.file_name, entry.version)
-                cost = costs[key] = self._costs.get(key) or snapshot_cost(
-                    snapshot, self.budget.max_discovered_owners
-                )
+                cost = costs[key] = self._costs.get(key) or snapshot_cost(snapshot, self.budget.max_discovered_owners)
                 engine = engine_labels(snapshot)[0]
                 error = None
                 if engine in owners:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from modelkv_exporter.contract import arithmetic
@@ -17,7 +18,9 @@ def kv_layout(
     layers: int = 8, kv_heads: int = 16, head_dim: int = 64, positions: int = 72, rows: int = 4, element_size: int = 4
 ) -> KVLayout:
     """A key/value layout as the engine saw it."""
-    return KVLayout(layers, kv_heads, head_dim, {2: "bfloat16", 4: "float32"}[element_size], element_size, positions, rows)
+    return KVLayout(
+        layers, kv_heads, head_dim, {2: "bfloat16", 4: "float32"}[element_size], element_size, positions, rows
+    )
 
 
 def layout_bytes(layout: KVLayout) -> int:
@@ -108,3 +111,34 @@ def discovering_snapshot(engine_id: str = "qwen3-tts-eager", **kwargs: object) -
         make_discovered("decoder", found_by=CENSUS, owner_class="Owner", declares=True, peak_bytes=3 << 20),
     )
     return with_discovery(snapshot, found, discovery_status(below_floor=3))
+
+
+GOLDEN_NOW = 1_800_000_000.0
+"""The golden spools' clock (``tests/sidecar/test_golden.py``)."""
+HOSTILE_OWNER = "blocks.0\n.attn\u202e\t" + "deeply_nested_submodule." * 12 + "cache"
+"""A module path with a newline, a bidi override, a tab and 300-odd characters: every rule of ``label`` applies."""
+
+
+def golden_discovered_spool() -> dict[str, bytes]:
+    """The golden spool ``discovered``: file name to bytes, every document written by ``Snapshot.to_dict``.
+
+    One engine runs discovery (a cache-layer owner, a census owner, an owner that declares too, a hostile
+    path, a census that ran out of its object budget); one has discovery off; one is from a writer that
+    predates discovery, whose document lacks both fields.
+    """
+    now = GOLDEN_NOW - 1
+    running = discovering_snapshot("qwen3-tts-eager", heartbeat_at=now, interval=5.0)
+    running = with_discovery(
+        running,
+        (*running.discovered, make_discovered(HOSTILE_OWNER, found_by=CENSUS, owner_class="Ring\x00Buffer")),
+        discovery_status(below_floor=3, over_budget=1, budget_exhausted="objects"),
+    )
+    off = with_discovery(
+        make_snapshot("minicpmo-audio", heartbeat_at=now, interval=5.0, stage_name="thinker"),
+        (),
+        discovery_status(enabled=False, reason="turned off by MODELKV_OBSERVE=0"),
+    )
+    older = make_snapshot("older-writer", heartbeat_at=now, interval=5.0).to_dict()
+    del older["discovered"], older["discovery"]
+    documents = {"qwen3-tts-eager": running.to_dict(), "minicpmo-audio": off.to_dict(), "older-writer": older}
+    return {f"{name}.json": (json.dumps(doc, indent=1) + "\n").encode() for name, doc in documents.items()}
