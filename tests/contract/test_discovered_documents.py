@@ -54,4 +54,3 @@ def test_a_malformed_discovered_owner_is_rejected_with_its_place(field: str, val
     document["discovered"][1][field] = value
     with pytest.raises(SnapshotError, match=r"snapshot\.discovered\[1\]"):
         parse_snapshot(json.dumps(document).encode())
-
