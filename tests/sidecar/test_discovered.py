@@ -174,3 +174,19 @@ def test_owner_paths_that_meet_once_sanitised_reject_the_snapshot_like_declarati
     apart = (make_discovered("m.a\tb", found_by=CENSUS), make_discovered("m.a\tb"))
     write_snapshot(spool, with_discovery(make_snapshot("clash", heartbeat_at=GOLDEN_NOW), apart, discovery_status()))
     assert len(scrape(spool).all("modelkv_discovered_peak_bytes", engine="clash")) == 2, "found_by tells them apart"
+
+
+def test_owners_without_a_status_are_exported_but_no_availability_is_claimed(spool: Path) -> None:
+    """A writer may send discovered owners and no status: what it found is exported and counted; whether discovery
+    runs, its census and the engine's own omissions are not claimed (absent, not 1 or 0)."""
+    snapshot = with_discovery(make_snapshot("terse", heartbeat_at=GOLDEN_NOW), many_owners(3), None)
+    write_snapshot(spool, snapshot)
+    exposition = scrape(spool, Budget(max_discovered_owners=2))
+    assert discovery_samples_of(exposition, "terse") == {
+        "modelkv_discovered_peak_bytes",
+        "modelkv_discovered_recent_peak_bytes",
+        "modelkv_discovered_owner_info",
+        "modelkv_engine_discovered_owners",
+        "modelkv_discovery_owners_omitted",
+    }
+    assert exposition.by("modelkv_discovery_owners_omitted", "reason") == {"exporter_budget": 1}
