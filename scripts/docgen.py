@@ -55,6 +55,21 @@ SETTINGS = merged([*TABLES.values(), engine_config.TABLE])
 """Every setting of every command and of the engine, in the order the commands and then the engine read them."""
 
 
+SECTION_NOTES: dict[str, tuple[str, ...]] = {
+    "Discovered caches": (
+        'Modules that hold cache memory without declaring it, found by the engine: `found_by="cache_layer"` for a '
+        '`transformers` cache built while no declaring owner ran, `found_by="census"` for tensors a module holds '
+        "that it did not hold after initialisation ([observed-caches.md](observed-caches.md)). All eight families "
+        "are new; `owner` is labelled as a declaration's owner is, `declares` and `layout` are on the info series "
+        "only. A writer that does not report discovery gets none of them; with discovery off, only "
+        "`modelkv_discovery_available 0`. The sidecar exports at most `--max-discovered-owners` owners per engine, "
+        'the largest by peak, and counts the rest in `modelkv_discovery_owners_omitted{reason="exporter_budget"}`.',
+        "",
+    ),
+}
+"""A paragraph under a group's heading, where the table alone does not say enough."""
+
+
 def metrics_markdown() -> str:
     """docs/metrics.md."""
     lines = [
@@ -75,12 +90,16 @@ def metrics_markdown() -> str:
         "label repeats an earlier one's.",
         'A declaration owned by the model\'s root module has `owner="(root)"`. `stage` is the vLLM-Omni stage name, else its id, else empty.',
         "",
+        "The families under *Discovered caches* are new (issue 23): they were added beside the others, and no "
+        "existing series was renamed, relabelled or given another value.",
+        "",
     ]
     group = None
     for metric in CATALOGUE.values():
         if metric.group != group:
             group = metric.group
-            lines += ["", f"## {group}", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
+            lines += ["", f"## {group}", "", *SECTION_NOTES.get(group, ()), "| metric | type | labels | meaning |"]
+            lines.append("|---|---|---|---|")
         labels = ", ".join(f"`{name}`" for name in metric.labels) or "none"
         lines.append(f"| `{metric.name}` | {metric.kind} | {labels} | {metric.help} |")
     lines += [

@@ -8,7 +8,9 @@ import textwrap
 from collections.abc import Sequence
 
 from modelkv_exporter.cli.capacity import Correction, Demand
-from modelkv_exporter.contract.snapshot import Declaration, Snapshot
+from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
+from modelkv_exporter.sidecar.discovered import discovery_running, reports_discovery
+from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
@@ -27,6 +29,12 @@ FROM_LEGEND = (
 OBSERVED_LEGEND = (
     "observed: the most an owner's transformers caches held at once since the engine started; recent: within "
     "its last sample interval; calls: those that used a cache / all calls into the owner"
+)
+
+DISCOVERED_LEGEND = (
+    "discovered: modules that hold cache memory they do not declare; found by cache_layer (a transformers cache "
+    "built while no declaring owner ran) or census (tensors the module holds that it did not hold after "
+    "initialisation); layout: layers x kv_heads x head_dim x positions a row, element type, rows"
 )
 
 
@@ -178,12 +186,84 @@ def _rejected_lines(view: SpoolView, width: int) -> list[str]:
     return ["rejected files:", *lines] if lines else []
 
 
+def _layout(found: DiscoveredOwner) -> str:
+    layout = found.layout
+    if layout is None:
+        return "-"
+    rows = f"{layout.rows} row" + ("" if layout.rows == 1 else "s")
+    return f"{layout.layers}x{layout.kv_heads}x{layout.head_dim}x{layout.positions} {visible(layout.dtype)}, {rows}"
+
+
+def _suggestion(found: DiscoveredOwner) -> str:
+    """What the author of a module that declares nothing should declare, from what was seen."""
+    name = visible(found.owner or ROOT_OWNER)
+    held = f"{name} ({visible(found.owner_class) or '?'}) declares nothing yet held {human_bytes(found.peak_bytes)}"
+    layout = found.layout
+    if layout is None:
+        return (
+            f"{held} in {found.storages} tensor storages, with no key/value layout: find what it keeps "
+            "and declare it in model_local_kv_specs()"
+        )
+    return (
+        f"{held}: declare it in model_local_kv_specs(): layers={layout.layers}, kv_heads={layout.kv_heads}, "
+        f"head_dim={layout.head_dim}, dtype={visible(layout.dtype)}, at least {layout.positions} positions a row, and what "
+        f"sets its rows ({layout.rows} seen at once)"
+    )
+
+
+def _discovery_status(snapshot: Snapshot) -> str:
+    status = snapshot.discovery
+    if status is None:
+        return ""
+    if not status.enabled:
+        return f"discovery off: {visible(status.reason or 'no reason given')}"
+    facts = []
+    if status.census_seconds is not None:
+        facts.append(
+            f"last census {status.modules} modules, {status.objects} objects in {status.census_seconds * 1000:.1f} ms"
+        )
+    if status.budget_exhausted:
+        facts.append(f"the census ran out of its {visible(status.budget_exhausted)} budget")
+    if status.owners_below_floor:
+        facts.append(f"{status.owners_below_floor} owners below the size floor")
+    if status.owners_over_budget:
+        facts.append(f"{status.owners_over_budget} past the engine's owner budget")
+    return "discovery: " + "; ".join(facts) if facts else ""
+
+
+def _discovered(snapshot: Snapshot, width: int) -> list[str]:
+    """Every owner the engine discovered, what it held and the layout seen, then what discovery covered, then
+    what each owner that declares nothing should declare. Nothing from a writer that does not report discovery;
+    text from the snapshot with its unprintable characters shown as escapes."""
+    if not reports_discovery(snapshot):
+        return []
+    parts = []
+    found = snapshot.discovered if discovery_running(snapshot) else ()
+    if found:
+        headers = ["discovered", "found by", "declares", "peak", "recent", "live", "layout"]
+        rows = [
+            [
+                visible(d.owner or ROOT_OWNER), visible(d.found_by), "also" if d.declares else "nothing",
+                human_bytes(d.peak_bytes),
+                human_bytes(d.recent_peak_bytes), human_bytes(d.live_bytes), _layout(d),
+            ]
+            for d in found
+        ]  # fmt: skip
+        parts.append(table(headers, rows, width, narrow=(0, 1, 6)))
+    status = _discovery_status(snapshot)
+    if status:
+        parts.append(_wrapped(status, width))
+    parts += [_wrapped("suggest: " + _suggestion(d), width, "  ") for d in found if not d.declares]
+    return parts
+
+
 def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
     """Every engine's declarations in full, then every rejected file; no line wider than ``width``.
 
     The table holds what compares across declarations; long text (owner class, capacity source,
     reasons, notes) follows it, one wrapped line per declaration. Then, per owner, what it declares
-    beside what its caches were observed to hold, and why an owner is not observed.
+    beside what its caches were observed to hold, and why an owner is not observed; then the owners the
+    engine discovered holding caches, and what each that declares nothing should declare.
     """
     if not view.scan.ok:
         return _wrapped(f"cannot read the spool: {view.scan.error}", width) + "\n"
@@ -211,11 +291,14 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
             text = f"dropped: {dropped.count} of {owner} ({dropped.owner_class}), {dropped.reason}: {dropped.error}"
             parts.append(_wrapped(text, width))
         parts += _observed(snapshot, width)
+        parts += _discovered(snapshot, width)
         parts.append("")
     if any(item.snapshot.declarations for item in view.usable):
         parts += [GEOMETRY_LEGEND, ""]
     if any(item.snapshot.owners() for item in view.usable):
         parts += [_wrapped(OBSERVED_LEGEND, width), ""]
+    if any(discovery_running(item.snapshot) and item.snapshot.discovered for item in view.usable):
+        parts += [_wrapped(DISCOVERED_LEGEND, width), ""]
     parts += _rejected_lines(view, width)
     if not parts:
         parts.append("no snapshots in the spool")

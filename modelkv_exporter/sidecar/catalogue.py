@@ -22,6 +22,7 @@ UNITS = ("bytes", "seconds")
 ENGINE = ("engine", "model", "stage")
 DECLARATION = (*ENGINE, "owner", "cache", "scope", "rows")
 OWNER = (*ENGINE, "owner")
+DISCOVERED = (*OWNER, "found_by")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Metric:
 
 _D, _E, _M, _X = "Declarations", "Engines", "Measured memory", "Exporter health"
 _O = "Observed caches"
+_U = "Discovered caches"
 
 _METRICS: list[Metric] = [
     Metric(
@@ -282,6 +284,67 @@ _METRICS: list[Metric] = [
         "1 when the engine observes what the owner's caches hold, 0 when it cannot (its observed figures are absent).",
         OWNER,
         _O,
+    ),
+    Metric(
+        "modelkv_discovered_peak_bytes",
+        "gauge",
+        "Most bytes a module that the engine found holding cache memory held at once since the engine started "
+        "(found_by: cache_layer or census).",
+        DISCOVERED,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovered_recent_peak_bytes",
+        "gauge",
+        "Most bytes the discovered owner held at once within the engine's last sample interval.",
+        DISCOVERED,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovered_owner_info",
+        "info",
+        "Class of one discovered owner, whether it also declares caches (declares: true or false), and the "
+        "key/value layout seen (layout: layers=, kv_heads=, head_dim=, dtype=, positions=, rows=; empty when none).",
+        ("engine", "owner", "owner_class", "found_by", "declares", "layout", "model", "stage"),
+        _U,
+    ),
+    Metric(
+        "modelkv_engine_discovered_owners",
+        "gauge",
+        "Discovered owners exported for the engine (absent when its writer does not report discovery or it is off).",
+        ENGINE,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovery_available",
+        "gauge",
+        "1 when the engine runs discovery, 0 when it is off or failed; absent when its writer does not report "
+        "discovery.",
+        ENGINE,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovery_census_duration_seconds",
+        "gauge",
+        "Wall time of the engine's last census of the tensors its modules hold (absent before the first).",
+        ENGINE,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovery_census_exhausted",
+        "gauge",
+        "1 for the budget (modules, objects, depth) the last census ran out of: memory beyond it was not looked "
+        "at (absent when none).",
+        (*ENGINE, "budget"),
+        _U,
+    ),
+    Metric(
+        "modelkv_discovery_owners_omitted",
+        "gauge",
+        "Discovered owners not exported, by reason: below_floor (smaller than the engine's size floor), "
+        "over_budget (past the engine's owner budget), exporter_budget (past --max-discovered-owners).",
+        (*ENGINE, "reason"),
+        _U,
     ),
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from modelkv_exporter.cli.reports import MAX_WIDTH, abbreviate, inspect_report, 
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
+from tests.support.discovered import golden_discovered_spool
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 LONG_OWNER = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"
@@ -148,3 +150,29 @@ def test_inspect_shows_each_owner_declared_beside_observed(spool: Path) -> None:
     assert ["vocoder", "0", "B", "-", "-", "-", "-"] in lines
     assert "talker: holds 3.00x its declaration" in out
     assert "vocoder: not observed: the owner replayed a CUDA graph" in out
+
+
+def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> None:
+    """The engine's discovered owners beside its declarations, what discovery covered, and for each owner that
+    declares nothing the declaration its layout suggests; none of it for a writer that predates discovery, and
+    the hostile path escaped, never raw in the terminal."""
+    for name, data in golden_discovered_spool().items():
+        (spool / name).write_bytes(data)
+    out = run_cli("inspect", str(spool)).stdout
+    assert max(len(line) for line in out.splitlines()) <= MAX_WIDTH
+    engines = dict(re.findall(r"^engine (\S+) \[[a-z]+\].*?\n(.*?)(?=^engine |\Z)", out, re.S | re.M))
+    assert set(engines) == {"qwen3-tts-eager", "minicpmo-audio", "older-writer"}
+    assert "discover" not in engines["older-writer"]
+    assert "discovery off: turned off by MODELKV_OBSERVE=0" in engines["minicpmo-audio"]
+    running = engines["qwen3-tts-eager"]
+    (row,) = [line for line in running.splitlines() if line.startswith("tokenizer.decoder ")]
+    assert row.split() == ["tokenizer.decoder", "cache_layer", "nothing", "18.0", "MiB", "18.0", "MiB", "18.0", "MiB",
+                           "8x16x64x72", "float32,", "4", "rows"]  # fmt: skip
+    words = " ".join(running.split())
+    assert "the census ran out of its objects budget" in words and "3 owners below the size floor" in words
+    assert (
+        "suggest: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) declares nothing yet held 18.0 MiB: declare it in "
+        "model_local_kv_specs(): layers=8, kv_heads=16, head_dim=64, dtype=float32, at least 72 positions a row"
+    ) in words
+    assert "suggest: decoder " not in words, "an owner that declares is not told to"
+    assert "\u202e" not in out and "\x00" not in out and "blocks.0\\n.attn\\u202e" in "".join(out.split())

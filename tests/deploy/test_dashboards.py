@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import ROOT
+from tests.support.exposition import Exposition
 from tests.support.grafana_schema import NPM_DIR, check_many, installed_version, schema_packages
+from tests.support.processes import require_tool
 from tests.support.promql import (
+    RULES_FILE,
     dashboard_documents,
     dashboard_expressions,
     known_metric,
@@ -274,3 +280,79 @@ def test_the_docs_name_only_dashboards_and_panels_that_exist() -> None:
     assert sorted((page, title) for page, title in named if title not in existing) == []
     broken = "the *modelkv overview* dashboard, and the *Growth by parts* panel"
     assert named_titles(broken, every_italic=False) == ["modelkv overview", "Growth by parts"], "the check can fail"
+
+
+def test_the_discovered_owner_panels_read_the_recorded_recent_peak_by_owner() -> None:
+    (overview,) = dashboard_documents().values()
+    by_title = {p["title"]: p for p in panels(overview)}
+    graph, listing = by_title["Discovered caches by owner"], by_title["Discovered owners"]
+    assert graph["type"] == "timeseries" and listing["type"] == "table"
+    assert (graph["id"], listing["id"]) == (21, 22)
+    for panel in (graph, listing):
+        (target,) = panel["targets"]
+        assert target["expr"].startswith("modelkv_engine:discovered_recent_peak_bytes{")
+        assert panel["fieldConfig"]["defaults"]["unit"] == "bytes"
+    assert "{{owner}}" in graph["targets"][0]["legendFormat"] and "{{found_by}}" in graph["targets"][0]["legendFormat"]
+    (organize,) = listing["transformations"]
+    columns = organize["options"]["indexByName"]
+    assert {"owner", "found_by", "declares", "layout", "owner_class", "Value"} <= set(columns)
+
+
+def _series(name: str, labels: dict[str, str]) -> str:
+    return name + "{" + ",".join(f'{key}="{value}"' for key, value in sorted(labels.items())) + "}"
+
+
+def _discovered_rule_test(rules_text: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    """promtool's unit test of the recording rule, fed the discovered series a real sidecar renders for the golden
+    spool ``discovered`` (as Prometheus scrapes them: with job, instance, namespace and pod)."""
+    exposition = Exposition((ROOT / "tests" / "sidecar" / "golden" / "discovered" / "metrics.txt").read_text())
+    scrape = {"job": "modelkv-exporter", "instance": "10.0.0.7:9400", "namespace": "llm", "pod": "tts-0"}
+    inputs, expected = [], []
+    infos = {
+        (s.labels["engine"], s.labels["owner"], s.labels["found_by"]): s.labels
+        for s in exposition.all("modelkv_discovered_owner_info")
+    }
+    for sample in exposition.all("modelkv_discovered_recent_peak_bytes"):
+        info = infos[(sample.labels["engine"], sample.labels["owner"], sample.labels["found_by"])]
+        inputs.append({"series": _series(sample.name, {**sample.labels, **scrape}), "values": f"{int(sample.value)}x5"})
+        inputs.append({"series": _series("modelkv_discovered_owner_info", {**info, **scrape}), "values": "1x5"})
+        joined = {**sample.labels, **scrape, **{k: info[k] for k in ("owner_class", "declares", "layout")}}
+        expected.append(
+            {"labels": _series("modelkv_engine:discovered_recent_peak_bytes", joined), "value": sample.value}
+        )
+    assert len(expected) == 4, "the golden spool's four discovered owners"
+    (directory / "rules.yaml").write_text(rules_text)
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "promql_expr_test": [
+                    {"expr": "modelkv_engine:discovered_recent_peak_bytes", "eval_time": "2m", "exp_samples": expected}
+                ],
+            }
+        ],
+    }
+    (directory / "discovered.test.yaml").write_text(yaml.safe_dump(test, allow_unicode=True))
+    return subprocess.run(
+        [require_tool("promtool"), "test", "rules", "discovered.test.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=directory,
+    )
+
+
+def test_the_discovered_recording_rule_keeps_each_owner_with_its_class_declares_and_layout(tmp_path: Path) -> None:
+    """The dashboard's table shows whether an owner declares and the layout seen: the rule must carry them. Without
+    the join's group_left labels the same test fails."""
+    rules_text = RULES_FILE.read_text()
+    (tmp_path / "rule").mkdir()
+    (tmp_path / "broken").mkdir()
+    result = _discovered_rule_test(rules_text, tmp_path / "rule")
+    assert result.returncode == 0, result.stdout + result.stderr
+    broken = rules_text.replace("group_left (owner_class, declares, layout)", "group_left ()")
+    assert broken != rules_text
+    result = _discovered_rule_test(broken, tmp_path / "broken")
+    assert result.returncode != 0 and "modelkv_engine:discovered_recent_peak_bytes" in result.stdout + result.stderr

@@ -16,7 +16,8 @@ from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import classify
 from tests.support.browser import chromium_run
-from tests.support.processes import Sidecar
+from tests.support.discovered import CENSUS, discovery_status, kv_layout, make_discovered, with_discovery
+from tests.support.processes import Sidecar, start_sidecar, stop_process
 from tests.support.promql import RULES_FILE
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
@@ -235,3 +236,64 @@ def test_the_page_judges_as_the_rules_do() -> None:
     rules = RULES_FILE.read_text()
     assert f"> on (job, instance, engine, owner) group_left ()\n          {UNDER_REPORT_TOLERANCE} * sum" in rules
     assert f"increase(modelkv_observed_owner_calls_total[30m]) >= {UNUSED_MIN_CALLS}" in rules
+
+
+def _fill_discovered(spool: Path) -> None:
+    """One engine that declares a cache and whose other modules hold caches they do not declare (one of them at a
+    hostile path), and one with discovery off."""
+    found = (
+        make_discovered("tokenizer.decoder", layout=kv_layout(layers=8, kv_heads=16, head_dim=64, positions=72)),
+        make_discovered(f"encoder.{HOSTILE}", found_by=CENSUS, owner_class="StreamingAudioKVCache"),
+        make_discovered("decoder", found_by=CENSUS, declares=True, peak_bytes=3 << 20),
+    )
+    status = discovery_status(below_floor=2, budget_exhausted="objects")
+    write_snapshot(spool, with_discovery(make_snapshot("code2wav-s1", stage_name="code2wav"), found, status))
+    off = discovery_status(enabled=False, reason="turned off by MODELKV_OBSERVE=0")
+    write_snapshot(spool, with_discovery(make_snapshot("thinker-s0", declarations=()), (), off))
+
+
+def test_landing_page_lists_discovered_owners_beside_declared_ones(spool: Path) -> None:
+    _fill_discovered(spool)
+    html = render_landing(classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir="s", version="0")
+    section = html.split('id="engine-code2wav-s1"', 1)[1].split("<h3", 1)[0]
+    headers = re.findall(r"<th>([^<]*)</th>", section)
+    first = headers.index("discovered owner")
+    assert headers[first : first + 8] == ["discovered owner", "found by", "class", "declares", "recent peak", "peak", "live",
+                           "layout seen"]  # fmt: skip
+    table = section[section.index("discovered owner") :].split("</table>", 1)[0]
+    rows = {re.findall(r"<td[^>]*>(.*?)</td>", r)[0]: r for r in re.findall(r"<tr>(<td.*?)</tr>", table)}
+    decoder = re.findall(r"<td[^>]*>(.*?)</td>", rows["tokenizer.decoder"])
+    assert decoder[1:4] == [
+        "<code>cache_layer</code>",
+        "Qwen3TTSTokenizerV2Decoder",
+        "<strong>declares nothing</strong>",
+    ]
+    assert decoder[4] == decoder[5] == "18.0 MiB" and decoder[7] == "8 × 16 × 64 × 72 float32, 4 rows"
+    assert "also declares caches" in rows["decoder"] and "no key/value layout" in rows["decoder"]
+    assert "the census ran out of its objects budget" in section and "2 owners below the engine's size floor" in section
+    assert section.index("observed peak") < section.index("discovered owner") < section.index("<th>cache</th>")
+    assert "<script" not in html and "<img" not in html and "encoder.&lt;img src=x" in html
+    assert "Discovery is off: turned off by MODELKV_OBSERVE=0." in html
+
+
+def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
+    """With a budget of 2, the page lists the two largest (18 and 3 MiB, not the 1 MiB one), like /metrics, and
+    says how many it left out."""
+    _fill_discovered(spool)
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    html = render_landing(view, spool_dir="s", version="0", max_discovered=2)
+    assert "tokenizer.decoder" in html and "also declares caches" in html and "StreamingAudioKVCache" not in html
+    assert "1 past this exporter's --max-discovered-owners, not exported" in html
+
+
+def test_a_discovered_owner_renders_in_headless_chromium(spool: Path, tmp_path: Path) -> None:
+    _fill_discovered(spool)
+    sidecar = start_sidecar(spool)
+    try:
+        dom = chromium_run(sidecar.url + "/", tmp_path, "--dump-dom", "--virtual-time-budget=2000")
+    finally:
+        stop_process(sidecar.process)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    row = next(r for r in re.findall(r"<tr>(.*?)</tr>", dom.stdout, re.S) if "tokenizer.decoder" in r)
+    assert "cache_layer" in row and "declares nothing" in row and "8 × 16 × 64 × 72 float32, 4 rows" in row
+    assert "<script" not in dom.stdout and "<img" not in dom.stdout, "hostile text stays text after parsing"

@@ -15,8 +15,9 @@ import html
 import time
 from collections.abc import Iterable, Sequence
 
-from modelkv_exporter.contract.snapshot import Declaration, Snapshot
+from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import NAMED, Concern, Finding, Status, findings, status
+from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.sizes import human_bytes
@@ -41,6 +42,11 @@ GEOMETRY_LEGEND = "geometry: layers × kv_heads × head_dim × positions per row
 OBSERVED_LEGEND = (
     "observed peak: the most the owner's transformers caches held at once since the engine started; "
     "recent: within its last sample interval; calls: those that used a cache / all calls into the owner"
+)
+DISCOVERED_LEGEND = (
+    "discovered: modules that hold cache memory they do not declare; found by cache_layer: a transformers cache "
+    "built while no declaring owner ran; census: tensors the module holds that it did not hold after "
+    "initialisation; layout seen: layers × kv_heads × head_dim × positions a row, the element type, and rows"
 )
 
 _STYLE = """
@@ -157,7 +163,63 @@ def _owner_rows(snapshot: Snapshot) -> list[list[str]]:
     return rows
 
 
-def _engine_section(snapshot: Snapshot) -> str:
+def _layout_seen(found: DiscoveredOwner) -> str:
+    layout = found.layout
+    if layout is None:
+        return '<span class="muted">no key/value layout</span>'
+    rows = f"{layout.rows} row" + ("" if layout.rows == 1 else "s")
+    shape = f"{layout.layers} × {layout.kv_heads} × {layout.head_dim} × {layout.positions} {layout.dtype}, {rows}"
+    return escape(shape)
+
+
+def _discovered_row(found: DiscoveredOwner) -> list[str]:
+    return [
+        escape(found.owner or ROOT_OWNER),
+        f"<code>{escape(found.found_by)}</code>",
+        escape(found.owner_class),
+        "also declares caches" if found.declares else "<strong>declares nothing</strong>",
+        human_bytes(found.recent_peak_bytes),
+        human_bytes(found.peak_bytes),
+        human_bytes(found.live_bytes),
+        _layout_seen(found),
+    ]
+
+
+def _discovery_facts(snapshot: Snapshot, omitted: int) -> str:
+    """One line on what discovery covered and left out (empty when the writer does not report it)."""
+    status = snapshot.discovery
+    facts = []
+    if status is not None:
+        if not status.enabled:
+            return f'<p class="muted">Discovery is off: {escape(status.reason or "no reason given")}.</p>'
+        if status.census_seconds is not None:
+            facts.append(
+                f"last census {status.modules} modules, {status.objects} objects in {status.census_seconds * 1000:.1f} ms"
+            )
+        if status.budget_exhausted:
+            facts.append(f"<strong>the census ran out of its {escape(status.budget_exhausted)} budget</strong>")
+        if status.owners_below_floor:
+            facts.append(f"{status.owners_below_floor} owners below the engine's size floor")
+        if status.owners_over_budget:
+            facts.append(f"{status.owners_over_budget} past the engine's owner budget")
+    if omitted:
+        facts.append(f"{omitted} past this exporter's --max-discovered-owners, not exported")
+    return f'<p class="muted">{" · ".join(facts)}</p>' if facts else ""
+
+
+def _discovered(snapshot: Snapshot, limit: int) -> str:
+    """The owners the engine discovered (those /metrics exports), beside its declared ones; empty without any."""
+    exported = exported_discovery(snapshot, limit)
+    facts = _discovery_facts(snapshot, exported.omitted)
+    if not exported.owners:
+        return facts
+    headers = ["discovered owner", "found by", "class", "declares", "recent peak", "peak", "live", "layout seen"]
+    rows = [_discovered_row(found) for found in exported.owners]
+    legend = f'<p class="muted">{escape(DISCOVERED_LEGEND)}</p>'
+    return f"{_table(headers, rows, numeric=(4, 5, 6))}{facts}{legend}"
+
+
+def _engine_section(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWNERS) -> str:
     engine = snapshot.engine
     title = f'<h3 id="engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</h3>'
     facts = [
@@ -178,6 +240,7 @@ def _engine_section(snapshot: Snapshot) -> str:
     ]
     if dropped:
         line += "</p><p><strong>Dropped declarations:</strong> " + "; ".join(dropped)
+    observed += _discovered(snapshot, max_discovered)
     if not snapshot.declarations:
         return f'{title}<p class="muted">{line}</p>{observed}<p>No model-local KV caches declared.</p>'
     headers = ["owner", "cache", "scope", "rows", "per row", "declared peak", "geometry", "capacity", "notes"]
@@ -220,8 +283,11 @@ def _attention(view: SpoolView, live: Sequence[tuple[Snapshot, EngineState]]) ->
     return f'<section id="attention"><h2>Needs attention</h2><ul>{"".join(items)}</ul></section>'
 
 
-def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
-    """The whole page for one view of the spool."""
+def render_landing(
+    view: SpoolView, *, spool_dir: str, version: str, max_discovered: int = MAX_DISCOVERED_OWNERS
+) -> str:
+    """The whole page for one view of the spool; per engine at most ``max_discovered`` discovered owners, as
+    /metrics exports them."""
     rejected: list[list[str]] = []
     for entry in view.rejected:
         assert entry.error is not None
@@ -242,7 +308,9 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
     else:
         engines = '<p class="muted">No snapshot in the spool yet.</p>'
     sections = "".join(
-        _engine_section(s) for s, state in live if state not in (EngineState.ENDED, EngineState.FORGOTTEN)
+        _engine_section(s, max_discovered)
+        for s, state in live
+        if state not in (EngineState.ENDED, EngineState.FORGOTTEN)
     )
     rejected_html = _table(["file", "reason", "detail"], rejected) if rejected else '<p class="muted">None.</p>'
     return (
