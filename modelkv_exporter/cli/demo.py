@@ -1,7 +1,9 @@
-"""The ``demo`` command: bind the port, start the demo engines, wait for their snapshots, serve them, print where to look.
+"""The ``demo`` command: start the demo engines, wait for their snapshots, serve them, print where to look.
 
-The port is bound before anything slow starts, so a taken one fails at once; the demo engines
-(``modelkv_exporter.demo``, which need torch and transformers) are imported only when the demo runs.
+The caller binds the port before anything slow starts (``cli.ports``), so a taken one fails at once;
+the demo engines (``modelkv_exporter.demo``, which need torch and transformers) are imported only
+when the demo runs. The spool is kept when the demo ends, in a directory it prints, so that
+``inspect`` and ``plan`` can be tried on what it made.
 """
 
 from __future__ import annotations
@@ -28,33 +30,31 @@ from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 STARTUP_TIMEOUT_SECONDS = 180.0
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` as uvicorn binds one; ``OSError`` when the address is taken or wrong."""
-    family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, protocol)
+def demo_spool_dir(port: int) -> Path:
+    """Where the demo publishes unless ``--spool-dir`` says: one directory per port, kept after the demo ends."""
+    return Path(tempfile.gettempdir()) / f"modelkv-demo-{port}"
+
+
+def cli_command() -> str:
+    """How to run this CLI from where the user stands: the console script beside this Python, else ``-m``."""
+    script = Path(sys.executable).parent / "modelkv-exporter"
+    if not script.exists():
+        return f"{sys.executable} -m modelkv_exporter"
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def taken_port_message(host: str, port: int, error: OSError) -> str:
-    """What to tell a user whose demo port cannot be bound: the flag and the variable that change it."""
-    return (
-        f"modelkv-exporter demo: cannot listen on {host}:{port} ({error.strerror or error}); "
-        "choose another port with --port or MODELKV_PORT (for example: MODELKV_PORT=9401 make demo)"
-    )
+        return str(script.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def _wait_for_snapshots(
     spool_dir: Path, engine_ids: list[str], processes: list[multiprocessing.context.SpawnProcess]
 ) -> SpoolReader:
+    """Wait until every engine has beaten once after its baseline, printing each engine as it does."""
     reader = SpoolReader(spool_dir)
-    expected = {snapshot_file_name(engine_id) for engine_id in engine_ids}
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    expected = {snapshot_file_name(engine_id): engine_id for engine_id in engine_ids}
+    started = time.monotonic()
+    deadline = started + STARTUP_TIMEOUT_SECONDS
+    announced: set[str] = set()
     while time.monotonic() < deadline:
         ready = {
             entry.file_name
@@ -62,7 +62,13 @@ def _wait_for_snapshots(
             if snapshot.measured.current
             and snapshot.measured.current.sampled_at > snapshot.measured.baseline.sampled_at  # type: ignore[union-attr]
         }
-        if expected <= ready:
+        for file_name in sorted(ready & expected.keys() - announced, key=list(expected).index):
+            announced.add(file_name)
+            elapsed = time.monotonic() - started
+            print(
+                f"  {expected[file_name]}: publishing ({len(announced)} of {len(expected)}, {elapsed:.1f}s)", flush=True
+            )
+        if announced == expected.keys():
             return reader
         dead = [p.name for p in processes if not p.is_alive()]
         if dead:
@@ -115,22 +121,26 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             file=sys.stderr,
         )
         return 2
-    temporary = None if args.spool_dir else tempfile.TemporaryDirectory(prefix="modelkv-demo-")
-    spool_dir = Path(args.spool_dir or temporary.name)  # type: ignore[union-attr]
+    host, port = sock.getsockname()[:2]
+    spool_dir = Path(args.spool_dir) if args.spool_dir else demo_spool_dir(port)
     spool_dir.mkdir(parents=True, exist_ok=True)
+    for engine in DEMO_ENGINES:
+        (spool_dir / snapshot_file_name(engine.engine_id)).unlink(missing_ok=True)
+    cli = cli_command()
     print(
-        f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}", flush=True
+        f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}\n"
+        "  each loads torch and transformers, builds its model and allocates its caches (some 10 to 30 s)",
+        flush=True,
     )
     settings = build(DemoSettings, vars(args))
     processes, stop = start_engines(str(spool_dir), settings.heartbeat_interval)
     try:
         reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in DEMO_ENGINES], processes)
-        print(_summary(reader), flush=True)
+        print("\n" + _summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
         config = build(SidecarConfig, vars(args), spool_dir=spool_dir)
         serving = build(ServerSettings, vars(args))
         server = build_server(config, host=serving.host, port=serving.port, log_level=serving.log_level)
-        host, port = sock.getsockname()[:2]
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(
             f"\nServing on {base}\n"
@@ -138,7 +148,10 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             f"  metrics:  {base}/metrics\n"
             f"  engines:  {base}/api/v1/engines\n"
             f"  try:      curl -s {base}/metrics | grep -E '^modelkv_(declared|observed)_peak_bytes'\n"
-            "Press Ctrl-C to stop.",
+            f"  and, in another terminal, the spool itself:\n"
+            f"            {cli} inspect {spool_dir}\n"
+            f"            {cli} plan {spool_dir} --max-num-seqs 64 --budget 2GiB\n"
+            "Press Ctrl-C to stop; the engines' ended snapshots stay in the spool.",
             flush=True,
         )
         timer = threading.Timer(settings.duration, lambda: setattr(server, "should_exit", True))
@@ -153,7 +166,10 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             process.join(timeout=15)
             if process.is_alive():
                 process.kill()
-        if temporary is not None:
-            temporary.cleanup()
-        print("modelkv-exporter demo: engines stopped", flush=True)
+        print(
+            f"modelkv-exporter demo: engines stopped; their ended snapshots stay in {spool_dir}:\n"
+            f"  {cli} inspect {spool_dir}\n"
+            f"  {cli} plan {spool_dir} --max-num-seqs 64 --budget 2GiB",
+            flush=True,
+        )
     return 0

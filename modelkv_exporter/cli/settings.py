@@ -57,7 +57,9 @@ TABLES: dict[str, Table] = {
             "demo",
             (ServerSettings, SidecarConfig, DemoSettings),
             defaults={"host": "127.0.0.1"},
-            notes={"spool_dir": "A temporary one is made when unset."},
+            notes={
+                "spool_dir": "When unset: modelkv-demo-PORT in the system's temporary directory; kept when the demo ends."
+            },
         ),
         Table("inspect", (Staleness, SpoolLimits), notes={"spool_dir": DIR_ARGUMENT}),
         Table("plan", (SpoolLimits, PlanSettings), notes={"spool_dir": DIR_ARGUMENT}),

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -13,6 +16,7 @@ import pytest
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
 from tests.support.exposition import Exposition
+from tests.support.polling import eventually
 from tests.support.processes import Sidecar, free_port, wait_http
 
 EXPECTED_PEAKS = {
@@ -29,28 +33,41 @@ EXPECTED_PEAKS = {
 }
 
 
+def run_printed(output: str, command: str, spool: Path) -> subprocess.CompletedProcess[str]:
+    """Run, as printed, the last ``inspect`` or ``plan`` command line the demo printed for ``spool``."""
+    line = [line for line in output.splitlines() if f" {command} {spool}" in line][-1]
+    wide = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=60, env=wide)
+
+
 @pytest.mark.slow
-def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -> None:
-    spool = tmp_path / "spool"
+def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tmp_path: Path) -> None:
+    """The demo names each engine as it starts publishing, serves them all, and keeps its spool where it said.
+
+    Without ``--spool-dir`` the spool is ``modelkv-demo-PORT`` in the temporary directory (``TMPDIR`` here);
+    the ``inspect`` and ``plan`` command lines it prints run as printed, during the demo and after it.
+    """
     port = free_port()
-    process = subprocess.Popen(
-        [
-            str(VENV_BIN / "modelkv-exporter"),
-            "demo",
-            "--spool-dir",
-            str(spool),
-            "--port",
-            str(port),
-            "--heartbeat-interval",
-            "1",
-            "--duration",
-            "300",
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    spool = tmp_path / f"modelkv-demo-{port}"
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                str(VENV_BIN / "modelkv-exporter"),
+                "demo",
+                "--port",
+                str(port),
+                "--heartbeat-interval",
+                "1",
+                "--duration",
+                "300",
+                "--log-level",
+                "warning",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/healthz", timeout=240, process=process)
@@ -88,14 +105,26 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
         base = {s.labels["engine"]: s.value for s in families["modelkv_memory_process_resident_baseline_bytes"].samples}
         whisper = KNOWN_ROW_BYTES["whisper_encoder_self_attn"]
         assert rss["minicpm-o-s0-r0"] - base["minicpm-o-s0-r0"] >= 0.9 * whisper, "the allocated caches show in RSS"
+        eventually(lambda: "Press Ctrl-C" in log.read_text(), "the demo's serving text", timeout=10)
+        planned = run_printed(log.read_text(), "plan", spool)
+        assert planned.returncode == 0 and all(engine in planned.stdout for engine in up), planned.stdout
     finally:
         process.send_signal(signal.SIGINT)
-        output = process.communicate(timeout=60)[0].decode()
+        process.wait(timeout=60)
+        output = log.read_text()
     assert process.returncode == 0, output
     assert "Serving on" in output and "engines stopped" in output
+    started = [re.match(r"  (\S+): publishing \((\d) of 6, \d+\.\ds\)$", line) for line in output.splitlines()]
+    assert [int(m[2]) for m in started if m] == [1, 2, 3, 4, 5, 6], output
+    assert {m[1] for m in started if m} == up.keys(), output
+    assert output.index("of 6, ") < output.index("Serving on"), "each engine is named as it starts publishing"
+    assert f"their ended snapshots stay in {spool}" in output
     assert "holds 1.50x its declaration" in output and output.count("within its declaration") == 4
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
     assert len(snapshots) == 6 and all(s["ended"] for s in snapshots)
+    inspected = run_printed(output, "inspect", spool)
+    assert inspected.returncode == 0 and all(engine in inspected.stdout for engine in up), inspected.stdout
+    assert inspected.stdout.count("ended") >= 6, inspected.stdout
 
 
 def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:
