@@ -28,6 +28,8 @@ from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 STARTUP_TIMEOUT_SECONDS = 180.0
+QUIET_SECONDS = 10.0
+"""The longest the demo stays silent while its engines start."""
 
 
 def demo_spool_dir(port: int) -> Path:
@@ -49,30 +51,42 @@ def cli_command() -> str:
 def _wait_for_snapshots(
     spool_dir: Path, engine_ids: list[str], processes: list[multiprocessing.context.SpawnProcess]
 ) -> SpoolReader:
-    """Wait until every engine has beaten once after its baseline, printing each engine as it does."""
+    """Wait until every engine has beaten once after its baseline, printing each engine's two steps as it takes them.
+
+    An engine first publishes its declarations (once its model is built), then its measured memory (after
+    its baseline and one heartbeat). While nothing new happens, a line every ``QUIET_SECONDS`` says so.
+    """
     reader = SpoolReader(spool_dir)
     expected = {snapshot_file_name(engine_id): engine_id for engine_id in engine_ids}
-    started = time.monotonic()
-    deadline = started + STARTUP_TIMEOUT_SECONDS
-    announced: set[str] = set()
-    while time.monotonic() < deadline:
-        ready = {
-            entry.file_name
-            for entry, snapshot in reader.scan().snapshots
-            if snapshot.measured.current
-            and snapshot.measured.current.sampled_at > snapshot.measured.baseline.sampled_at  # type: ignore[union-attr]
+    order = list(expected)
+    started = last_news = time.monotonic()
+    steps: dict[str, set[str]] = {"declarations published": set(), "memory measured": set()}
+    while time.monotonic() < started + STARTUP_TIMEOUT_SECONDS:
+        snapshots = [(entry.file_name, snapshot) for entry, snapshot in reader.scan().snapshots]
+        seen = {
+            "declarations published": {name for name, _ in snapshots},
+            "memory measured": {
+                name
+                for name, snapshot in snapshots
+                if snapshot.measured.current
+                and snapshot.measured.current.sampled_at > snapshot.measured.baseline.sampled_at  # type: ignore[union-attr]
+            },
         }
-        for file_name in sorted(ready & expected.keys() - announced, key=list(expected).index):
-            announced.add(file_name)
-            elapsed = time.monotonic() - started
-            print(
-                f"  {expected[file_name]}: publishing ({len(announced)} of {len(expected)}, {elapsed:.1f}s)", flush=True
-            )
-        if announced == expected.keys():
+        for step, done in steps.items():
+            for name in sorted(seen[step] & expected.keys() - done, key=order.index):
+                done.add(name)
+                last_news = time.monotonic()
+                print(f"  {expected[name]}: {step} ({len(done)} of {len(expected)}, {last_news - started:.1f}s)")
+        sys.stdout.flush()
+        if steps["memory measured"] == expected.keys():
             return reader
         dead = [p.name for p in processes if not p.is_alive()]
         if dead:
             raise RuntimeError(f"demo engine processes exited before publishing: {', '.join(dead)}")
+        if time.monotonic() - last_news >= QUIET_SECONDS:
+            last_news = time.monotonic()
+            counts = ", ".join(f"{len(done)} of {len(expected)} {step}" for step, done in steps.items())
+            print(f"  still starting after {last_news - started:.0f}s: {counts}", flush=True)
         time.sleep(0.2)
     raise TimeoutError(f"demo engines did not publish into {spool_dir} within {STARTUP_TIMEOUT_SECONDS:.0f}s")
 
@@ -129,7 +143,8 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     cli = cli_command()
     print(
         f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}\n"
-        "  each loads torch and transformers, builds its model and allocates its caches (some 10 to 30 s)",
+        "  each imports torch and transformers, builds its model, publishes its declarations, allocates its caches\n"
+        "  and measures its memory: seconds on a quiet machine, a minute or more on a small busy one",
         flush=True,
     )
     settings = build(DemoSettings, vars(args))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from modelkv_exporter.cli import demo
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
 from tests.support.exposition import Exposition
@@ -114,10 +115,13 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
         output = log.read_text()
     assert process.returncode == 0, output
     assert "Serving on" in output and "engines stopped" in output
-    started = [re.match(r"  (\S+): publishing \((\d) of 6, \d+\.\ds\)$", line) for line in output.splitlines()]
-    assert [int(m[2]) for m in started if m] == [1, 2, 3, 4, 5, 6], output
-    assert {m[1] for m in started if m} == up.keys(), output
-    assert output.index("of 6, ") < output.index("Serving on"), "each engine is named as it starts publishing"
+    for step in ("declarations published", "memory measured"):
+        lines = [re.match(rf"  (\S+): {step} \((\d) of 6, \d+\.\ds\)$", line) for line in output.splitlines()]
+        assert [int(m[2]) for m in lines if m] == [1, 2, 3, 4, 5, 6], output
+        assert {m[1] for m in lines if m} == up.keys(), output
+        assert output.index(f"{step} (6 of 6, ") < output.index("Serving on"), (
+            "each engine is named as it takes each step"
+        )
     assert f"their ended snapshots stay in {spool}" in output
     assert "holds 1.50x its declaration" in output and output.count("within its declaration") == 4
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
@@ -144,3 +148,18 @@ def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "--port" in result.stderr and "MODELKV_PORT" in result.stderr and result.stderr.endswith("\n")
     assert "starting" not in result.stdout and not spool.exists(), "no engine was started"
+
+
+def test_the_demo_says_it_is_still_starting_while_nothing_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No engine publishes into this spool: a line comes every quiet interval, then the time-out names the spool."""
+    monkeypatch.setattr(demo, "QUIET_SECONDS", 0.3)
+    monkeypatch.setattr(demo, "STARTUP_TIMEOUT_SECONDS", 1.1)
+    with pytest.raises(TimeoutError, match=str(tmp_path)):
+        demo._wait_for_snapshots(tmp_path, ["a-s0-r0", "b-s0-r0"], [])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 2 and all(
+        re.fullmatch(r"  still starting after \d+s: 0 of 2 declarations published, 0 of 2 memory measured", line)
+        for line in lines
+    ), lines

@@ -46,7 +46,7 @@ class SidecarServer(uvicorn.Server):
             self.probe.start()
             logger.info("liveness probes: GET /healthz on %s:%d (--probe-port)", self.probe.host, self.probe.port)
         else:
-            logger.info("no liveness listener (--probe-port 0); /healthz answers on the HTTP port")
+            logger.debug("no liveness listener (--probe-port 0); /healthz answers on the HTTP port")
         try:
             await super().serve(list(sockets) if sockets is not None else None)
         finally:
