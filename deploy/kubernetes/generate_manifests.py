@@ -30,7 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+try:
+    import yaml
+except ImportError:
+    raise SystemExit(
+        "generate_manifests.py needs PyYAML: pip install pyyaml (in a checkout of modelkv-exporter: pip install '.[deploy]')"
+    ) from None
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
