@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from modelkv_exporter.cli.ports import bind_probe_port
 from modelkv_exporter.cli.reports import table
 from modelkv_exporter.cli.settings import DemoSettings, ServerSettings
 from modelkv_exporter.contract.settings import build
@@ -125,8 +126,17 @@ def _observed_summary(reader: SpoolReader) -> str:
 def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     """Start the demo engines and serve their spool on ``sock`` until interrupted or ``--duration`` passes.
 
-    ``sock`` is bound by the caller before anything slow starts, so a taken port fails at once.
+    ``sock`` is bound by the caller before anything slow starts, and the liveness port, when there is one,
+    here before torch loads, so a taken port fails at once.
     """
+    host, port = sock.getsockname()[:2]
+    spool_dir = Path(args.spool_dir) if args.spool_dir else demo_spool_dir(port)
+    settings = build(DemoSettings, vars(args))
+    config = build(SidecarConfig, vars(args), spool_dir=spool_dir)
+    serving = build(ServerSettings, vars(args))
+    server = build_server(config, host=serving.host, port=serving.port, log_level=serving.log_level)
+    if server.probe is not None and not bind_probe_port("demo", server.probe, port):
+        return 2
     try:
         from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
     except ImportError as error:
@@ -135,8 +145,6 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             file=sys.stderr,
         )
         return 2
-    host, port = sock.getsockname()[:2]
-    spool_dir = Path(args.spool_dir) if args.spool_dir else demo_spool_dir(port)
     spool_dir.mkdir(parents=True, exist_ok=True)
     for engine in DEMO_ENGINES:
         (spool_dir / snapshot_file_name(engine.engine_id)).unlink(missing_ok=True)
@@ -147,15 +155,11 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
         "  and measures its memory: seconds on a quiet machine, a minute or more on a small busy one",
         flush=True,
     )
-    settings = build(DemoSettings, vars(args))
     processes, stop = start_engines(str(spool_dir), settings.heartbeat_interval)
     try:
         reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in DEMO_ENGINES], processes)
         print("\n" + _summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
-        config = build(SidecarConfig, vars(args), spool_dir=spool_dir)
-        serving = build(ServerSettings, vars(args))
-        server = build_server(config, host=serving.host, port=serving.port, log_level=serving.log_level)
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(
             f"\nServing on {base}\n"

@@ -23,44 +23,21 @@ DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines p
 
 def serve(args: argparse.Namespace) -> int:
     """Run the sidecar HTTP server over ``--spool-dir``; a taken port, HTTP or liveness, ends it with one line."""
-    from modelkv_exporter.cli.ports import free_port_near, listening_socket, taken_port_message
-    from modelkv_exporter.sidecar.http.config import PROBE_PORT, SidecarConfig
+    from modelkv_exporter.cli.ports import bind_http_port, bind_probe_port
+    from modelkv_exporter.sidecar.http.config import SidecarConfig
     from modelkv_exporter.sidecar.http.server import build_server
 
     settings = build(ServerSettings, vars(args))
     config = build(SidecarConfig, vars(args), spool_dir=Path(args.spool_dir))
-    host, port = settings.host, settings.port
-    try:
-        sock = listening_socket(host, port)
-    except OSError as error:
-        other = free_port_near(host, port, {config.probe_port, PROBE_PORT})
-        change = "--port or MODELKV_PORT"
-        print(
-            taken_port_message("serve", "its HTTP port", host, port, error, change, f"--port {other}"), file=sys.stderr
-        )
+    sock = bind_http_port("serve", settings.host, settings.port, config.probe_port, "--port {port}")
+    if sock is None:
         return 2
     with sock:
-        server = build_server(config, host=host, port=port, log_level=settings.log_level)
-        if server.probe is not None:
-            try:
-                server.probe.bind()
-            except OSError as error:
-                other = free_port_near(host, config.probe_port, {sock.getsockname()[1]})
-                change = "--probe-port or MODELKV_PROBE_PORT"
-                message = taken_port_message(
-                    "serve",
-                    "its liveness probe port",
-                    host,
-                    config.probe_port,
-                    error,
-                    change,
-                    f"--probe-port {other}, or 0 to turn the listener off",
-                )
-                print(message, file=sys.stderr)
-                return 2
-        logging.getLogger("modelkv_exporter").info(
-            "serving %s on http://%s:%s", config.spool_dir, host, sock.getsockname()[1]
-        )
+        port = sock.getsockname()[1]
+        server = build_server(config, host=settings.host, port=settings.port, log_level=settings.log_level)
+        if server.probe is not None and not bind_probe_port("serve", server.probe, port):
+            return 2
+        logging.getLogger("modelkv_exporter").info("serving %s on http://%s:%s", config.spool_dir, settings.host, port)
         server.run(sockets=[sock])
     return 0
 
@@ -68,23 +45,10 @@ def serve(args: argparse.Namespace) -> int:
 def demo(args: argparse.Namespace) -> int:
     """Run the demo (needs the ``torch`` extra); a taken port fails before any engine starts."""
     from modelkv_exporter.cli.demo import run_demo
-    from modelkv_exporter.cli.ports import free_port_near, listening_socket, taken_port_message
-    from modelkv_exporter.sidecar.http.config import PROBE_PORT
+    from modelkv_exporter.cli.ports import bind_http_port
 
-    try:
-        sock = listening_socket(args.host, args.port)
-    except OSError as error:
-        other = free_port_near(args.host, args.port, {PROBE_PORT, args.probe_port})
-        message = taken_port_message(
-            "demo",
-            "its HTTP port",
-            args.host,
-            args.port,
-            error,
-            "--port or MODELKV_PORT",
-            f"MODELKV_PORT={other} make demo",
-        )
-        print(message, file=sys.stderr)
+    sock = bind_http_port("demo", args.host, args.port, args.probe_port, "MODELKV_PORT={port} make demo")
+    if sock is None:
         return 2
     with sock:
         return run_demo(args, sock)

@@ -8,7 +8,11 @@ once with one line naming the port, the flag and the variable, and a port that w
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Collection
+
+from modelkv_exporter.sidecar.http.config import PROBE_PORT
+from modelkv_exporter.sidecar.http.probe import ProbeListener
 
 SUGGESTION_RANGE = 100
 """How many ports above a taken one are tried for a suggestion before the system picks one."""
@@ -56,3 +60,34 @@ def taken_port_message(
         f"modelkv-exporter {command}: cannot listen on {host}:{port}, {purpose} ({error.strerror or error}); "
         f"choose another port with {change} (for example: {example})"
     )
+
+
+def bind_http_port(command: str, host: str, port: int, probe_port: int, example: str) -> socket.socket | None:
+    """The command's HTTP socket, bound; ``None`` when the port is taken, after one line on stderr saying so.
+
+    ``example`` is how to choose another, with ``{port}`` where a free port goes.
+    """
+    try:
+        return listening_socket(host, port)
+    except OSError as error:
+        other = free_port_near(host, port, {probe_port, PROBE_PORT})
+        change = "--port or MODELKV_PORT"
+        print(
+            taken_port_message(command, "its HTTP port", host, port, error, change, example.format(port=other)),
+            file=sys.stderr,
+        )
+        return None
+
+
+def bind_probe_port(command: str, probe: ProbeListener, http_port: int) -> bool:
+    """Bind the liveness listener's port now; ``False`` when it is taken, after one line on stderr saying so."""
+    try:
+        probe.bind()
+    except OSError as error:
+        other = free_port_near(probe.host, probe.port, {http_port})
+        example = f"--probe-port {other}, or 0 to turn the listener off"
+        change = "--probe-port or MODELKV_PROBE_PORT"
+        message = taken_port_message(command, "its liveness probe port", probe.host, probe.port, error, change, example)
+        print(message, file=sys.stderr)
+        return False
+    return True

@@ -99,6 +99,19 @@ def test_the_demo_never_suggests_the_liveness_port(tmp_path: Path) -> None:
         assert other != PROBE_PORT and other != 9400 and bindable(other), result.stderr
 
 
+def test_a_taken_liveness_port_ends_the_demo_before_any_engine_starts(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    with taken() as probe:
+        command = [str(VENV_BIN / "modelkv-exporter"), "demo", "--spool-dir", str(spool), "--host", "127.0.0.1"]
+        result = subprocess.run(
+            [*command, "--port", "0", "--probe-port", str(probe)], capture_output=True, text=True, timeout=60
+        )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"demo: cannot listen on 127.0.0.1:{probe}, its liveness probe port" in result.stderr
+    assert "--probe-port or MODELKV_PROBE_PORT" in result.stderr and result.stderr.count("\n") == 1
+    assert "starting" not in result.stdout and not spool.exists(), "no engine was started"
+
+
 def test_a_suggestion_passes_over_taken_and_avoided_ports() -> None:
     with taken() as port, taken(port + 1):
         avoided = port + 2
