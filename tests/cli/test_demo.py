@@ -163,3 +163,19 @@ def test_the_demo_says_it_is_still_starting_while_nothing_publishes(
         re.fullmatch(r"  still starting after \d+s: 0 of 2 declarations published, 0 of 2 memory measured", line)
         for line in lines
     ), lines
+
+
+def test_the_printed_cli_is_the_console_script_beside_this_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the checkout, `.venv/bin/modelkv-exporter`; from elsewhere, its whole path; without it, `python -m`."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    monkeypatch.setattr(demo.sys, "executable", str(bin_dir / "python"))
+    monkeypatch.chdir(tmp_path)
+    assert demo.cli_command() == f"{bin_dir / 'python'} -m modelkv_exporter"
+    (bin_dir / "modelkv-exporter").touch()
+    assert demo.cli_command() == ".venv/bin/modelkv-exporter"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert demo.cli_command() == str(bin_dir / "modelkv-exporter")
