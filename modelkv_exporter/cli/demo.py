@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing.context
+import os
 import socket
 import sys
 import tempfile
@@ -34,8 +35,17 @@ QUIET_SECONDS = 10.0
 
 
 def demo_spool_dir(port: int) -> Path:
-    """Where the demo publishes unless ``--spool-dir`` says: one directory per port, kept after the demo ends."""
-    return Path(tempfile.gettempdir()) / f"modelkv-demo-{port}"
+    """Where the demo publishes unless ``--spool-dir`` says: one directory per port, kept after the demo ends.
+
+    It is made when missing; one that another user owns (the temporary directory is shared) is not
+    used, and a new directory beside it is made instead.
+    """
+    spool_dir = Path(tempfile.gettempdir()) / f"modelkv-demo-{port}"
+    spool_dir.mkdir(mode=0o755, exist_ok=True)
+    getuid = getattr(os, "getuid", None)
+    if getuid is not None and (spool_dir.is_symlink() or spool_dir.stat().st_uid != getuid()):
+        return Path(tempfile.mkdtemp(prefix=f"modelkv-demo-{port}-"))
+    return spool_dir
 
 
 def cli_command() -> str:

@@ -179,3 +179,16 @@ def test_the_printed_cli_is_the_console_script_beside_this_python(
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert demo.cli_command() == str(bin_dir / "modelkv-exporter")
+
+
+def test_the_demo_spool_is_one_per_port_and_never_a_link_someone_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(demo.tempfile, "tempdir", str(tmp_path))
+    assert demo.demo_spool_dir(9400) == tmp_path / "modelkv-demo-9400" and (tmp_path / "modelkv-demo-9400").is_dir()
+    assert demo.demo_spool_dir(9400) == tmp_path / "modelkv-demo-9400", "the same directory the next time"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "modelkv-demo-9402").symlink_to(elsewhere)
+    own = demo.demo_spool_dir(9402)
+    assert own.parent == tmp_path and own.name.startswith("modelkv-demo-9402-") and not own.is_symlink()
