@@ -58,7 +58,7 @@ TABLES: dict[str, Table] = {
             (ServerSettings, SidecarConfig, DemoSettings),
             defaults={"host": "127.0.0.1"},
             notes={
-                "spool_dir": "When unset: modelkv-demo-PORT in the system's temporary directory; kept when the demo ends."
+                "spool_dir": "modelkv-demo-PORT in the system's temporary directory when unset, kept when the demo ends."
             },
         ),
         Table("inspect", (Staleness, SpoolLimits), notes={"spool_dir": DIR_ARGUMENT}),
