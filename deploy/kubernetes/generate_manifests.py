@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import yaml
+try:
+    import yaml
+except ImportError:
+    raise SystemExit(
+        "generate_manifests.py needs PyYAML: pip install pyyaml (in a checkout of modelkv-exporter: pip install '.[deploy]')"
+    ) from None
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

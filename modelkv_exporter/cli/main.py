@@ -26,25 +26,33 @@ DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines p
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the sidecar HTTP server over ``--spool-dir``."""
+    """Run the sidecar HTTP server over ``--spool-dir``; a taken port, HTTP or liveness, ends it with one line."""
+    from modelkv_exporter.cli.ports import bind_http_port, bind_probe_port
     from modelkv_exporter.sidecar.http.config import SidecarConfig
     from modelkv_exporter.sidecar.http.server import build_server
 
-    server = build(ServerSettings, vars(args))
+    settings = build(ServerSettings, vars(args))
     config = build(SidecarConfig, vars(args), spool_dir=Path(args.spool_dir))
-    logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", config.spool_dir, server.host, server.port)
-    build_server(config, host=server.host, port=server.port, log_level=server.log_level).run()
+    sock = bind_http_port("serve", settings.host, settings.port, config.probe_port, "--port {port}")
+    if sock is None:
+        return 2
+    with sock:
+        port = sock.getsockname()[1]
+        server = build_server(config, host=settings.host, port=settings.port, log_level=settings.log_level)
+        if server.probe is not None and not bind_probe_port("serve", server.probe, port):
+            return 2
+        logging.getLogger("modelkv_exporter").info("serving %s on http://%s:%s", config.spool_dir, settings.host, port)
+        server.run(sockets=[sock])
     return 0
 
 
 def demo(args: argparse.Namespace) -> int:
     """Run the demo (needs the ``torch`` extra); a taken port fails before any engine starts."""
-    from modelkv_exporter.cli.demo import listening_socket, run_demo, taken_port_message
+    from modelkv_exporter.cli.demo import run_demo
+    from modelkv_exporter.cli.ports import bind_http_port
 
-    try:
-        sock = listening_socket(args.host, args.port)
-    except OSError as error:
-        print(taken_port_message(args.host, args.port, error), file=sys.stderr)
+    sock = bind_http_port("demo", args.host, args.port, args.probe_port, "MODELKV_PORT={port} make demo")
+    if sock is None:
         return 2
     with sock:
         return run_demo(args, sock)

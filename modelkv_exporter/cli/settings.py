@@ -62,7 +62,9 @@ TABLES: dict[str, Table] = {
             "demo",
             (ServerSettings, SidecarConfig, DemoSettings),
             defaults={"host": "127.0.0.1"},
-            notes={"spool_dir": "A temporary one is made when unset."},
+            notes={
+                "spool_dir": "modelkv-demo-PORT in the system's temporary directory when unset, kept when the demo ends."
+            },
         ),
         Table("inspect", (Staleness, SpoolLimits), notes={"spool_dir": DIR_ARGUMENT}),
         Table("plan", (Staleness, SpoolLimits, PlanSettings), notes={"spool_dir": DIR_ARGUMENT}),
