@@ -5,7 +5,8 @@ Made from snapshot figures alone (no torch): the verdict is ``contract.verdicts.
 one ``modelkv_exporter.testing`` gives in a model's tests. A running engine never says whether it
 ran at its bound, so holding less than declared is "bound not reached", never "over-reports".
 Suggestions come from what the engine reports: a discovered owner's key/value layout, or a
-declaring owner's own geometry resized to what its caches held.
+declaring owner's own geometry resized to what its caches held. Every line is printed with its
+unprintable characters escaped (snapshot text is untrusted).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from modelkv_exporter.contract.declaration_text import IMPORTS, Figure, evidence
 from modelkv_exporter.contract.declaration_text import spec_code as code_of
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.verdicts import Verdict, VerdictKind, judge
+from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
@@ -125,4 +127,5 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
         parts.append("no snapshots in the spool")
     if suggested:
         parts += ["the suggestions need:", IMPORTS, ""]
-    return "\n".join(parts).rstrip() + "\n", passing
+    text = "\n".join(visible(line) for line in "\n".join(parts).split("\n"))
+    return text.rstrip() + "\n", passing

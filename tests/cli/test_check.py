@@ -101,3 +101,16 @@ def test_an_unobserved_owner_is_reported_as_such(spool: Path) -> None:
 def test_an_unreadable_spool_says_so(tmp_path: Path) -> None:
     result = run_check(tmp_path / "missing")
     assert result.returncode == 1 and "cannot read the spool" in result.stderr
+
+
+def test_control_characters_in_a_snapshot_are_printed_escaped(spool: Path) -> None:
+    hostile = "decoder\x1b[2J\u202e"
+    snapshot = make_snapshot(
+        "hostile",
+        declarations=(make_declaration(owner=hostile),),
+        observations=(make_observation(hostile, peak_bytes=1 << 30),),
+    )
+    write_snapshot(spool, snapshot)
+    result = run_check(spool)
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+    assert "decoder\\x1b[2J\\u202e (Owner): under-reports" in result.stdout
