@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from tests.support import ROOT
 
 pytest_plugins = ["pytester"]
 
@@ -19,6 +23,12 @@ def test_right(model_local_kv):
 def test_capacity_one_short(model_local_kv):
     model_local_kv(Generator([spec(physical_capacity_positions=7)]), drive, max_num_seqs=2, batches=(1, 2))
 """
+
+
+@pytest.fixture(autouse=True)
+def this_checkout_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pytest run in a subprocess imports this checkout's package and test helpers."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
 def test_the_fixture_passes_a_right_declaration_and_fails_a_wrong_one_naming_the_field(
