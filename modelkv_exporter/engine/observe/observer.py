@@ -62,9 +62,7 @@ class Observer:
         return Observation(state.path, state.class_name, False, reason or "observation is not active", calls=calls)
 
     def _sample(self) -> tuple[Observation, ...]:
-        by_owner: dict[int, list[LayerRecord]] = {}
-        for record in list(hooks.records.values()):
-            by_owner.setdefault(id(record.owner), []).append(record)
+        by_owner = records_by_owner()
         observing = hooks.active()
         out = []
         for key, state in list(self._owners.items()):
@@ -100,7 +98,28 @@ class Observer:
         return tuple(out)
 
     def _recount(self, state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
-        """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected."""
+        return recount(state, records, observing)
+
+    def uninstall(self) -> None:
+        """Remove every hook and wrapper and forget all state."""
+        global _installed
+        with _lock:
+            hooks.deactivate()
+            for state in self._owners.values():
+                unwrap_owner(state)
+            self.patches.remove()
+            hooks.reset()
+            forget_plans()
+            self._owners.clear()
+            if _installed is self:
+                _installed = None
+
+
+def recount(state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
+        """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected.
+
+    Returns the bytes live now and why they cannot be trusted, if they cannot.
+    """
         found: dict[StorageKey, int] = {}
         per_layer = 0
         failure = None
@@ -137,19 +156,13 @@ class Observer:
             state.interval_high_water = max(state.interval_high_water, live)
         return live, failure
 
-    def uninstall(self) -> None:
-        """Remove every hook and wrapper and forget all state."""
-        global _installed
-        with _lock:
-            hooks.deactivate()
-            for state in self._owners.values():
-                unwrap_owner(state)
-            self.patches.remove()
-            hooks.reset()
-            forget_plans()
-            self._owners.clear()
-            if _installed is self:
-                _installed = None
+
+def records_by_owner() -> dict[int, list[LayerRecord]]:
+    """Every live layer record, by the ``id`` of its owner's state."""
+    by_owner: dict[int, list[LayerRecord]] = {}
+    for record in list(hooks.records.values()):
+        by_owner.setdefault(id(record.owner), []).append(record)
+    return by_owner
 
 
 def installed() -> Observer | None:
