@@ -35,6 +35,7 @@ from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, storages
 from modelkv_exporter.engine.observe.observer import recount, records_by_owner
 from modelkv_exporter.engine.observe.records import OwnerState
+from modelkv_exporter.engine.protocol import unwrap_model
 
 logger = get_logger("discover")
 
@@ -134,7 +135,8 @@ class Discovery:
         if reason is not None:
             return
         try:
-            root = model if isinstance(model, torch.nn.Module) else None
+            root = unwrap_model(model)
+            root = root if isinstance(root, torch.nn.Module) else None
             if root is None:
                 self.reason = f"the model is a {type(model).__name__}, not a torch module: nothing to discover"
                 return
