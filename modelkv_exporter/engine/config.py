@@ -26,6 +26,11 @@ def sample_interval(text: str) -> float:
     return max(MIN_SAMPLE_INTERVAL, number(text))
 
 
+def census_interval(text: str) -> float:
+    """Seconds between censuses, at least 1."""
+    return max(MIN_SAMPLE_INTERVAL, number(text))
+
+
 def at_least_one(text: str) -> int:
     """A whole number, at least 1."""
     value = whole_number(text)
@@ -82,7 +87,7 @@ class HookConfig:
     )
     census_interval: float = setting(
         30.0,
-        sample_interval,
+        census_interval,
         "Seconds between two censuses of the tensors the model's modules hold (at least 1); the census runs on "
         "the heartbeat thread, at the first heartbeat after this much time.",
     )

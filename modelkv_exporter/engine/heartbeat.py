@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,8 +24,16 @@ Observe = Callable[[], Sequence[Observation]]
 """Takes one sample of what the engine's declaring owners' caches hold (``Observer.sample``)."""
 Discovered = tuple[tuple[DiscoveredOwner, ...], DiscoveryStatus]
 """The discovered owners and the discovery status (``Discovery.sample``)."""
-Discover = Callable[[], Discovered]
-"""Takes one sample of the discovered owners; the heartbeat calls it outside the publisher's lock (a census yields)."""
+
+
+class DiscoverySource(Protocol):
+    """What the heartbeat asks of discovery (``engine.discover.Discovery``)."""
+
+    def census(self) -> None:
+        """Run the census when it is due; called outside the publisher's lock (a census yields)."""
+
+    def sample(self, observations: Sequence[Observation] = ()) -> Discovered:
+        """The discovered owners and the status now, given the same beat's observations."""
 
 
 def with_baseline(snapshot: Snapshot, sample: MemorySample) -> Snapshot:
@@ -98,31 +107,31 @@ class SnapshotPublisher:
         interval: float,
         sampler: Sampler | None = None,
         observe: Observe | None = None,
-        discover: Discover | None = None,
+        discovery: DiscoverySource | None = None,
     ) -> None:
         """Beat every ``interval`` seconds in a daemon thread until ``stop``/``end``."""
         if self._thread is not None:
             return
         self._snapshot = replace(self._snapshot, heartbeat_interval_seconds=interval)
         self._thread = threading.Thread(
-            target=self._run, args=(interval, sampler, observe, discover), name="modelkv-heartbeat", daemon=True
+            target=self._run, args=(interval, sampler, observe, discovery), name="modelkv-heartbeat", daemon=True
         )
         self._thread.start()
 
     def _run(
-        self, interval: float, sampler: Sampler | None, observe: Observe | None, discover: Discover | None
+        self, interval: float, sampler: Sampler | None, observe: Observe | None, discovery: DiscoverySource | None
     ) -> None:
+        def change(snapshot: Snapshot) -> Snapshot:
+            # Sampled under the publisher's lock, so a beat from another thread never lands between
+            # this sample and its write and then gets overwritten by older figures.
+            observations = observe() if observe else None
+            discovered = discovery.sample(observations or ()) if discovery else None
+            return _with_figures(snapshot, sampler() if sampler else None, observations, discovered)
+
         while not self._stop.wait(interval):
             try:
-                discovered = discover() if discover else None
-
-                def change(snapshot: Snapshot, discovered: Discovered | None = discovered) -> Snapshot:
-                    # Sampled under the publisher's lock, so a beat from another thread never lands between
-                    # this sample and its write and then gets overwritten by older figures.
-                    return _with_figures(
-                        snapshot, sampler() if sampler else None, observe() if observe else None, discovered
-                    )
-
+                if discovery is not None:
+                    discovery.census()
                 self.update(change)
             except Exception as error:
                 if not self._failing:

@@ -31,8 +31,9 @@ SLICE_SECONDS = 0.0008
 CHECK_EVERY = 16
 """Objects between two looks at the clock."""
 
-MODULE_BOOKKEEPING = frozenset(torch.nn.Module().__dict__) - {"_buffers", "_parameters"}
-"""``nn.Module``'s own attributes: hooks, flags and the children (visited as modules of their own)."""
+MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)
+"""``nn.Module``'s own attributes: hooks, flags, parameters, buffers (read apart) and the children (each visited
+as a module of its own)."""
 ATOMIC: frozenset[type] = frozenset(
     {int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.Size, range, slice}
 )
@@ -109,21 +110,18 @@ def census(
             result.exhausted = result.exhausted or "modules"
             break
         result.modules += 1
-        for key, value in list(module.__dict__.items()):
-            if key in MODULE_BOOKKEEPING:
-                continue
-            if key == "_parameters":
-                if parameters:
-                    for tensor in list(value.values()):
-                        if tensor is not None:
-                            known = storage_key(tensor)
-                            if known is not None:
-                                result.parameters.add(known[0])
-                continue
-            if key == "_buffers":
-                if value:
-                    stack.extend((tensor, 1) for tensor in list(value.values()) if tensor is not None)
-            elif type(value) not in ATOMIC:
+        attributes = module.__dict__
+        if parameters:
+            for tensor in list(module._parameters.values()):
+                known = None if tensor is None else storage_key(tensor)
+                if known is not None:
+                    result.parameters.add(known[0])
+        buffers = module._buffers
+        if buffers:
+            stack.extend((tensor, 1) for tensor in list(buffers.values()) if tensor is not None)
+        for key in attributes.keys() - MODULE_ATTRIBUTES:
+            value = attributes.get(key)
+            if type(value) not in ATOMIC:
                 stack.append((value, 1))
         while stack:
             value, depth = stack.pop()

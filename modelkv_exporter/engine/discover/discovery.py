@@ -16,16 +16,17 @@ Whatever fails inside discovery is logged once and turns discovery off; the mode
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
 
-from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout
+from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Observation
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
 from modelkv_exporter.engine.discover import census
 from modelkv_exporter.engine.discover.layout import seen_layout, widest
@@ -34,7 +35,7 @@ from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, storages
 from modelkv_exporter.engine.observe.observer import recount, records_by_owner
-from modelkv_exporter.engine.observe.records import OwnerState
+from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 from modelkv_exporter.engine.protocol import unwrap_model
 
 logger = get_logger("discover")
@@ -102,6 +103,33 @@ def _storage_count(records: Iterable[Any]) -> int:
     return len(found)
 
 
+CACHE_SLOTS = frozenset({"past_key_values", "past_key_value"})
+"""Argument names through which ``transformers`` models are handed a cache, or build one and return it when empty."""
+
+
+def _handed(code: CodeType, local: Mapping[str, Any], cache: object) -> bool:
+    """Whether a frame was handed ``cache`` in one of its arguments (``*args`` and ``**kwargs`` one level in), or an
+    empty cache slot (``past_key_values=None``) that it fills with a cache it returns to its caller."""
+    count = code.co_argcount + code.co_kwonlyargcount
+    names = code.co_varnames
+    for name in names[1:count]:
+        value = local.get(name)
+        if value is cache or (value is None and name in CACHE_SLOTS):
+            return True
+    extra = count
+    if code.co_flags & inspect.CO_VARARGS:
+        if any(item is cache for item in local.get(names[extra], ())):
+            return True
+        extra += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        keywords = local.get(names[extra])
+        if isinstance(keywords, dict):
+            for name, value in keywords.items():
+                if value is cache or (value is None and name in CACHE_SLOTS):
+                    return True
+    return False
+
+
 class Discovery:
     """One model's discovered owners. Built disabled (``reason``) when discovery is off."""
 
@@ -128,6 +156,7 @@ class Discovery:
         self.census_at: float | None = None
         self.census_seconds: float | None = None
         self.unpublished: set[str] = set()
+        self.observer = observer
         self._observing = observer is not None and observer.enabled and observer.unavailable is None
         self._outside = OwnerState(OUTSIDE, object())
         self._cache = _cache_class()
@@ -193,30 +222,48 @@ class Discovery:
             return None
 
     def _attribute(self, layer: object) -> tuple[OwnerState, int]:
+        """Walk the stack outward: the cache the layer belongs to, then the module that built or holds it.
+
+        That module is the innermost one on the stack that was not handed the cache as an argument:
+        attention layers, decoder layers and transformer stacks that only pass the cache along (and
+        build its layers lazily as they do), or build it in an empty ``past_key_values`` slot and
+        return it, lead outward to the module that made it or keeps it. Without a cache to follow, or
+        when every module was handed it, the innermost module.
+        """
         modules = self.modules
         assert modules is not None
-        frame: FrameType | None = sys._getframe(1)
-        group = 0
-        cache = self._cache
+        frame: FrameType | None = sys._getframe(2)
+        cache_type = self._cache
+        cache: object = None
+        innermost: tuple[str, object] | None = None
         for _ in range(MAX_FRAMES):
             if frame is None:
                 break
             code = frame.f_code
             if code is _RECONSTRUCT:
                 built = frame.f_locals.get("y")
-                if not group and cache is not None and isinstance(built, cache):
-                    group = id(built)
+                if cache is None and cache_type is not None and isinstance(built, cache_type):
+                    cache = built
             elif code.co_argcount and code.co_varnames[0] == "self":
-                obj = frame.f_locals.get("self")
+                local = frame.f_locals
+                obj = local.get("self")
                 path = modules.path_of(obj)
                 if path is not None:
-                    return self._owner(path, obj), group
-                if not group and cache is not None and isinstance(obj, cache):
-                    group = id(obj)
+                    if cache is None or not _handed(code, local, cache):
+                        return self._owner(path, obj), id(cache) if cache is not None else 0
+                    innermost = innermost or (path, obj)
+                elif cache is None and cache_type is not None and isinstance(obj, cache_type):
+                    cache = obj
             frame = frame.f_back
+        group = id(cache) if cache is not None else 0
+        if innermost is not None:
+            return self._owner(*innermost), group
         return self._outside, group
 
     def _owner(self, path: str, module: object) -> OwnerState:
+        observed = self.observer.state_of(module) if self.observer is not None else None
+        if observed is not None:
+            return observed
         state = self.layer_owners.get(path)
         if state is None:
             state = self.layer_owners[path] = OwnerState(path, module)
@@ -224,14 +271,24 @@ class Discovery:
 
     # -- sampling ------------------------------------------------------------------------------
 
-    def sample(self) -> tuple[tuple[DiscoveredOwner, ...], DiscoveryStatus]:
-        """Run the census when it is due, then every discovered owner's figures. Never raises."""
+    def census(self) -> None:
+        """Run the census when it is due (on the heartbeat thread, outside the publisher's lock: it yields). Never raises."""
+        if self.reason is None and self.ready and not hooks.capturing() and self._census_due():
+            try:
+                self._census()
+            except Exception as error:
+                self.fail("census", error)
+
+    def sample(self, observations: Sequence[Observation] = ()) -> tuple[tuple[DiscoveredOwner, ...], DiscoveryStatus]:
+        """Every discovered owner's figures now, and the start of the next interval. Never raises.
+
+        ``observations`` are the observer's figures of the same beat: an observed owner that declares
+        nothing (its ``model_local_kv_specs()`` is empty) is a discovered owner too, with those figures.
+        """
         owners: list[DiscoveredOwner] = []
         if self.reason is None:
             try:
-                if self.ready and not hooks.capturing() and self._census_due():
-                    self._census()
-                owners = self._figures()
+                owners = self._figures(observations)
             except Exception as error:
                 self.fail("sample", error)
         if self.reason is not None:
@@ -248,6 +305,11 @@ class Discovery:
             owners_below_floor=below,
             owners_over_budget=over,
         )
+
+    def beat(self) -> tuple[tuple[DiscoveredOwner, ...], DiscoveryStatus]:
+        """``census`` then ``sample`` (without observations): for callers that sample nothing else."""
+        self.census()
+        return self.sample()
 
     def _census_due(self) -> bool:
         return self.census_at is None or time.time() - self.census_at >= self.settings.census_interval
@@ -296,7 +358,7 @@ class Discovery:
                 found.update(storages(layer, record.plan.attributes))
         return found
 
-    def _figures(self) -> list[DiscoveredOwner]:
+    def _figures(self, observations: Sequence[Observation]) -> list[DiscoveredOwner]:
         owners: list[DiscoveredOwner] = []
         if self._observing and hooks.broken() is None:
             with hooks.lock:
@@ -312,10 +374,38 @@ class Discovery:
                     else:
                         self._unpublished(path, problem)
                     state.interval_high_water = live
+                owners += self._silent(observations, by_owner)
         for owner in self.census_owners.values():
             owners.append(self._owner_figures(owner, owner.live, owner.storages, DiscoveryMethod.CENSUS))
             owner.interval_high_water = owner.live
         return owners
+
+    def _silent(
+        self, observations: Sequence[Observation], by_owner: Mapping[int, list[LayerRecord]]
+    ) -> list[DiscoveredOwner]:
+        """Observed owners that declare nothing, with their observed figures, merged with what was discovered there."""
+        states = self.observer.owner_states() if self.observer is not None else {}
+        found = []
+        for observation in observations:
+            path = observation.owner
+            if path in self.declaring or not observation.available or observation.peak_bytes is None:
+                continue
+            records = by_owner.get(id(states[path]), []) if path in states else []
+            self.layouts[path] = widest(self.layouts.get(path), seen_layout(records))
+            found.append(
+                DiscoveredOwner(
+                    owner=path,
+                    owner_class=observation.owner_class,
+                    found_by=DiscoveryMethod.CACHE_LAYER.value,
+                    peak_bytes=observation.peak_bytes,
+                    recent_peak_bytes=observation.recent_peak_bytes or 0,
+                    live_bytes=observation.live_bytes or 0,
+                    declares=False,
+                    storages=_storage_count(records),
+                    layout=self.layouts[path],
+                )
+            )
+        return found
 
     def _owner_figures(
         self, state: OwnerState | CensusOwner, live: int, storages: int, method: DiscoveryMethod

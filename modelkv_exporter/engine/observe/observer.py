@@ -48,6 +48,15 @@ class Observer:
             if self.unavailable is None:
                 wrap_owner(owner, state)
 
+    def state_of(self, owner: object) -> OwnerState | None:
+        """The state of ``owner`` when it is observed."""
+        state = self._owners.get(id(owner))
+        return state if state is not None and state.owner_ref() is owner else None
+
+    def owner_states(self) -> dict[str, OwnerState]:
+        """Every observed owner's state by its path."""
+        return {state.path: state for state in self._owners.values()}
+
     def sample(self) -> tuple[Observation, ...]:
         """Every owner's figures now, and the start of the next interval. Never raises."""
         try:

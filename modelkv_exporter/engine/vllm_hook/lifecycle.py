@@ -63,20 +63,21 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     snapshot = build_snapshot(facts.model, max_num_seqs=facts.max_num_seqs, engine_id=engine_id, **facts.identity)
     config.spool_dir.mkdir(parents=True, exist_ok=True)
     sampler = sampler_for(getattr(worker, "device", None))
-    owners = declaring_owners(facts.model)
-    observer = install(owners, enabled=config.observe)
+    observer = install(declaring_owners(facts.model), enabled=config.observe)
     if previous is not None and previous.discovery is not None:
         previous.discovery.uninstall()
-    discovery = discover(facts.model, config, observer, (path for path, _ in owners))
+    declaring = {d.owner for d in snapshot.declarations} | {d.owner for d in snapshot.dropped_declarations}
+    discovery = discover(facts.model, config, observer, declaring)
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
-    publisher.start_heartbeat(config.sample_interval, sampler, observer.sample, discovery.sample)
+    publisher.start_heartbeat(config.sample_interval, sampler, observer.sample, discovery)
     setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler, observer, discovery))
     atexit.register(_end_at_exit, publisher)
     if facts.settled_at_load:
         discovery.start()
         publisher.set_baseline(sampler())
     else:
-        publisher.beat(sampler(), observer.sample(), discovery.sample())
+        observations = observer.sample()
+        publisher.beat(sampler(), observations, discovery.sample(observations))
     logger.info(
         "modelkv: %s publishes %d declaration(s) to %s (%d dropped)",
         engine_id,
