@@ -109,7 +109,7 @@ class HookConfig:
         "Objects (tensors, containers, plain objects) one census visits at most; a census that stops there says so.",
     )
     census_max_depth: int = setting(
-        6,
+        8,
         at_least_one,
         "How deep the census follows a module's attributes through containers and plain objects; what lies "
         "deeper is not looked at, and the census says so.",

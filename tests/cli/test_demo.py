@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from modelkv_exporter.demo.engines import UNDECLARED
+from modelkv_exporter.demo.owners import StreamingAudioKVCache
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
 from tests.support.exposition import Exposition
@@ -70,6 +72,7 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
                 "minicpm-o-s0-r0",
                 "ming-flash-omni-s1-r0",
                 "qwen3-tts-eager-s1-r0",
+                "minicpm-o-streaming-s0-r0",
             )
         }
         declared: dict[tuple[str, str], float] = {}
@@ -95,7 +98,13 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
     assert "Serving on" in output and "engines stopped" in output
     assert "holds 1.50x its declaration" in output and output.count("within its declaration") == 4
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
-    assert len(snapshots) == 6 and all(s["ended"] for s in snapshots)
+    assert len(snapshots) == 7 and all(s["ended"] for s in snapshots)
+    discovered = {s["engine"]["engine_id"]: s.get("discovered", []) for s in snapshots}
+    streaming = StreamingAudioKVCache.LAYERS * 2 * 750 * StreamingAudioKVCache.EMBED_DIM * 2
+    assert streaming > 64 << 20, "above ModelKVUndeclaredCache's threshold"
+    assert {engine: [(d["owner"], d["found_by"], d["peak_bytes"]) for d in found] for engine, found in discovered.items()} == {
+        engine: ([("apm.streaming_kv", "census", streaming)] if engine == UNDECLARED else []) for engine in discovered
+    }, "the undeclared streaming cache is discovered, exactly, and nothing else in any demo engine"
 
 
 def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ class DiscoverySettings:
     census_interval: float = 30.0
     floor_bytes: int = 1 << 20
     max_owners: int = 32
-    budget: census.Budget = census.Budget(modules=100_000, objects=500_000, depth=6)
+    budget: census.Budget = census.Budget(modules=100_000, objects=500_000, depth=8)
 
     @classmethod
     def of(cls, config: Any) -> DiscoverySettings:
@@ -388,9 +388,12 @@ class Discovery:
         found = []
         for observation in observations:
             path = observation.owner
-            if path in self.declaring or not observation.available or observation.peak_bytes is None:
+            state = states.get(path)
+            if path in self.declaring or state is None or not observation.available or observation.peak_bytes is None:
                 continue
-            records = by_owner.get(id(states[path]), []) if path in states else []
+            if self.modules is None or self.modules.path_of(state.owner_ref()) != path:
+                continue  # an owner of another model the observer also watches
+            records = by_owner.get(id(state), [])
             self.layouts[path] = widest(self.layouts.get(path), seen_layout(records))
             found.append(
                 DiscoveredOwner(
