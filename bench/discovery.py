@@ -177,7 +177,7 @@ def measure() -> dict[str, Any]:
             lambda: root.nest(build_cache), 200
         )
         attribution.setdefault("update a layer already seen", {})[phase] = cpu_seconds(
-            lambda: root.nest(lambda: cache.layers[0].update(STATES, STATES)), 200
+            lambda cache=cache: root.nest(lambda: cache.layers[0].update(STATES, STATES)), 200
         )
         cache = build_cache()
     found.uninstall()
@@ -265,13 +265,21 @@ def report(cpu: dict[str, Any], ir: dict[str, float] | str) -> None:
     print(f"  one census, wall (yields included)   {cpu['census wall s'] * 1e3:8.1f} ms")
     print(f"  a sample with a census due, CPU      {cpu['sample (census due, nothing found) cpu s'] * 1e3:8.1f} ms")
     print(f"  slices: {cpu['slices']} a census; thread CPU a slice: median {cpu['slice p50 s'] * 1e3:.2f} ms, longest")
-    print(f"    {cpu['slice max s'] * 1e3:.2f} ms (7 censuses); longest wall {cpu['longest slice s'] * 1e3:.2f} ms (includes time")
+    print(
+        f"    {cpu['slice max s'] * 1e3:.2f} ms (7 censuses); longest wall {cpu['longest slice s'] * 1e3:.2f} ms (includes time"
+    )
     print("    the OS took the thread away, which no yield can prevent)")
-    print(f"  share of one core at the default census interval ({CENSUS_INTERVAL:.0f} s): {census_cpu / CENSUS_INTERVAL:.4%}")
+    print(
+        f"  share of one core at the default census interval ({CENSUS_INTERVAL:.0f} s): {census_cpu / CENSUS_INTERVAL:.4%}"
+    )
     print(f"  (if it ran at every default heartbeat, {HEARTBEAT:.0f} s: {census_cpu / HEARTBEAT:.4%})")
-    print(f"  baseline census at load (parameters too) with the module map: {cpu['install (module map + baseline census) s'] * 1e3:.1f} ms once")
+    print(
+        f"  baseline census at load (parameters too) with the module map: {cpu['install (module map + baseline census) s'] * 1e3:.1f} ms once"
+    )
     step = cpu["engine step s"]
-    print(f"\nENGINE STEP (a 2-layer Qwen2 decode step, CPU): {step * 1e3:.2f} ms; a census = {census_cpu / step:.1f} steps,")
+    print(
+        f"\nENGINE STEP (a 2-layer Qwen2 decode step, CPU): {step * 1e3:.2f} ms; a census = {census_cpu / step:.1f} steps,"
+    )
     print(f"  spread over {cpu['slices']} slices of at most {cpu['slice max s'] * 1e3:.2f} ms of CPU each\n")
     print("ATTRIBUTION, CPU per call (observation on; discovery off, then on)")
     print(f"{'case':44s} {'off us':>9s} {'on us':>9s} {'added us':>9s}")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
-import os
 import multiprocessing.synchronize
+import os
 import signal
 from dataclasses import dataclass
 

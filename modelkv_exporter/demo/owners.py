@@ -317,15 +317,16 @@ class StreamingAudioKVCache(nn.Module):
 
     def append(self, positions: int) -> None:
         """Write ``positions`` new positions into every layer, growing the tensor by whole pages."""
-        capacity = 0 if self.kv is None else self.kv.shape[2]
+        kv = self.kv
+        capacity = 0 if kv is None else kv.shape[2]
         needed = self.length + positions
-        if needed > capacity:
+        if kv is None or needed > capacity:
             pages = -(-needed // self.PAGE)
             grown = torch.zeros(self.LAYERS, 2, pages * self.PAGE, self.EMBED_DIM, dtype=torch.bfloat16)
-            if self.kv is not None:
-                grown[:, :, :capacity] = self.kv
-            self.kv = grown
-        self.kv[:, :, self.length : needed] = 0.5
+            if kv is not None:
+                grown[:, :, :capacity] = kv
+            self.kv = kv = grown
+        kv[:, :, self.length : needed] = 0.5
         self.length = needed
 
     def allocate(self, max_num_seqs: int) -> None:

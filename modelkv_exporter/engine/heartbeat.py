@@ -9,11 +9,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
-from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, Measured, MemorySample, Observation, Snapshot
+from modelkv_exporter.contract.snapshot import (
+    DiscoveredOwner,
+    DiscoveryStatus,
+    Measured,
+    MemorySample,
+    Observation,
+    Snapshot,
+)
 from modelkv_exporter.contract.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.samplers import Sampler

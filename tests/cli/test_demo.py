@@ -102,7 +102,9 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
     discovered = {s["engine"]["engine_id"]: s.get("discovered", []) for s in snapshots}
     streaming = StreamingAudioKVCache.LAYERS * 2 * 750 * StreamingAudioKVCache.EMBED_DIM * 2
     assert streaming > 64 << 20, "above ModelKVUndeclaredCache's threshold"
-    assert {engine: [(d["owner"], d["found_by"], d["peak_bytes"]) for d in found] for engine, found in discovered.items()} == {
+    assert {
+        engine: [(d["owner"], d["found_by"], d["peak_bytes"]) for d in found] for engine, found in discovered.items()
+    } == {
         engine: ([("apm.streaming_kv", "census", streaming)] if engine == UNDECLARED else []) for engine in discovered
     }, "the undeclared streaming cache is discovered, exactly, and nothing else in any demo engine"
 

@@ -434,7 +434,10 @@ def test_a_failing_census_is_logged_once_turns_discovery_off_and_never_reaches_t
 
     monkeypatch.setattr(census, "census", broken)
     with caplog.at_level(logging.WARNING):
-        assert found.beat() == ((), DiscoveryStatus(enabled=False, reason="discovery failed in census: RuntimeError: census broke"))
+        assert found.beat() == (
+            (),
+            DiscoveryStatus(enabled=False, reason="discovery failed in census: RuntimeError: census broke"),
+        )
         found.beat()
     assert sum("discovery failed in census" in r.getMessage() for r in caplog.records) == 1
     assert hooks.discover is None

@@ -34,7 +34,7 @@ from modelkv_exporter.engine.discover.modules import MAX_FRAMES, ModuleMap
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, storages
-from modelkv_exporter.engine.observe.observer import recount, records_by_owner
+from modelkv_exporter.engine.observe.observer import records_by_owner, recount
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 from modelkv_exporter.engine.protocol import unwrap_model
 
@@ -330,9 +330,9 @@ class Discovery:
         entries = self.modules.modules
         for index, size in sizes.items():
             path, reference = entries[index]
-            owner = self.census_owners.get(path)
-            if owner is None:
-                owner = self.census_owners[path] = CensusOwner(path, type(reference()).__name__)
+            known = self.census_owners.get(path)
+            owner = known or CensusOwner(path, type(reference()).__name__)
+            self.census_owners[path] = owner
             owner.live, owner.storages = size, counts[index]
             owner.high_water = max(owner.high_water, size)
             owner.interval_high_water = max(owner.interval_high_water, size)

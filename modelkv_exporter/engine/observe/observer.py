@@ -125,45 +125,45 @@ class Observer:
 
 
 def recount(state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
-        """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected.
+    """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected.
 
     Returns the bytes live now and why they cannot be trusted, if they cannot.
     """
-        found: dict[StorageKey, int] = {}
-        per_layer = 0
-        failure = None
-        for record in records:
-            layer = record()
-            if layer is None:
+    found: dict[StorageKey, int] = {}
+    per_layer = 0
+    failure = None
+    for record in records:
+        layer = record()
+        if layer is None:
+            continue
+        plan = record.plan
+        if plan.unknown is not None:
+            state.unknown = plan.unknown
+            continue
+        try:
+            problem = None if plan.vetted else structure_problem(layer, plan)
+            if problem is not None:
+                plan.unknown = state.unknown = problem
                 continue
-            plan = record.plan
-            if plan.unknown is not None:
-                state.unknown = plan.unknown
-                continue
-            try:
-                problem = None if plan.vetted else structure_problem(layer, plan)
-                if problem is not None:
-                    plan.unknown = state.unknown = problem
-                    continue
-                mine = storages(layer, plan.attributes)
-            except Exception as error:
-                failure = f"a cache layer could not be read: {type(error).__name__}: {error}"
-                continue
-            found.update(mine)
-            size = sum(mine.values())
-            per_layer += size
-            if observing and size != record.bytes:
-                state.add(size - record.bytes)
-                record.bytes = size
-        live = sum(found.values())
-        devices = sorted({device for device, _ in found})
-        if len(devices) > 1:
-            failure = failure or f"cache tensors on several devices {devices}: offloaded caches are not observed"
-        if observing:
-            state.live = per_layer
-            state.high_water = max(state.high_water, live)
-            state.interval_high_water = max(state.interval_high_water, live)
-        return live, failure
+            mine = storages(layer, plan.attributes)
+        except Exception as error:
+            failure = f"a cache layer could not be read: {type(error).__name__}: {error}"
+            continue
+        found.update(mine)
+        size = sum(mine.values())
+        per_layer += size
+        if observing and size != record.bytes:
+            state.add(size - record.bytes)
+            record.bytes = size
+    live = sum(found.values())
+    devices = sorted({device for device, _ in found})
+    if len(devices) > 1:
+        failure = failure or f"cache tensors on several devices {devices}: offloaded caches are not observed"
+    if observing:
+        state.live = per_layer
+        state.high_water = max(state.high_water, live)
+        state.interval_high_water = max(state.interval_high_water, live)
+    return live, failure
 
 
 def records_by_owner() -> dict[int, list[LayerRecord]]:

@@ -66,7 +66,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     observer = install(declaring_owners(facts.model), enabled=config.observe)
     if previous is not None and previous.discovery is not None:
         previous.discovery.uninstall()
-    declaring = {d.owner for d in snapshot.declarations} | {d.owner for d in snapshot.dropped_declarations}
+    declaring = {d.owner for d in snapshot.declarations} | {d.owner for d in snapshot.dropped_declarations or ()}
     discovery = discover(facts.model, config, observer, declaring)
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
     publisher.start_heartbeat(config.sample_interval, sampler, observer.sample, discovery)
