@@ -9,9 +9,11 @@ broken on purpose in a test of its own, which shows the figure going wrong.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -19,12 +21,16 @@ from torch import nn
 from transformers import DynamicCache
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus
+from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.config import TABLE, HookConfig
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census, discover, discovery
 from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.protocol import declaring_owners
+from modelkv_exporter.engine.publish import build_snapshot
 from tests.engine.test_vllm_omni_declarers import POSITION, WINDOW, running_decoder
+from tests.support.polling import eventually
 
 EVERYTHING = DiscoverySettings(census_interval=0, floor_bytes=0)
 """A census at every beat, every owner published."""
@@ -204,7 +210,7 @@ def test_the_real_qwen3_tts_decoder_without_its_wrapper_is_discovered_at_its_pat
     found = Discovery(root, EVERYTHING, observer=observer)
     found.start()
     try:
-        drive_decoder(decoder)
+        request = drive_decoder(decoder)
         got = beat(found)
     finally:
         found.uninstall()
@@ -212,6 +218,9 @@ def test_the_real_qwen3_tts_decoder_without_its_wrapper_is_discovered_at_its_pat
     assert decoder.model_local_kv_specs() == []
     assert owner.peak_bytes == 310 * POSITION, "retained 71 + batched 71 + working 71 + 97 new frames a row"
     assert owner.live_bytes == 71 * POSITION, "between steps: the retained request cache"
+    del request[0]["past_key_values"]
+    released = beat(found)[("tokenizer.decoder", "cache_layer")]
+    assert (released.live_bytes, released.peak_bytes) == (0, 310 * POSITION), "released: it leaves the live figure"
     assert [key for key in got if key[1] == "cache_layer"] == [("tokenizer.decoder", "cache_layer")]
     assert owner.layout is not None
     assert (owner.layout.layers, owner.layout.kv_heads, owner.layout.head_dim) == (8, 16, 64)
@@ -226,17 +235,21 @@ def test_the_decoder_observed_as_an_owner_that_declares_nothing_is_a_discovered_
     found = Discovery(root, EVERYTHING, observer=observer, declaring=())
     found.start()
     try:
-        drive_decoder(decoder)
+        request = drive_decoder(decoder)
         found.census()
         published, _ = found.sample(observer.sample())
     finally:
         found.uninstall()
     owner = by_owner(published)[("tokenizer.decoder", "cache_layer")]
     assert (owner.peak_bytes, owner.live_bytes, owner.declares) == (310 * POSITION, 71 * POSITION, False)
+    assert request[0]["past_key_values"] is not None, "the retained cache the live bytes are"
 
 
-def drive_decoder(decoder: nn.Module, steps: int = 6) -> None:
-    """ICL mode, one row: the reference prefix and a frame, then 25 frames a step (as Qwen3TTSCode2Wav)."""
+def drive_decoder(decoder: nn.Module, steps: int = 6) -> list[dict[str, Any]]:
+    """ICL mode, one row: the reference prefix and a frame, then 25 frames a step (as Qwen3TTSCode2Wav).
+
+    Returns the request's state, which keeps its retained cache between steps.
+    """
     states = [{"prefix_frames": WINDOW}]
     for step in range(steps):
         new = WINDOW + 1 if step == 0 else 25
@@ -249,8 +262,7 @@ def drive_decoder(decoder: nn.Module, steps: int = 6) -> None:
                 left_context_size=25,
                 max_batch_size=0,
             )
-    decoder._modelkv_test_states = None
-    drive_decoder.states = states  # type: ignore[attr-defined]
+    return states
 
 
 # -- what is never found ------------------------------------------------------------------------------
@@ -468,3 +480,30 @@ def test_no_census_runs_during_a_cuda_graph_capture(started, monkeypatch) -> Non
     monkeypatch.setattr(hooks, "_graph_depth", 0)
     _, status = found.beat()
     assert status.census_at is not None
+
+
+# -- published by the heartbeat -----------------------------------------------------------------------
+
+
+def test_the_heartbeat_publishes_discovered_owners_and_the_status(started, observer: Observer, tmp_path) -> None:
+    model, found, _ = started
+    snapshot = build_snapshot(model, max_num_seqs=1, engine_id="e")
+    publisher = SnapshotPublisher(tmp_path, snapshot)
+    model.audio.encoder(100)
+    publisher.start_heartbeat(0.05, None, observer.sample, found)
+    try:
+
+        def written() -> dict[str, Any]:
+            return json.loads((tmp_path / snapshot_file_name("e")).read_text())
+
+        eventually(
+            lambda: tmp_path.joinpath(snapshot_file_name("e")).exists() and written().get("discovered"), "a beat"
+        )
+    finally:
+        publisher.stop()
+    data = written()
+    assert [(d["owner"], d["found_by"], d["live_bytes"]) for d in data["discovered"]] == [
+        ("audio.encoder", "census", kv_bytes(250))
+    ]
+    assert data["discovery"]["enabled"] and data["discovery"]["census_at"] is not None
+    assert data["discovery"]["modules"] == sum(1 for _ in model.modules())
