@@ -85,6 +85,13 @@ def infer_capacity(peaks: Sequence[CallPeak], shape: Shape) -> Capacity:
     per_call = [(peak.call, per_row_positions(peak, geometry)) for peak in peaks]
     reaching = [call for call, positions in per_call if positions == shape.positions]
     groups = f"{shape.layers} layers x {shape.rows} rows: {shape.groups_text}"
+    if len(reaching) >= 2 and not any(reaching):  # a discovered owner: no calls of its own, only batches
+        batches = _listing(peak.batch for peak in peaks if per_row_positions(peak, geometry) == shape.positions)
+        return Capacity(
+            shape.positions,
+            True,
+            f"{shape.positions} a row at the peak, reached at {len(reaching)} batch labels ({batches}); held as {groups}",
+        )
     if len(reaching) >= 2:
         calls = (
             f"calls {reaching[0]}-{reaching[-1]}"

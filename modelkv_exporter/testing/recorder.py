@@ -30,16 +30,17 @@ class OwnerRecorder:
     state: OwnerState
     batch: list[int | None]
     """The run's current batch label, shared by every recorder of the run (a one-item list)."""
-    peaks: dict[int, _Current] = field(default_factory=dict)
+    peaks: dict[tuple[int, int | None], _Current] = field(default_factory=dict)
+    """By call and batch label: a discovered owner has no calls of its own, only the batches it ran in."""
     failure: str | None = None
 
     def changed(self, state: OwnerState) -> None:
         """The owner's live bytes changed: when the current call's high-water rose, read its layers."""
         try:
-            call = state.call_number
-            current = self.peaks.get(call)
+            call, batch = state.call_number, self.batch[0]
+            current = self.peaks.get((call, batch))
             if current is None:
-                current = self.peaks[call] = _Current(call, self.batch[0])
+                current = self.peaks[(call, batch)] = _Current(call, batch)
             if state.live <= current.bytes:
                 return
             current.bytes = state.live
@@ -58,7 +59,7 @@ class OwnerRecorder:
         """Every call that held cache memory, in call order."""
         return tuple(
             CallPeak(c.call, c.batch, c.bytes, tuple(sorted(c.groups, key=lambda g: -g.bytes)), c.other)
-            for _, c in sorted(self.peaks.items())
+            for c in self.peaks.values()
             if c.bytes > 0
         )
 

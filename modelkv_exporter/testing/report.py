@@ -100,7 +100,9 @@ class OwnerReport:
         lines += [f"       wrong field {problem.text}" for problem in self.problems]
         if self.peaks:
             shown = ", ".join(
-                f"#{p.call}" + (f" (batch {p.batch})" if p.batch is not None else "") + f" {byte_text(p.bytes)}"
+                (f"#{p.call}" if p.call else "outside its own calls")
+                + (f" (batch {p.batch})" if p.batch is not None else "")
+                + f" {byte_text(p.bytes)}"
                 for p in self.peaks[:8]
             )
             more = f" and {len(self.peaks) - 8} more" if len(self.peaks) > 8 else ""

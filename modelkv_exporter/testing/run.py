@@ -14,7 +14,9 @@ from types import TracebackType
 from modelkv_exporter.contract.declaration_text import layout_figures
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
 from modelkv_exporter.contract.verdicts import Verdict, VerdictKind, judge
-from modelkv_exporter.engine.observe import Observer, install, installed
+from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
+from modelkv_exporter.engine.observe import Observer, hooks, install, installed
+from modelkv_exporter.engine.observe.records import OwnerState
 from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
 from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
@@ -26,8 +28,10 @@ from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
 NAMED = "named"
 """``found_by`` of an owner the author named to the check (it declares nothing)."""
 
-Discovery = Callable[[], Iterable[DiscoveredOwner]]
-"""A source of discovered owners, read when the run ends (the engine's discovery, when it runs)."""
+DiscoverySource = Callable[[], Iterable[DiscoveredOwner]]
+"""A source of discovered owners, read when the run ends (beside the check's own discovery)."""
+DISCOVERY = DiscoverySettings(floor_bytes=1, max_owners=1024)
+"""The check reports every discovered owner that held anything (an engine publishes those above a floor)."""
 
 
 def _module_at(model: object, path: str) -> object:
@@ -46,18 +50,22 @@ class CacheCheck:
         *,
         max_num_seqs: int,
         owners: Sequence[str] = (),
-        discovery: Discovery | None = None,
+        discover: bool = True,
+        discovery: DiscoverySource | None = None,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         self.model = model
         self.max_num_seqs = max_num_seqs
         self.named = tuple(owners)
+        self.discover = discover
         self.discovery = discovery
+        self._discovery: Discovery | None = None
         self.report: Report | None = None
         self._batch: list[int | None] = [None]
         self._observer: Observer | None = None
         self._recorders: dict[str, OwnerRecorder] = {}
+        self._found: dict[str, OwnerRecorder] = {}
         self._declarations: tuple[Declaration, ...] = ()
         self._dropped: tuple[DroppedDeclaration, ...] = ()
         self._owners: list[tuple[str, object]] = []
@@ -91,6 +99,11 @@ class CacheCheck:
             state = observer.state_of(owner)
             if state is not None:
                 self._recorders[path] = attach(state, self._batch)
+        if self.discover:
+            declaring = {d.owner for d in self._declarations}
+            self._discovery = Discovery(self.model, DISCOVERY, observer=observer, declaring=declaring)
+            self._discovery.start()
+            self._record_discovered()
         observer.sample()
         return self
 
@@ -102,20 +115,51 @@ class CacheCheck:
             return
         try:
             observations = {o.owner: o for o in observer.sample()}
-            discovered = tuple(self.discovery()) if self.discovery is not None and kind is None else ()
+            discovered = self._discovered(tuple(observations.values()))
+            if self.discovery is not None and kind is None:
+                discovered += tuple(self.discovery())
             self.report = self._report(observer, observations, discovered)
         finally:
-            for recorder in self._recorders.values():
+            if self._discovery is not None:
+                self._discovery.uninstall()
+                self._discovery = None
+            for recorder in [*self._recorders.values(), *self._found.values()]:
                 detach(recorder)
             if installed() is observer:
                 observer.uninstall()
             self._observer = None
 
+    def _record_discovered(self) -> None:
+        """Record the layers of every owner discovery attributes a cache to, from its first layer on."""
+        attribute = hooks.discover
+        if attribute is None:
+            return
+
+        def recording(layer: object) -> tuple[OwnerState, int] | None:
+            found = attribute(layer)
+            if found is not None and found[0].path not in self._found:
+                self._found[found[0].path] = attach(found[0], self._batch)
+            return found
+
+        hooks.discover = recording
+
+    def _discovered(self, observations: tuple[Observation, ...]) -> tuple[DiscoveredOwner, ...]:
+        """What the check's own discovery found: a census now, then every owner beyond those already reported."""
+        discovery = self._discovery
+        if discovery is None:
+            return ()
+        discovery.census()
+        found, status = discovery.sample(observations)
+        reported = {path for path, _ in self._owners}
+        if not status.enabled:
+            return ()
+        return tuple(o for o in found if not (o.found_by == "cache_layer" and o.owner in reported))
+
     def _report(
         self, observer: Observer, observations: dict[str, Observation], discovered: tuple[DiscoveredOwner, ...]
     ) -> Report:
         reports = [self._owner_report(path, owner, observations.get(path)) for path, owner in self._owners]
-        reports += [discovered_report(found) for found in discovered]
+        reports += [self._discovered_report(found) for found in discovered]
         unavailable = observer.unavailable
         for recorder in self._recorders.values():
             unavailable = unavailable or (recorder.failure and f"the check's recorder failed: {recorder.failure}")
@@ -162,6 +206,29 @@ class CacheCheck:
             found_by,
         )
 
+    def _discovered_report(self, found: DiscoveredOwner) -> OwnerReport:
+        """A discovered owner: the memory it holds that it does not declare, and the declaration its layers suggest."""
+        detail = "beyond the caches it declares" if found.declares else ""
+        verdict = Verdict(VerdictKind.UNDECLARED, 0, found.peak_bytes, detail)
+        recorder = self._found.get(found.owner) if found.found_by == "cache_layer" else None
+        peaks = recorder.call_peaks() if recorder is not None else ()
+        suggestions = self._suggestions(found.owner, peaks, found.live_bytes)
+        if not suggestions and found.layout is not None:
+            suggestions = (Suggestion(layout_figures(found.owner, found.peak_bytes, found.layout)),)
+        return OwnerReport(
+            found.owner,
+            found.owner_class,
+            (),
+            verdict,
+            (),
+            None,
+            None,
+            found.live_bytes,
+            peaks,
+            suggestions,
+            found.found_by,
+        )
+
     @staticmethod
     def _peak(peaks: Sequence[CallPeak]) -> CallPeak | None:
         return max(peaks, key=lambda p: p.bytes, default=None)
@@ -182,27 +249,22 @@ class CacheCheck:
         )
 
 
-def discovered_report(found: DiscoveredOwner) -> OwnerReport:
-    """A discovered owner's entry: the memory it holds that it does not declare, and what its layout suggests."""
-    detail = "beyond the caches it declares" if found.declares else ""
-    verdict = Verdict(VerdictKind.UNDECLARED, 0, found.peak_bytes, detail)
-    suggestions = (
-        () if found.layout is None else (Suggestion(layout_figures(found.owner, found.peak_bytes, found.layout)),)
-    )
-    return OwnerReport(
-        found.owner, found.owner_class, (), verdict, (), None, None, found.live_bytes, (), suggestions, found.found_by
-    )
-
-
 def observe(
-    model: object, *, max_num_seqs: int, owners: Sequence[str] = (), discovery: Discovery | None = None
+    model: object,
+    *,
+    max_num_seqs: int,
+    owners: Sequence[str] = (),
+    discover: bool = True,
+    discovery: DiscoverySource | None = None,
 ) -> CacheCheck:
     """Check ``model``'s declarations against what its caches hold while the ``with`` block drives it.
 
     ``max_num_seqs``: the concurrency to resolve the declarations at (drive the model up to it to
     check for over-reporting). ``owners``: module paths that declare nothing but should be
-    observed too (a cache you suspect). ``discovery``: a source of discovered owners (their
-    snapshot records), read when the block ends. ``run.report`` holds the ``Report`` afterwards::
+    observed too (a cache you suspect). ``discover``: also find the modules that build caches
+    without declaring them, as an engine does (cache layers built while no declaring owner runs,
+    and a census of the tensors modules hold when the block ends). ``discovery``: another source
+    of discovered owners (their snapshot records), read when the block ends. ``run.report`` holds the ``Report`` afterwards::
 
         with observe(model, max_num_seqs=2) as run:
             for size in (1, 2):
@@ -210,7 +272,7 @@ def observe(
                     drive(model, size)
         run.report.assert_ok()
     """
-    return CacheCheck(model, max_num_seqs=max_num_seqs, owners=owners, discovery=discovery)
+    return CacheCheck(model, max_num_seqs=max_num_seqs, owners=owners, discover=discover, discovery=discovery)
 
 
 def check(
@@ -220,10 +282,11 @@ def check(
     max_num_seqs: int,
     batches: Sequence[int] = (),
     owners: Sequence[str] = (),
-    discovery: Discovery | None = None,
+    discover: bool = True,
+    discovery: DiscoverySource | None = None,
 ) -> Report:
     """Observe ``model`` while ``drive(model)`` runs (or ``drive(model, size)`` for each of ``batches``); the report."""
-    with observe(model, max_num_seqs=max_num_seqs, owners=owners, discovery=discovery) as run:
+    with observe(model, max_num_seqs=max_num_seqs, owners=owners, discover=discover, discovery=discovery) as run:
         if batches:
             for size in batches:
                 with run.batch(size):

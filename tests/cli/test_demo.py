@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.cli import demo
+from modelkv_exporter.demo.engines import UNDECLARED
+from modelkv_exporter.demo.owners import StreamingAudioKVCache
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
 from tests.support.exposition import Exposition
@@ -88,6 +90,7 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
                 "minicpm-o-s0-r0",
                 "ming-flash-omni-s1-r0",
                 "qwen3-tts-eager-s1-r0",
+                "minicpm-o-streaming-s0-r0",
             )
         }
         declared: dict[tuple[str, str], float] = {}
@@ -116,19 +119,27 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
     assert process.returncode == 0, output
     assert "Serving on" in output and "engines stopped" in output
     for step in ("declarations published", "memory measured"):
-        lines = [re.match(rf"  (\S+): {step} \((\d) of 6, \d+\.\ds\)$", line) for line in output.splitlines()]
-        assert [int(m[2]) for m in lines if m] == [1, 2, 3, 4, 5, 6], output
+        lines = [re.match(rf"  (\S+): {step} \((\d) of 7, \d+\.\ds\)$", line) for line in output.splitlines()]
+        assert [int(m[2]) for m in lines if m] == [1, 2, 3, 4, 5, 6, 7], output
         assert {m[1] for m in lines if m} == up.keys(), output
-        assert output.index(f"{step} (6 of 6, ") < output.index("Serving on"), (
+        assert output.index(f"{step} (7 of 7, ") < output.index("Serving on"), (
             "each engine is named as it takes each step"
         )
     assert f"their ended snapshots stay in {spool}" in output
     assert "holds 1.50x its declaration" in output and output.count("within its declaration") == 4
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
-    assert len(snapshots) == 6 and all(s["ended"] for s in snapshots)
+    assert len(snapshots) == 7 and all(s["ended"] for s in snapshots)
     inspected = run_printed(output, "inspect", spool)
     assert inspected.returncode == 0 and all(engine in inspected.stdout for engine in up), inspected.stdout
-    assert inspected.stdout.count("ended") >= 6, inspected.stdout
+    assert inspected.stdout.count("ended") >= 7, inspected.stdout
+    discovered = {s["engine"]["engine_id"]: s.get("discovered", []) for s in snapshots}
+    streaming = StreamingAudioKVCache.LAYERS * 2 * 750 * StreamingAudioKVCache.EMBED_DIM * 2
+    assert streaming > 64 << 20, "above ModelKVUndeclaredCache's threshold"
+    assert {
+        engine: [(d["owner"], d["found_by"], d["peak_bytes"]) for d in found] for engine, found in discovered.items()
+    } == {
+        engine: ([("apm.streaming_kv", "census", streaming)] if engine == UNDECLARED else []) for engine in discovered
+    }, "the undeclared streaming cache is discovered, exactly, and nothing else in any demo engine"
 
 
 def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:

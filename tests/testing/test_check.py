@@ -164,3 +164,28 @@ def test_judge(
         declared_bytes=declared, observed_bytes=observed, calls=calls, cache_calls=cache_calls, reached=reached
     )
     assert verdict.kind is kind
+
+
+def test_a_module_that_declares_nothing_is_discovered_without_being_named() -> None:
+    """The engine's discovery, run by the check: a cache built while no declaring owner runs has an owner."""
+    model = torch.nn.Module()
+    model.generator = Generator()
+    model.window = Windowed(window=6)
+
+    def both(m: torch.nn.Module, size: int) -> None:
+        m.generator(size)
+        m.window(size)
+
+    report = check(model, both, max_num_seqs=2, batches=(1, 2))
+    assert report.owner("generator").verdict.kind is VerdictKind.HOLDS
+    found = report.owner("window")
+    assert found.found_by == "cache_layer" and found.verdict.kind is VerdictKind.UNDECLARED
+    assert found.observed_bytes == 2 * 2 * LAYERS * HEADS * HEAD_DIM * 10 * 4, "two rows of a 10-position storage"
+    (suggestion,) = found.suggestions
+    assert f"layers={LAYERS}," in suggestion.code and f"kv_heads={HEADS}," in suggestion.code
+    assert "physical_capacity_positions=10," in suggestion.code and "rows=RowDriver.MAX_NUM_SEQS," in suggestion.code
+    assert "reached at 2 batch labels (1, 2)" in report.text()
+    with pytest.raises(AssertionError, match=r"'window' \(Windowed, found by cache_layer\): declares nothing but held"):
+        report.assert_ok()
+    off = check(model, both, max_num_seqs=2, batches=(1, 2), discover=False)
+    assert [o.owner for o in off.owners] == ["generator"] and off.ok
