@@ -126,6 +126,9 @@ class Report:
     """Declarers whose ``model_local_kv_specs()`` raised, or specs that could not be resolved."""
     unavailable: str | None = None
     """Why nothing could be observed (this ``transformers``, a failure inside observation), if so."""
+    census_below_floor: int = 0
+    """Modules the census found holding new tensors below ``census_floor_bytes``, left out."""
+    census_floor_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -155,6 +158,11 @@ class Report:
         if not self.owners:
             lines.append("no owner declares a cache, and none was named")
         lines += [owner.text() for owner in self.owners]
+        if self.census_below_floor:
+            lines.append(
+                f"     {self.census_below_floor} more modules held new tensors below {byte_text(self.census_floor_bytes)} "
+                "(census_floor_bytes): not reported"
+            )
         if any(owner.suggestions and not owner.ok for owner in self.owners):
             lines.append(f"the suggestions need:\n{IMPORTS}")
         return "\n".join(lines) + "\n"

@@ -31,7 +31,10 @@ NAMED = "named"
 DiscoverySource = Callable[[], Iterable[DiscoveredOwner]]
 """A source of discovered owners, read when the run ends (beside the check's own discovery)."""
 DISCOVERY = DiscoverySettings(floor_bytes=1, max_owners=1024)
-"""The check reports every discovered owner that held anything (an engine publishes those above a floor)."""
+"""The check reports every cache a module built without declaring it, whatever its size."""
+CENSUS_FLOOR = DiscoverySettings().floor_bytes
+"""Census finds below this (the engine's default floor, 1 MiB) are left out, as an engine leaves them out:
+small tensors a module creates on first use (activation constants, lookup tables) are not caches."""
 
 
 def _module_at(model: object, path: str) -> object:
@@ -52,6 +55,7 @@ class CacheCheck:
         owners: Sequence[str] = (),
         discover: bool = True,
         discovery: DiscoverySource | None = None,
+        census_floor_bytes: int = CENSUS_FLOOR,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
@@ -59,6 +63,8 @@ class CacheCheck:
         self.max_num_seqs = max_num_seqs
         self.named = tuple(owners)
         self.discover = discover
+        self.census_floor_bytes = census_floor_bytes
+        self.below_floor = 0
         self.discovery = discovery
         self._discovery: Discovery | None = None
         self.report: Report | None = None
@@ -153,7 +159,10 @@ class CacheCheck:
         reported = {path for path, _ in self._owners}
         if not status.enabled:
             return ()
-        return tuple(o for o in found if not (o.found_by == "cache_layer" and o.owner in reported))
+        kept = [o for o in found if not (o.found_by == "cache_layer" and o.owner in reported)]
+        small = [o for o in kept if o.found_by == "census" and o.peak_bytes < self.census_floor_bytes]
+        self.below_floor = len(small)
+        return tuple(o for o in kept if o not in small)
 
     def _report(
         self, observer: Observer, observations: dict[str, Observation], discovered: tuple[DiscoveredOwner, ...]
@@ -163,7 +172,9 @@ class CacheCheck:
         unavailable = observer.unavailable
         for recorder in self._recorders.values():
             unavailable = unavailable or (recorder.failure and f"the check's recorder failed: {recorder.failure}")
-        return Report(self.max_num_seqs, tuple(reports), self._dropped, unavailable)
+        return Report(
+            self.max_num_seqs, tuple(reports), self._dropped, unavailable, self.below_floor, self.census_floor_bytes
+        )
 
     def _owner_report(self, path: str, owner: object, observation: Observation | None) -> OwnerReport:
         declarations = tuple(d for d in self._declarations if d.owner == path)
@@ -256,6 +267,7 @@ def observe(
     owners: Sequence[str] = (),
     discover: bool = True,
     discovery: DiscoverySource | None = None,
+    census_floor_bytes: int = CENSUS_FLOOR,
 ) -> CacheCheck:
     """Check ``model``'s declarations against what its caches hold while the ``with`` block drives it.
 
@@ -263,8 +275,9 @@ def observe(
     check for over-reporting). ``owners``: module paths that declare nothing but should be
     observed too (a cache you suspect). ``discover``: also find the modules that build caches
     without declaring them, as an engine does (cache layers built while no declaring owner runs,
-    and a census of the tensors modules hold when the block ends). ``discovery``: another source
-    of discovered owners (their snapshot records), read when the block ends. ``run.report`` holds the ``Report`` afterwards::
+    and a census of the tensors modules hold when the block ends; census finds below
+    ``census_floor_bytes`` are left out, as an engine leaves them out). ``discovery``: another
+    source of discovered owners (their snapshot records), read when the block ends. ``run.report`` holds the ``Report`` afterwards::
 
         with observe(model, max_num_seqs=2) as run:
             for size in (1, 2):
@@ -272,7 +285,14 @@ def observe(
                     drive(model, size)
         run.report.assert_ok()
     """
-    return CacheCheck(model, max_num_seqs=max_num_seqs, owners=owners, discover=discover, discovery=discovery)
+    return CacheCheck(
+        model,
+        max_num_seqs=max_num_seqs,
+        owners=owners,
+        discover=discover,
+        discovery=discovery,
+        census_floor_bytes=census_floor_bytes,
+    )
 
 
 def check(
@@ -284,9 +304,17 @@ def check(
     owners: Sequence[str] = (),
     discover: bool = True,
     discovery: DiscoverySource | None = None,
+    census_floor_bytes: int = CENSUS_FLOOR,
 ) -> Report:
     """Observe ``model`` while ``drive(model)`` runs (or ``drive(model, size)`` for each of ``batches``); the report."""
-    with observe(model, max_num_seqs=max_num_seqs, owners=owners, discover=discover, discovery=discovery) as run:
+    with CacheCheck(
+        model,
+        max_num_seqs=max_num_seqs,
+        owners=owners,
+        discover=discover,
+        discovery=discovery,
+        census_floor_bytes=census_floor_bytes,
+    ) as run:
         if batches:
             for size in batches:
                 with run.batch(size):
