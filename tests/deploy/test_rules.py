@@ -94,8 +94,8 @@ BREAKS = {
         "devices",
     ),
     "a step predicted as a trend": (
-        "\n            and on (device, device_key) modelkv_engine:device_committed_bytes:rising_30m",
-        "",
+        "predict_linear(modelkv_engine:device_committed_bytes:sum[10m]",
+        "predict_linear(modelkv_engine:device_committed_bytes:sum[1h]",
         "ModelKVDeviceMemoryExhaustionPredicted",
         "story-a",
     ),
@@ -106,7 +106,7 @@ BREAKS = {
         "story-e",
     ),
     "a CPU engine explained by its caches' recent peak": (
-        "(sum without (cache, scope, rows) (modelkv_declared_peak_bytes) > modelkv_observed_peak_bytes)\n"
+        "(modelkv_engine:owner_declared_peak_bytes:sum > modelkv_observed_peak_bytes)\n"
         "              or\n              modelkv_observed_peak_bytes\n",
         "modelkv_observed_recent_peak_bytes\n",
         "ModelKVUndeclaredMemoryGrowth",
@@ -132,14 +132,14 @@ BREAKS = {
         "story-e",
     ),
     "discovered caches not explained": (
-        "                modelkv_discovered_recent_peak_bytes\n",
-        "                0 * modelkv_discovered_recent_peak_bytes > 0\n",
+        "              or\n              modelkv_engine:discovered_undeclared_recent_peak_bytes:max\n",
+        "\n",
         "ModelKVUndeclaredMemoryGrowth",
         "story-f",
     ),
     "declaring owners reported as undeclared caches": (
-        'modelkv_discovered_owner_info{declares="false"}\n          )\n          > 64',
-        "modelkv_discovered_owner_info\n          )\n          > 64",
+        'modelkv_discovered_owner_info{declares="false"}\n          )\n',
+        "modelkv_discovered_owner_info\n          )\n",
         "ModelKVUndeclaredCache",
         "story-f",
     ),
@@ -156,8 +156,8 @@ BREAKS = {
         "declarations",
     ),
     "declarations compared with the last minute only": (
-        "(max_over_time(modelkv_engine_declarations[1d]))",
-        "(max_over_time(modelkv_engine_declarations[1m]))",
+        "max_over_time(modelkv_engine:declarations_by_model:max[1d])",
+        "max_over_time(modelkv_engine:declarations_by_model:max[1m])",
         "ModelKVDeclarationsDropped",
         "declarations",
     ),
