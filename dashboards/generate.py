@@ -169,6 +169,22 @@ def declared_against_observed() -> timeseries.Panel:
     )
 
 
+DISCOVERED = f"modelkv_engine:discovered_recent_peak_bytes{{{ENGINE_SELECTOR}}}"
+"""Every discovered owner's recent peak, joined with its class, whether it declares, and its layout."""
+
+
+def discovered_by_owner() -> timeseries.Panel:
+    return graph(
+        "Discovered caches by owner",
+        "Modules the engine found holding cache memory, declared or not: the most each held at once within the "
+        "engine's last sample interval. found_by cache_layer: a transformers cache built while no declaring owner "
+        "ran; census: tensors the module holds that it did not hold after initialisation. An owner that declares "
+        "nothing and holds much is a cache to declare (ModelKVUndeclaredCache).",
+        "bytes",
+        query(DISCOVERED, f"{ENGINE} {OWNER} ({{{{found_by}}}}, declares {{{{declares}}}})"),
+    )
+
+
 def undeclared_growth() -> timeseries.Panel:
     return (
         graph(
@@ -294,6 +310,41 @@ def declarations_table() -> table.Panel:
     )
 
 
+def discovered_table() -> table.Panel:
+    organize = DataTransformerConfig(
+        id_val="organize",
+        options={
+            "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
+            "indexByName": {
+                "namespace": 0,
+                "pod": 1,
+                "engine": 2,
+                "owner": 3,
+                "found_by": 4,
+                "declares": 5,
+                "Value": 6,
+                "layout": 7,
+                "owner_class": 8,
+            },
+            "renameByName": {"Value": "recent peak", "found_by": "found by", "layout": "layout seen"},
+        },
+    )
+    return (
+        table.Panel()
+        .title("Discovered owners")
+        .description(
+            "Every module the engine found holding cache memory: how it was found, whether it declares anything, "
+            "the most it held within the last sample interval, and the key/value layout seen (layers, kv_heads, "
+            "head_dim, dtype, positions a row, rows) where its tensors have one."
+        )
+        .datasource(DATASOURCE)
+        .unit("bytes")
+        .with_target(query(DISCOVERED, table_format=True))
+        .with_transformation(organize)
+        .sort_by([common_builders.TableSortByFieldState().display_name("recent peak").desc(True)])
+    )
+
+
 def up() -> timeseries.Panel:
     return graph(
         "Exporter and engines up",
@@ -371,6 +422,7 @@ LAYOUT: list[Row] = [
             (2, declared_against_measured, 12, 9),
             (3, declared_by_owner, 12, 9),
             (20, declared_against_observed, 24, 9),
+            (21, discovered_by_owner, 24, 9),
             (4, undeclared_growth, 8, 8),
             (5, device_headroom, 8, 8),
             (6, safe_max_num_seqs, 8, 8),
@@ -381,7 +433,7 @@ LAYOUT: list[Row] = [
             (8, paged_kv, 12, 8),
         ],
     ),
-    (9, "Declarations", [(10, declarations_table, 24, 10)]),
+    (9, "Declarations", [(10, declarations_table, 24, 10), (22, discovered_table, 24, 8)]),
     (
         11,
         "Exporter health",

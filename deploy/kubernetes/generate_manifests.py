@@ -29,8 +29,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-import yaml
+try:
+    import yaml
+except ImportError:
+    raise SystemExit(
+        "generate_manifests.py needs PyYAML: pip install pyyaml (in a checkout of modelkv-exporter: pip install '.[deploy]')"
+    ) from None
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -411,7 +417,8 @@ def chart_schema() -> dict[str, Any]:
                         "runbookUrl": {
                             **string,
                             "pattern": "^https?://[^\\s#]+$",
-                            "description": "Absolute address of docs/runbook.md, without an anchor.",
+                            "description": "Absolute address of docs/runbook.md, without an anchor. Set it: the "
+                            "default is a placeholder (.invalid) that leads nowhere.",
                         },
                         "alerts": _object("Thresholds and `for` durations, per alert.", alerts),
                     },
@@ -526,6 +533,19 @@ def helm_files() -> dict[Path, str]:
     return files
 
 
+PLACEHOLDER_WARNING = (
+    "warning: every alert's runbook_url points at {url}, a placeholder that resolves nowhere: the person "
+    "paged would find no runbook. Pass --runbook-url with the address where you publish docs/runbook.md "
+    "(the repository's own example files keep the placeholder on purpose)."
+)
+
+
+def placeholder_runbook(url: str) -> bool:
+    """Whether ``url`` is on a host that cannot exist (RFC 2606 ``.invalid``), like the default."""
+    host = urlparse(url).hostname or ""
+    return host == "invalid" or host.endswith(".invalid")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the generated files, or with ``--check`` report the stale ones."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -546,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
         print(f"wrote {path}")
+    if placeholder_runbook(args.runbook_url):
+        print(PLACEHOLDER_WARNING.format(url=args.runbook_url), file=sys.stderr)
     return 0
 
 

@@ -7,6 +7,7 @@ any complaint: a bad variable of one command never stops another.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,3 +52,27 @@ def apply_environment(
         setattr(args, setting.dest, values[setting.dest])
         if setting.defaults[table.program] is REQUIRED and values[setting.dest] is None:
             parser.error(f"{setting.flag} (or {setting.env}) is required")
+
+
+_DASHED_VALUE = re.compile(r"-\s*\d")
+
+
+def attach_dashed_values(argv: list[str], tables: Mapping[str, Table]) -> list[str]:
+    """``argv`` with each setting's flag joined to a following value that starts with a dash and a digit.
+
+    argparse takes ``-5MiB`` after ``--budget`` for an unknown option and says only "expected one
+    argument"; joined as ``--budget=-5MiB``, the value reaches the setting's parser, whose error
+    names it. Every setting takes a value, so nothing else changes meaning.
+    """
+    flags = {setting.flag for table in tables.values() for setting in table.settings()}
+    joined: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word in flags and index + 1 < len(argv) and _DASHED_VALUE.match(argv[index + 1]):
+            joined.append(f"{word}={argv[index + 1]}")
+            index += 2
+        else:
+            joined.append(word)
+            index += 1
+    return joined

@@ -1,27 +1,57 @@
-"""Capacity arithmetic over a snapshot's declarations: the peak at any max_num_seqs, and what fits."""
+"""Capacity arithmetic over a snapshot: the peak at any max_num_seqs, and what fits a budget.
+
+An engine's demand is a fixed part plus a part per sequence. ``Demand.declared`` takes both from
+the declarations alone. ``Demand.expected`` also uses what each owner's caches were observed to
+hold: an owner observed above its declared peak at the engine's own max_num_seqs has every one
+of its declarations scaled by observed / declared. The observed peak is the most its caches held
+at once, at whatever concurrency the engine ran, so the ratio is a lower bound on how far the
+declaration under-reports; scaling both parts by it assumes the missing bytes grow as the declared
+ones do (a left-out copy of a declared cache does). An owner that declares nothing but was observed
+holding bytes adds them to the fixed part: how they grow with max_num_seqs is unknown.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
-from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.vocabulary import RowDriver
 
 
-def declared_peak_at(snapshot: Snapshot, max_num_seqs: int) -> int:
-    """The engine's declared peak bytes if it ran with ``max_num_seqs``."""
-    return sum(
-        d.bytes_per_row * arithmetic.row_count(d.rows, d.rows_fixed, max_num_seqs) for d in snapshot.declarations
-    )
+@dataclass(frozen=True)
+class Correction:
+    """An owner whose caches were observed to hold more than it declares at the engine's max_num_seqs."""
+
+    owner: str
+    declared_bytes: int
+    observed_bytes: int
+
+    @property
+    def ratio(self) -> Fraction | None:
+        """Observed over declared; None when the owner declares nothing."""
+        return Fraction(self.observed_bytes, self.declared_bytes) if self.declared_bytes else None
+
+
+def corrections(snapshot: Snapshot) -> tuple[Correction, ...]:
+    """Every owner observed (available, with a peak) to hold more than its declared peak, in owner order."""
+    found = []
+    for owner, observation in snapshot.owners().items():
+        if observation is None or not observation.available or observation.peak_bytes is None:
+            continue
+        declared = snapshot.declared_peak_of(owner)
+        if observation.peak_bytes > declared:
+            found.append(Correction(owner, declared, observation.peak_bytes))
+    return tuple(found)
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The largest max_num_seqs whose declared peak fits a budget.
+    """The largest max_num_seqs whose peak fits a budget.
 
-    ``max_num_seqs`` is None when nothing depends on it (every declaration is
-    FIXED) and the fixed part fits; 0 when even one sequence does not fit.
+    ``max_num_seqs`` is None when nothing depends on it (no per-sequence bytes) and the fixed
+    part fits; 0 when the fixed part does not fit, or it does and one sequence more does not.
     """
 
     max_num_seqs: int | None
@@ -29,12 +59,60 @@ class Fit:
     per_sequence_bytes: int
 
 
-def largest_fitting(snapshot: Snapshot, budget: int) -> Fit:
-    """Solve fixed + per_sequence x n <= budget for the largest n >= 1."""
-    fixed = sum(d.peak_bytes for d in snapshot.declarations if d.rows == RowDriver.FIXED.value)
-    per_sequence = snapshot.per_sequence_bytes
-    if fixed > budget:
-        return Fit(0, fixed, per_sequence)
-    if per_sequence == 0:
-        return Fit(None, fixed, per_sequence)
-    return Fit((budget - fixed) // per_sequence, fixed, per_sequence)
+@dataclass(frozen=True)
+class Demand:
+    """Bytes an engine needs: ``fixed`` plus ``per_sequence`` for each of at least one sequence.
+
+    ``corrections`` are the owners whose observed bytes replaced their declarations (empty for
+    ``Demand.declared``). Fractions keep a scaled figure exact until it is rounded up to bytes.
+    """
+
+    fixed: Fraction
+    per_sequence: Fraction
+    corrections: tuple[Correction, ...] = ()
+
+    @classmethod
+    def declared(cls, snapshot: Snapshot) -> Demand:
+        """What the declarations alone say."""
+        return cls._of(snapshot, ())
+
+    @classmethod
+    def expected(cls, snapshot: Snapshot) -> Demand:
+        """The declarations, each owner observed above its declaration scaled up to what was observed."""
+        return cls._of(snapshot, corrections(snapshot))
+
+    @classmethod
+    def _of(cls, snapshot: Snapshot, found: tuple[Correction, ...]) -> Demand:
+        scale = {c.owner: c.ratio for c in found if c.ratio is not None}
+        fixed = Fraction(sum(c.observed_bytes for c in found if c.ratio is None))
+        per_sequence = Fraction(0)
+        for d in snapshot.declarations:
+            factor = scale.get(d.owner, Fraction(1))
+            if d.rows == RowDriver.FIXED.value:
+                fixed += d.peak_bytes * factor
+            else:
+                per_sequence += d.bytes_per_row * factor
+        return cls(fixed, per_sequence, found)
+
+    @property
+    def fixed_bytes(self) -> int:
+        """The fixed part, rounded up to whole bytes."""
+        return math.ceil(self.fixed)
+
+    @property
+    def per_sequence_bytes(self) -> int:
+        """The part each sequence adds, rounded up to whole bytes."""
+        return math.ceil(self.per_sequence)
+
+    def peak_at(self, max_num_seqs: int) -> int:
+        """The peak bytes if the engine ran with ``max_num_seqs`` (per-sequence caches keep at least one row)."""
+        return math.ceil(self.fixed + self.per_sequence * max(1, max_num_seqs))
+
+    def fit(self, budget: int) -> Fit:
+        """Solve fixed + per_sequence x n <= budget for the largest n >= 1 (0 when none fits)."""
+        fit = Fit(0, self.fixed_bytes, self.per_sequence_bytes)
+        if self.fixed > budget:
+            return fit
+        if self.per_sequence == 0:
+            return Fit(None, fit.fixed_bytes, fit.per_sequence_bytes)
+        return Fit(math.floor((budget - self.fixed) / self.per_sequence), fit.fixed_bytes, fit.per_sequence_bytes)

@@ -1,13 +1,16 @@
-"""The ``demo`` command: bind the port, start the demo engines, wait for their snapshots, serve them, print where to look.
+"""The ``demo`` command: start the demo engines, wait for their snapshots, serve them, print where to look.
 
-The port is bound before anything slow starts, so a taken one fails at once; the demo engines
-(``modelkv_exporter.demo``, which need torch and transformers) are imported only when the demo runs.
+The caller binds the port before anything slow starts (``cli.ports``), so a taken one fails at once;
+the demo engines (``modelkv_exporter.demo``, which need torch and transformers) are imported only
+when the demo runs. The spool is kept when the demo ends, in a directory it prints, so that
+``inspect`` and ``plan`` can be tried on what it made.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing.context
+import os
 import socket
 import sys
 import tempfile
@@ -15,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from modelkv_exporter.cli.ports import bind_probe_port
 from modelkv_exporter.cli.reports import table
 from modelkv_exporter.cli.settings import DemoSettings, ServerSettings
 from modelkv_exporter.contract.settings import build
@@ -26,47 +30,74 @@ from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 STARTUP_TIMEOUT_SECONDS = 180.0
+QUIET_SECONDS = 10.0
+"""The longest the demo stays silent while its engines start."""
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` as uvicorn binds one; ``OSError`` when the address is taken or wrong."""
-    family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, protocol)
+def demo_spool_dir(port: int) -> Path:
+    """Where the demo publishes unless ``--spool-dir`` says: one directory per port, kept after the demo ends.
+
+    It is made when missing; one that another user owns (the temporary directory is shared) is not
+    used, and a new directory beside it is made instead.
+    """
+    spool_dir = Path(tempfile.gettempdir()) / f"modelkv-demo-{port}"
+    spool_dir.mkdir(mode=0o755, exist_ok=True)
+    getuid = getattr(os, "getuid", None)
+    if getuid is not None and (spool_dir.is_symlink() or spool_dir.stat().st_uid != getuid()):
+        return Path(tempfile.mkdtemp(prefix=f"modelkv-demo-{port}-"))
+    return spool_dir
+
+
+def cli_command() -> str:
+    """How to run this CLI from where the user stands: the console script beside this Python, else ``-m``."""
+    script = Path(sys.executable).parent / "modelkv-exporter"
+    if not script.exists():
+        return f"{sys.executable} -m modelkv_exporter"
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def taken_port_message(host: str, port: int, error: OSError) -> str:
-    """What to tell a user whose demo port cannot be bound: the flag and the variable that change it."""
-    return (
-        f"modelkv-exporter demo: cannot listen on {host}:{port} ({error.strerror or error}); "
-        "choose another port with --port or MODELKV_PORT (for example: MODELKV_PORT=9401 make demo)"
-    )
+        return str(script.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def _wait_for_snapshots(
     spool_dir: Path, engine_ids: list[str], processes: list[multiprocessing.context.SpawnProcess]
 ) -> SpoolReader:
+    """Wait until every engine has beaten once after its baseline, printing each engine's two steps as it takes them.
+
+    An engine first publishes its declarations (once its model is built), then its measured memory (after
+    its baseline and one heartbeat). While nothing new happens, a line every ``QUIET_SECONDS`` says so.
+    """
     reader = SpoolReader(spool_dir)
-    expected = {snapshot_file_name(engine_id) for engine_id in engine_ids}
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        ready = {
-            entry.file_name
-            for entry, snapshot in reader.scan().snapshots
-            if snapshot.measured.current
-            and snapshot.measured.current.sampled_at > snapshot.measured.baseline.sampled_at  # type: ignore[union-attr]
+    expected = {snapshot_file_name(engine_id): engine_id for engine_id in engine_ids}
+    order = list(expected)
+    started = last_news = time.monotonic()
+    steps: dict[str, set[str]] = {"declarations published": set(), "memory measured": set()}
+    while time.monotonic() < started + STARTUP_TIMEOUT_SECONDS:
+        snapshots = [(entry.file_name, snapshot) for entry, snapshot in reader.scan().snapshots]
+        seen = {
+            "declarations published": {name for name, _ in snapshots},
+            "memory measured": {
+                name
+                for name, snapshot in snapshots
+                if snapshot.measured.current
+                and snapshot.measured.current.sampled_at > snapshot.measured.baseline.sampled_at  # type: ignore[union-attr]
+            },
         }
-        if expected <= ready:
+        for step, done in steps.items():
+            for name in sorted(seen[step] & expected.keys() - done, key=order.index):
+                done.add(name)
+                last_news = time.monotonic()
+                print(f"  {expected[name]}: {step} ({len(done)} of {len(expected)}, {last_news - started:.1f}s)")
+        sys.stdout.flush()
+        if steps["memory measured"] == expected.keys():
             return reader
         dead = [p.name for p in processes if not p.is_alive()]
         if dead:
             raise RuntimeError(f"demo engine processes exited before publishing: {', '.join(dead)}")
+        if time.monotonic() - last_news >= QUIET_SECONDS:
+            last_news = time.monotonic()
+            counts = ", ".join(f"{len(done)} of {len(expected)} {step}" for step, done in steps.items())
+            print(f"  still starting after {last_news - started:.0f}s: {counts}", flush=True)
         time.sleep(0.2)
     raise TimeoutError(f"demo engines did not publish into {spool_dir} within {STARTUP_TIMEOUT_SECONDS:.0f}s")
 
@@ -105,8 +136,17 @@ def _observed_summary(reader: SpoolReader) -> str:
 def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     """Start the demo engines and serve their spool on ``sock`` until interrupted or ``--duration`` passes.
 
-    ``sock`` is bound by the caller before anything slow starts, so a taken port fails at once.
+    ``sock`` is bound by the caller before anything slow starts, and the liveness port, when there is one,
+    here before torch loads, so a taken port fails at once.
     """
+    host, port = sock.getsockname()[:2]
+    spool_dir = Path(args.spool_dir) if args.spool_dir else demo_spool_dir(port)
+    settings = build(DemoSettings, vars(args))
+    config = build(SidecarConfig, vars(args), spool_dir=spool_dir)
+    serving = build(ServerSettings, vars(args))
+    server = build_server(config, host=serving.host, port=serving.port, log_level=serving.log_level)
+    if server.probe is not None and not bind_probe_port("demo", server.probe, port):
+        return 2
     try:
         from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
     except ImportError as error:
@@ -115,22 +155,21 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             file=sys.stderr,
         )
         return 2
-    temporary = None if args.spool_dir else tempfile.TemporaryDirectory(prefix="modelkv-demo-")
-    spool_dir = Path(args.spool_dir or temporary.name)  # type: ignore[union-attr]
     spool_dir.mkdir(parents=True, exist_ok=True)
+    for engine in DEMO_ENGINES:
+        (spool_dir / snapshot_file_name(engine.engine_id)).unlink(missing_ok=True)
+    cli = cli_command()
     print(
-        f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}", flush=True
+        f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}\n"
+        "  each imports torch and transformers, builds its model, publishes its declarations, allocates its caches\n"
+        "  and measures its memory: seconds on a quiet machine, a minute or more on a small busy one",
+        flush=True,
     )
-    settings = build(DemoSettings, vars(args))
     processes, stop = start_engines(str(spool_dir), settings.heartbeat_interval)
     try:
         reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in DEMO_ENGINES], processes)
-        print(_summary(reader), flush=True)
+        print("\n" + _summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
-        config = build(SidecarConfig, vars(args), spool_dir=spool_dir)
-        serving = build(ServerSettings, vars(args))
-        server = build_server(config, host=serving.host, port=serving.port, log_level=serving.log_level)
-        host, port = sock.getsockname()[:2]
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(
             f"\nServing on {base}\n"
@@ -138,7 +177,10 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             f"  metrics:  {base}/metrics\n"
             f"  engines:  {base}/api/v1/engines\n"
             f"  try:      curl -s {base}/metrics | grep -E '^modelkv_(declared|observed)_peak_bytes'\n"
-            "Press Ctrl-C to stop.",
+            f"  and, in another terminal, the spool itself:\n"
+            f"            {cli} inspect {spool_dir}\n"
+            f"            {cli} plan {spool_dir} --max-num-seqs 64 --budget 2GiB\n"
+            "Press Ctrl-C to stop; the engines' ended snapshots stay in the spool.",
             flush=True,
         )
         timer = threading.Timer(settings.duration, lambda: setattr(server, "should_exit", True))
@@ -153,7 +195,10 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             process.join(timeout=15)
             if process.is_alive():
                 process.kill()
-        if temporary is not None:
-            temporary.cleanup()
-        print("modelkv-exporter demo: engines stopped", flush=True)
+        print(
+            f"modelkv-exporter demo: engines stopped; their ended snapshots stay in {spool_dir}:\n"
+            f"  {cli} inspect {spool_dir}\n"
+            f"  {cli} plan {spool_dir} --max-num-seqs 64 --budget 2GiB",
+            flush=True,
+        )
     return 0

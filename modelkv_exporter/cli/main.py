@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modelkv_exporter.cli.arguments import add_settings, apply_environment
+from modelkv_exporter.cli.arguments import add_settings, apply_environment, attach_dashed_values
 from modelkv_exporter.cli.settings import TABLES, ServerSettings
 from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.version import VERSION
@@ -18,39 +18,64 @@ from modelkv_exporter.contract.version import VERSION
 if TYPE_CHECKING:
     from modelkv_exporter.sidecar.reader.scan import SpoolScan
 
+PLAN_HELP = (
+    "each engine's peak at another max_num_seqs (--max-num-seqs), the largest max_num_seqs that fits a budget "
+    "(--budget), or both; from the declarations, scaled up where an owner was observed holding more"
+)
 DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines publish into a spool directory."
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the sidecar HTTP server over ``--spool-dir``."""
+    """Run the sidecar HTTP server over ``--spool-dir``; a taken port, HTTP or liveness, ends it with one line."""
+    from modelkv_exporter.cli.ports import bind_http_port, bind_probe_port
     from modelkv_exporter.sidecar.http.config import SidecarConfig
     from modelkv_exporter.sidecar.http.server import build_server
 
-    server = build(ServerSettings, vars(args))
+    settings = build(ServerSettings, vars(args))
     config = build(SidecarConfig, vars(args), spool_dir=Path(args.spool_dir))
-    logging.getLogger("modelkv_exporter").info("serving %s on %s:%s", config.spool_dir, server.host, server.port)
-    build_server(config, host=server.host, port=server.port, log_level=server.log_level).run()
+    sock = bind_http_port("serve", settings.host, settings.port, config.probe_port, "--port {port}")
+    if sock is None:
+        return 2
+    with sock:
+        port = sock.getsockname()[1]
+        server = build_server(config, host=settings.host, port=settings.port, log_level=settings.log_level)
+        if server.probe is not None and not bind_probe_port("serve", server.probe, port):
+            return 2
+        logging.getLogger("modelkv_exporter").info("serving %s on http://%s:%s", config.spool_dir, settings.host, port)
+        server.run(sockets=[sock])
     return 0
 
 
 def demo(args: argparse.Namespace) -> int:
     """Run the demo (needs the ``torch`` extra); a taken port fails before any engine starts."""
-    from modelkv_exporter.cli.demo import listening_socket, run_demo, taken_port_message
+    from modelkv_exporter.cli.demo import run_demo
+    from modelkv_exporter.cli.ports import bind_http_port
 
-    try:
-        sock = listening_socket(args.host, args.port)
-    except OSError as error:
-        print(taken_port_message(args.host, args.port, error), file=sys.stderr)
+    sock = bind_http_port("demo", args.host, args.port, args.probe_port, "MODELKV_PORT={port} make demo")
+    if sock is None:
         return 2
     with sock:
         return run_demo(args, sock)
 
 
 def _spool_of(args: argparse.Namespace) -> Path:
+    """DIR, else --spool-dir or MODELKV_SPOOL_DIR; a DIR that differs from MODELKV_SPOOL_DIR is named in a note.
+
+    DIR and a different --spool-dir never get here: ``parse_arguments`` refuses them.
+    """
+    if args.directory and args.spool_dir and not _same_directory(args.directory, args.spool_dir):
+        print(
+            f"modelkv-exporter {args.command}: reading DIR {args.directory}, not MODELKV_SPOOL_DIR {args.spool_dir}",
+            file=sys.stderr,
+        )
     directory = args.directory or args.spool_dir
     if not directory:
         raise SystemExit(f"modelkv-exporter {args.command}: give DIR, --spool-dir or MODELKV_SPOOL_DIR")
     return Path(directory)
+
+
+def _same_directory(one: str, other: str) -> bool:
+    return Path(one).resolve() == Path(other).resolve()
 
 
 def _unreadable(args: argparse.Namespace, error: str | None) -> int:
@@ -81,15 +106,24 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    """Print each engine's declared peak at --max-num-seqs and the largest that fits --budget."""
+    """Print each engine's peak now, at --max-num-seqs, and the largest max_num_seqs that fits --budget."""
+    import time
+
     from modelkv_exporter.cli.reports import plan_report, report_width
     from modelkv_exporter.cli.settings import PlanSettings
+    from modelkv_exporter.sidecar.reader.state import Staleness
 
+    wanted = build(PlanSettings, vars(args))
+    if wanted.max_num_seqs is None and wanted.budget is None:
+        args.subparser.error(
+            "--max-num-seqs, --budget or both are needed (or MODELKV_MAX_NUM_SEQS, MODELKV_BUDGET): "
+            "the peak at a max_num_seqs, the largest max_num_seqs within a budget"
+        )
     scan = _spool_scan(args)
     if not scan.ok:
         return _unreadable(args, scan.error)
-    wanted = build(PlanSettings, vars(args))
-    sys.stdout.write(plan_report(scan, wanted.max_num_seqs, wanted.budget, report_width()))
+    view = build(Staleness, vars(args)).classify(scan, time.time())
+    sys.stdout.write(plan_report(view, wanted.max_num_seqs, wanted.budget, report_width()))
     return 0
 
 
@@ -102,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", serve, "serve /metrics for a spool directory (the sidecar)"),
         ("demo", demo, "run demo engines with real transformers caches and serve them"),
         ("inspect", inspect, "print every engine's declarations in a spool directory"),
-        ("plan", plan, "declared peak at another max_num_seqs, and the largest that fits a budget"),
+        ("plan", plan, PLAN_HELP),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name in ("inspect", "plan"):
@@ -114,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_arguments(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
     """The command and its settings from ``argv``, then ``environ`` for every setting not given as a flag."""
+    argv = attach_dashed_values(list(sys.argv[1:] if argv is None else argv), TABLES)
     args = build_parser().parse_args(argv)
+    directory, flag = getattr(args, "directory", None), args.spool_dir
+    if directory and flag and not _same_directory(directory, flag):
+        args.subparser.error(f"DIR {directory} and --spool-dir {flag} name different directories: give one")
     apply_environment(args.subparser, args, TABLES[args.command], environ)
     return args
 

@@ -7,21 +7,34 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
-from modelkv_exporter.cli.capacity import declared_peak_at, largest_fitting
-from modelkv_exporter.contract.snapshot import Declaration, Snapshot
-from modelkv_exporter.sidecar.reader.scan import SpoolScan
+from modelkv_exporter.cli.capacity import Correction, Demand
+from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
+from modelkv_exporter.sidecar.discovered import discovery_running, reports_discovery
+from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 _NUMERIC = re.compile(r"\d+(\.\d+)?( [KMGT]?i?B)?")
+_BREAK = re.compile(r"[./_\-:\s]+")
 MAX_WIDTH = 120
 MIN_WIDTH = 60
 MIN_COLUMN = 8
 GEOMETRY_LEGEND = "geometry: layers x kv_heads x head_dim x positions per row"
+FITS_LEGEND = "the largest max_num_seqs whose peak is within the budget"
+FROM_LEGEND = (
+    "from: declared, the declarations alone; observed, the declarations of an owner whose caches were observed "
+    "holding more, scaled up to what was observed (see the warnings)"
+)
 OBSERVED_LEGEND = (
     "observed: the most an owner's transformers caches held at once since the engine started; recent: within "
     "its last sample interval; calls: those that used a cache / all calls into the owner"
+)
+
+DISCOVERED_LEGEND = (
+    "discovered: modules that hold cache memory they do not declare; found by cache_layer (a transformers cache "
+    "built while no declaring owner ran) or census (tensors the module holds that it did not hold after "
+    "initialisation); layout: layers x kv_heads x head_dim x positions a row, element type, rows"
 )
 
 
@@ -31,13 +44,32 @@ def report_width() -> int:
 
 
 def abbreviate(text: str, width: int) -> str:
-    """``text`` cut in the middle with an ellipsis to at most ``width`` characters."""
+    """``text`` in at most ``width`` characters: its head and its tail joined by an ellipsis, cut where a word or
+    a path's part ends (at ``.``, ``/``, ``_``, ``-``, ``:`` or a space).
+
+    The tail, which tells module paths and engine ids apart, gets two thirds of the room, the head
+    the rest; where no trailing part fits, the head alone is kept, and a text with no such place to
+    cut at all is cut in the middle.
+    """
     if len(text) <= width:
         return text
     if width < 2:
         return text[:width]
-    head = width // 2
-    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+    room = width - 1
+    cuts = [m.end() for m in _BREAK.finditer(text) if m.end() < len(text)]
+    heads = [0, *cuts]
+    head = max(i for i in heads if i <= room // 3)
+    tail = next((j for j in cuts if j > head and len(text) - j <= room - head), None)
+    if tail is None:
+        head = 0
+        tail = next((j for j in cuts if len(text) - j <= room), None)
+    if tail is None and cuts and cuts[0] <= room:
+        return text[: max(i for i in cuts if i <= room)] + "…"
+    if tail is None:
+        half = room // 2
+        return text[:half] + "…" + text[len(text) - (room - half) :]
+    head = max(i for i in heads if i <= min(tail, room - (len(text) - tail)))
+    return text[:head] + "…" + text[tail:]
 
 
 def _column_widths(
@@ -139,12 +171,99 @@ def _observed(snapshot: Snapshot, width: int) -> list[str]:
     return [table(headers, rows, width, narrow=(0,)), *notes]
 
 
+def _rejected_lines(view: SpoolView, width: int) -> list[str]:
+    """Every file the scan could not use, with its reason, and how many it did not read."""
+    lines = [
+        _wrapped(f"{e.file_name}: {e.error.reason.value}: {e.error.detail}", width, "  ")
+        for e in view.rejected
+        if e.error
+    ]
+    if view.scan.skipped:
+        lines.append(
+            f"  {view.scan.skipped} more not read: over the spool's file or byte budget (--max-spool-files, "
+            "--max-spool-bytes)"
+        )
+    return ["rejected files:", *lines] if lines else []
+
+
+def _layout(found: DiscoveredOwner) -> str:
+    layout = found.layout
+    if layout is None:
+        return "-"
+    rows = f"{layout.rows} row" + ("" if layout.rows == 1 else "s")
+    return f"{layout.layers}x{layout.kv_heads}x{layout.head_dim}x{layout.positions} {visible(layout.dtype)}, {rows}"
+
+
+def _suggestion(found: DiscoveredOwner) -> str:
+    """What the author of a module that declares nothing should declare, from what was seen."""
+    name = visible(found.owner or ROOT_OWNER)
+    held = f"{name} ({visible(found.owner_class) or '?'}) declares nothing yet held {human_bytes(found.peak_bytes)}"
+    layout = found.layout
+    if layout is None:
+        return (
+            f"{held} in {found.storages} tensor storages, with no key/value layout: find what it keeps "
+            "and declare it in model_local_kv_specs()"
+        )
+    return (
+        f"{held}: declare it in model_local_kv_specs(): layers={layout.layers}, kv_heads={layout.kv_heads}, "
+        f"head_dim={layout.head_dim}, dtype={visible(layout.dtype)}, at least {layout.positions} positions a row, and what "
+        f"sets its rows ({layout.rows} seen at once)"
+    )
+
+
+def _discovery_status(snapshot: Snapshot) -> str:
+    status = snapshot.discovery
+    if status is None:
+        return ""
+    if not status.enabled:
+        return f"discovery off: {visible(status.reason or 'no reason given')}"
+    facts = []
+    if status.census_seconds is not None:
+        facts.append(
+            f"last census {status.modules} modules, {status.objects} objects in {status.census_seconds * 1000:.1f} ms"
+        )
+    if status.budget_exhausted:
+        facts.append(f"the census ran out of its {visible(status.budget_exhausted)} budget")
+    if status.owners_below_floor:
+        facts.append(f"{status.owners_below_floor} owners below the size floor")
+    if status.owners_over_budget:
+        facts.append(f"{status.owners_over_budget} past the engine's owner budget")
+    return "discovery: " + "; ".join(facts) if facts else ""
+
+
+def _discovered(snapshot: Snapshot, width: int) -> list[str]:
+    """Every owner the engine discovered, what it held and the layout seen, then what discovery covered, then
+    what each owner that declares nothing should declare. Nothing from a writer that does not report discovery;
+    text from the snapshot with its unprintable characters shown as escapes."""
+    if not reports_discovery(snapshot):
+        return []
+    parts = []
+    found = snapshot.discovered if discovery_running(snapshot) else ()
+    if found:
+        headers = ["discovered", "found by", "declares", "peak", "recent", "live", "layout"]
+        rows = [
+            [
+                visible(d.owner or ROOT_OWNER), visible(d.found_by), "also" if d.declares else "nothing",
+                human_bytes(d.peak_bytes),
+                human_bytes(d.recent_peak_bytes), human_bytes(d.live_bytes), _layout(d),
+            ]
+            for d in found
+        ]  # fmt: skip
+        parts.append(table(headers, rows, width, narrow=(0, 1, 6)))
+    status = _discovery_status(snapshot)
+    if status:
+        parts.append(_wrapped(status, width))
+    parts += [_wrapped("suggest: " + _suggestion(d), width, "  ") for d in found if not d.declares]
+    return parts
+
+
 def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
     """Every engine's declarations in full, then every rejected file; no line wider than ``width``.
 
     The table holds what compares across declarations; long text (owner class, capacity source,
     reasons, notes) follows it, one wrapped line per declaration. Then, per owner, what it declares
-    beside what its caches were observed to hold, and why an owner is not observed.
+    beside what its caches were observed to hold, and why an owner is not observed; then the owners the
+    engine discovered holding caches, and what each that declares nothing should declare.
     """
     if not view.scan.ok:
         return _wrapped(f"cannot read the spool: {view.scan.error}", width) + "\n"
@@ -172,50 +291,91 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
             text = f"dropped: {dropped.count} of {owner} ({dropped.owner_class}), {dropped.reason}: {dropped.error}"
             parts.append(_wrapped(text, width))
         parts += _observed(snapshot, width)
+        parts += _discovered(snapshot, width)
         parts.append("")
     if any(item.snapshot.declarations for item in view.usable):
         parts += [GEOMETRY_LEGEND, ""]
     if any(item.snapshot.owners() for item in view.usable):
         parts += [_wrapped(OBSERVED_LEGEND, width), ""]
-    rejected = view.rejected
-    if rejected:
-        parts.append("rejected files:")
-        parts += [
-            _wrapped(f"{e.file_name}: {e.error.reason.value}: {e.error.detail}", width, "  ")
-            for e in rejected
-            if e.error
-        ]
+    if any(discovery_running(item.snapshot) and item.snapshot.discovered for item in view.usable):
+        parts += [_wrapped(DISCOVERED_LEGEND, width), ""]
+    parts += _rejected_lines(view, width)
     if not parts:
         parts.append("no snapshots in the spool")
     return "\n".join(parts).rstrip() + "\n"
 
 
-def plan_report(scan: SpoolScan, max_num_seqs: int, budget: int | None, width: int = MAX_WIDTH) -> str:
-    """Declared peak of each engine at ``max_num_seqs`` and, with a budget, the largest that fits."""
-    if not scan.ok:
-        return _wrapped(f"cannot read the spool: {scan.error}", width) + "\n"
-    headers = ["engine", "stage", "now", "peak now", f"peak at {max_num_seqs}", "+ per sequence"]
+def _fit_cell(demand: Demand, budget: int) -> str:
+    fit = demand.fit(budget)
+    if fit.max_num_seqs is None:
+        return "any (fixed only)"
+    if fit.fixed_bytes > budget:
+        return f"none: fixed {human_bytes(fit.fixed_bytes)}"
+    if fit.max_num_seqs == 0:
+        return f"none: one takes {human_bytes(demand.peak_at(1))}"
+    return str(fit.max_num_seqs)
+
+
+def _correction_note(engine_id: str, snapshot: Snapshot, correction: Correction) -> str:
+    owner = correction.owner or ROOT_OWNER
+    at = f"max_num_seqs {_max_num_seqs(snapshot)}"
+    observed = human_bytes(correction.observed_bytes)
+    if correction.ratio is None:
+        return (
+            f"warning: {engine_id}: owner {owner} declares nothing but was observed holding {observed}; "
+            "counted as fixed bytes (how they grow with max_num_seqs is unknown)"
+        )
+    return (
+        f"warning: {engine_id}: owner {owner} was observed holding {float(correction.ratio):.2f}x its declaration "
+        f"({observed} against {human_bytes(correction.declared_bytes)} declared at {at}); its figures are scaled "
+        f"up by {float(correction.ratio):.2f}"
+    )
+
+
+STATE_NOTES = {
+    EngineState.STALE: "stale: the engine missed its heartbeats; planned from its last snapshot",
+    EngineState.ENDED: "ended: the engine shut down; planned from the snapshot it left",
+    EngineState.FORGOTTEN: "forgotten: stale or ended long ago (--forget-after); planned from the snapshot it left",
+}
+"""What ``plan`` says under its table about engines that are not running now."""
+
+
+def plan_report(view: SpoolView, max_num_seqs: int | None, budget: int | None, width: int = MAX_WIDTH) -> str:
+    """Each engine's peak now, at ``max_num_seqs`` and per sequence, and the largest max_num_seqs within ``budget``.
+
+    Every engine in the spool is planned, whatever its state, from its declarations; an owner
+    observed holding more than it declares has its figures scaled up (``Demand.expected``), and a
+    warning under the table names it and the ratio. Rejected files are listed below.
+    """
+    if not view.scan.ok:
+        return _wrapped(f"cannot read the spool: {view.scan.error}", width) + "\n"
+    headers = ["engine", "stage", "state", "now", "peak now"]
+    if max_num_seqs is not None:
+        headers.append(f"peak at {max_num_seqs}")
+    headers += ["per seq", "from"]
     if budget is not None:
-        headers.append(f"largest max_num_seqs within {human_bytes(budget)}")
-    rows = []
-    for _, snapshot in scan.snapshots:
-        if snapshot.ended:
-            continue
-        row = [
-            snapshot.engine.engine_id,
-            snapshot.engine.stage_label,
-            "—" if snapshot.settings.max_num_seqs is None else str(snapshot.settings.max_num_seqs),
-            human_bytes(snapshot.declared_peak_bytes),
-            human_bytes(declared_peak_at(snapshot, max_num_seqs)),
-            human_bytes(snapshot.per_sequence_bytes),
-        ]
+        headers.append(f"fits {human_bytes(budget)}")
+    rows, warnings = [], []
+    for item in view.usable:
+        snapshot, engine_id = item.snapshot, item.snapshot.engine.engine_id
+        demand = Demand.expected(snapshot)
+        now = snapshot.settings.max_num_seqs
+        row = [engine_id, snapshot.engine.stage_label, item.state.value, "—" if now is None else str(now)]
+        row.append(human_bytes(demand.peak_at(now or 1)))
+        if max_num_seqs is not None:
+            row.append(human_bytes(demand.peak_at(max_num_seqs)))
+        row += [human_bytes(demand.per_sequence_bytes), "observed" if demand.corrections else "declared"]
         if budget is not None:
-            fit = largest_fitting(snapshot, budget)
-            if fit.max_num_seqs is None:
-                row.append("any (nothing scales with it)")
-            elif fit.max_num_seqs == 0:
-                row.append(f"none: fixed part alone is {human_bytes(fit.fixed_bytes)}")
-            else:
-                row.append(str(fit.max_num_seqs))
+            row.append(_fit_cell(demand, budget))
         rows.append(row)
-    return (table(headers, rows, width, narrow=(0, 1)) if rows else "no live engines in the spool") + "\n"
+        warnings += [_wrapped(_correction_note(engine_id, snapshot, c), width, "") for c in demand.corrections]
+    parts = []
+    if budget is not None:
+        parts.append(_wrapped(f"budget: {budget} bytes ({human_bytes(budget)}); fits: {FITS_LEGEND}", width))
+    parts.append(table(headers, rows, width, narrow=(0, 1)) if rows else "no engine snapshots in the spool")
+    if warnings:
+        parts += [_wrapped(FROM_LEGEND, width), *warnings]
+    states = {item.state for item in view.usable}
+    parts += [_wrapped(note, width) for state, note in STATE_NOTES.items() if state in states]
+    parts += _rejected_lines(view, width)
+    return "\n".join(parts) + "\n"

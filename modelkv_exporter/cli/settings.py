@@ -36,18 +36,23 @@ class DemoSettings:
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """What ``plan`` plans for."""
+    """What ``plan`` plans for: a max_num_seqs, a budget, or both (it needs one)."""
 
-    max_num_seqs: int = setting(REQUIRED, positive_int, "The max_num_seqs to plan for.")
+    max_num_seqs: int | None = setting(
+        None, positive_int, "The max_num_seqs to plan for: plan prints each engine's peak at it."
+    )
     budget: int | None = setting(
         None,
         byte_size,
-        "Bytes the declared peak may take (1073741824, 512MiB, 2GiB); plan then prints the largest max_num_seqs "
-        "that fits.",
+        "Bytes each engine's peak may take (1073741824, 512MiB, 2GiB; 2GB is 2000000000); plan prints the largest "
+        "max_num_seqs that fits it.",
     )
 
 
-DIR_ARGUMENT = "The DIR argument gives it too."
+DIR_ARGUMENT = (
+    "The DIR argument gives it too: DIR and --spool-dir naming different directories is an error, and DIR wins "
+    "over MODELKV_SPOOL_DIR (with a note)."
+)
 
 TABLES: dict[str, Table] = {
     table.program: table
@@ -57,10 +62,12 @@ TABLES: dict[str, Table] = {
             "demo",
             (ServerSettings, SidecarConfig, DemoSettings),
             defaults={"host": "127.0.0.1"},
-            notes={"spool_dir": "A temporary one is made when unset."},
+            notes={
+                "spool_dir": "modelkv-demo-PORT in the system's temporary directory when unset, kept when the demo ends."
+            },
         ),
         Table("inspect", (Staleness, SpoolLimits), notes={"spool_dir": DIR_ARGUMENT}),
-        Table("plan", (SpoolLimits, PlanSettings), notes={"spool_dir": DIR_ARGUMENT}),
+        Table("plan", (Staleness, SpoolLimits, PlanSettings), notes={"spool_dir": DIR_ARGUMENT}),
     )
 }
 """Every command's table, by command name, in the order the commands are listed."""

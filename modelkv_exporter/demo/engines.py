@@ -4,8 +4,9 @@ Each engine runs in its own process (as each vLLM-Omni stage does), builds a sma
 model whose inner modules own real transformers caches, publishes its declarations,
 starts observing its owners' caches (unless ``MODELKV_OBSERVE=0``), takes a post-load
 memory baseline, allocates the caches through each owner, then beats with its measured
-resident memory and what its caches were observed to hold, until told to stop, when it
-marks its snapshot ended. One engine's owner declares less than it holds, on purpose.
+resident memory, what its caches were observed to hold and the owners discovery found,
+until told to stop, when it marks its snapshot ended. One engine's owner declares less than it
+holds, on purpose; another engine's module holds a cache it does not declare at all.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.synchronize
+import os
 import signal
 from dataclasses import dataclass
 
 from torch import nn
 
 from modelkv_exporter.demo import owners
+from modelkv_exporter.engine.config import HookConfig
+from modelkv_exporter.engine.discover import discover
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import install
 from modelkv_exporter.engine.protocol import declaring_owners
@@ -37,6 +41,8 @@ class DemoEngine:
     stage_name: str
     max_num_seqs: int
     owners: tuple[tuple[str, str], ...]
+    undeclared: tuple[tuple[str, str], ...] = ()
+    """Modules that hold caches and declare nothing: ``(path, class name)``."""
 
 
 DEMO_ENGINES: tuple[DemoEngine, ...] = (
@@ -72,15 +78,27 @@ DEMO_ENGINES: tuple[DemoEngine, ...] = (
         4,
         (("tokenizer.decoder", "EagerCodecDecoder"),),
     ),
+    DemoEngine(
+        "minicpm-o-streaming-s0-r0",
+        "minicpm-o-streaming",
+        "MiniCPMO",
+        0,
+        "thinker",
+        4,
+        (),
+        (("apm.streaming_kv", "StreamingAudioKVCache"),),
+    ),
 )
 UNDER_DECLARING = "qwen3-tts-eager-s1-r0"
 """The demo engine whose owner deliberately declares less than it holds."""
+UNDECLARED = "minicpm-o-streaming-s0-r0"
+"""The demo engine with a module that holds a cache it does not declare."""
 
 
 def build_model(engine: DemoEngine) -> nn.Module:
     """A module tree with each owner at its dotted path."""
     root = nn.Module()
-    for path, class_name in engine.owners:
+    for path, class_name in engine.owners + engine.undeclared:
         parent = root
         *parents, leaf = path.split(".")
         for name in parents:
@@ -111,14 +129,21 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         device="cpu",
     )
     observer = install(declaring_owners(model))
+    config = HookConfig.from_environ({**os.environ, "MODELKV_SPOOL_DIR": spool_dir})
+    assert config is not None
+    declaring = {d.owner for d in snapshot.declarations}
+    discovery = discover(model, config, observer, declaring)
+    discovery.start()
     publisher = SnapshotPublisher(spool_dir, snapshot)
     publisher.set_baseline(sample_host_memory())
     for module in model.modules():
-        if isinstance(module, owners.DemoOwner):
+        if isinstance(module, (owners.DemoOwner, owners.StreamingAudioKVCache)):
             module.allocate(engine.max_num_seqs)
     if interval > 0:
-        publisher.start_heartbeat(interval, sample_host_memory, observer.sample)
-    publisher.beat(sample_host_memory(), observer.sample())
+        publisher.start_heartbeat(interval, sample_host_memory, observer.sample, discovery)
+    discovery.census()
+    observations = observer.sample()
+    publisher.beat(sample_host_memory(), observations, discovery.sample(observations))
     stop.wait()
     publisher.end()
 

@@ -298,3 +298,42 @@ class TalkerGenerator(StaticCacheOwner):
                 allocation_note="full extent on first write per layer; rebuilt per text segment",
             )
         ]
+
+
+class StreamingAudioKVCache(nn.Module):
+    """MiniCPM-o's streaming audio encoder as newer vLLM-Omni keeps it: its own paged KV, declared nowhere.
+
+    One plain tensor ``[layers, 2, capacity, embed_dim]`` (no ``transformers`` class), grown
+    ``PAGE`` positions at a time. It declares nothing, so only discovery's census finds it; at
+    ``STREAMED`` positions it holds about 70 MiB, above ``ModelKVUndeclaredCache``'s 64 MiB.
+    """
+
+    LAYERS, EMBED_DIM, PAGE, STREAMED = 24, 1024, 250, 700
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, positions: int) -> None:
+        """Write ``positions`` new positions into every layer, growing the tensor by whole pages."""
+        kv = self.kv
+        capacity = 0 if kv is None else kv.shape[2]
+        needed = self.length + positions
+        if kv is None or needed > capacity:
+            pages = -(-needed // self.PAGE)
+            grown = torch.zeros(self.LAYERS, 2, pages * self.PAGE, self.EMBED_DIM, dtype=torch.bfloat16)
+            if kv is not None:
+                grown[:, :, :capacity] = kv
+            self.kv = kv = grown
+        kv[:, :, self.length : needed] = 0.5
+        self.length = needed
+
+    def allocate(self, max_num_seqs: int) -> None:
+        """Stream ``STREAMED`` positions in chunks of 100, as audio arrives."""
+        while self.length < self.STREAMED:
+            self.append(100)
+
+    def held_bytes(self) -> int:
+        """Bytes of the tensor it keeps."""
+        return 0 if self.kv is None else self.kv.untyped_storage().nbytes()

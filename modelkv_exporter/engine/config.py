@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelkv_exporter.contract.settings import Table, build, number, setting
+from modelkv_exporter.contract.settings import Table, build, number, setting, whole_number
 from modelkv_exporter.engine.log import get_logger
 
 logger = get_logger("config")
@@ -24,6 +24,27 @@ MIN_SAMPLE_INTERVAL = 1.0
 def sample_interval(text: str) -> float:
     """Seconds between samples, at least 1."""
     return max(MIN_SAMPLE_INTERVAL, number(text))
+
+
+def census_interval(text: str) -> float:
+    """Seconds between censuses, at least 1."""
+    return max(MIN_SAMPLE_INTERVAL, number(text))
+
+
+def at_least_one(text: str) -> int:
+    """A whole number, at least 1."""
+    value = whole_number(text)
+    if value < 1:
+        raise ValueError(f"{text!r} is less than 1")
+    return value
+
+
+def not_negative(text: str) -> int:
+    """A whole number, at least 0."""
+    value = whole_number(text)
+    if value < 0:
+        raise ValueError(f"{text!r} is negative")
+    return value
 
 
 def switch(text: str) -> bool:
@@ -56,6 +77,42 @@ class HookConfig:
         switch,
         "Observe what the transformers caches of each declaring owner really hold (1 or 0); "
         "0 installs no hook at all, and every observed figure is then absent.",
+    )
+    discover: bool = setting(
+        True,
+        switch,
+        "Discover modules that hold caches they do not declare (1 or 0): transformers caches built while no "
+        "declaring owner runs, and tensors modules hold that they did not hold after load. MODELKV_OBSERVE=0 "
+        "turns discovery off too.",
+    )
+    census_interval: float = setting(
+        30.0,
+        census_interval,
+        "Seconds between two censuses of the tensors the model's modules hold (at least 1); the census runs on "
+        "the heartbeat thread, at the first heartbeat after this much time.",
+    )
+    discover_floor_bytes: int = setting(
+        1 << 20,
+        not_negative,
+        "Bytes a discovered owner must have held at once to be published; smaller ones (rotary tables, "
+        "scales) are only counted.",
+    )
+    discover_max_owners: int = setting(
+        32, not_negative, "Discovered owners one engine publishes at most (the largest first); the rest are counted."
+    )
+    census_max_modules: int = setting(
+        100_000, at_least_one, "Modules one census visits at most; a census that stops there says so."
+    )
+    census_max_objects: int = setting(
+        500_000,
+        at_least_one,
+        "Objects (tensors, containers, plain objects) one census visits at most; a census that stops there says so.",
+    )
+    census_max_depth: int = setting(
+        8,
+        at_least_one,
+        "How deep the census follows a module's attributes through containers and plain objects; what lies "
+        "deeper is not looked at, and the census says so.",
     )
 
     @classmethod

@@ -11,8 +11,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
-from modelkv_exporter.contract.snapshot import Measured, MemorySample, Observation, Snapshot
+from modelkv_exporter.contract.snapshot import (
+    DiscoveredOwner,
+    DiscoveryStatus,
+    Measured,
+    MemorySample,
+    Observation,
+    Snapshot,
+)
 from modelkv_exporter.contract.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.samplers import Sampler
@@ -21,6 +29,18 @@ logger = get_logger("heartbeat")
 
 Observe = Callable[[], Sequence[Observation]]
 """Takes one sample of what the engine's declaring owners' caches hold (``Observer.sample``)."""
+Discovered = tuple[tuple[DiscoveredOwner, ...], DiscoveryStatus]
+"""The discovered owners and the discovery status (``Discovery.sample``)."""
+
+
+class DiscoverySource(Protocol):
+    """What the heartbeat asks of discovery (``engine.discover.Discovery``)."""
+
+    def census(self) -> None:
+        """Run the census when it is due; called outside the publisher's lock (a census yields)."""
+
+    def sample(self, observations: Sequence[Observation] = ()) -> Discovered:
+        """The discovered owners and the status now, given the same beat's observations."""
 
 
 def with_baseline(snapshot: Snapshot, sample: MemorySample) -> Snapshot:
@@ -29,12 +49,17 @@ def with_baseline(snapshot: Snapshot, sample: MemorySample) -> Snapshot:
 
 
 def _with_figures(
-    snapshot: Snapshot, sample: MemorySample | None, observations: Sequence[Observation] | None
+    snapshot: Snapshot,
+    sample: MemorySample | None,
+    observations: Sequence[Observation] | None,
+    discovered: Discovered | None = None,
 ) -> Snapshot:
     if sample is not None:
         snapshot = replace(snapshot, measured=replace(snapshot.measured, current=sample))
     if observations is not None:
         snapshot = replace(snapshot, observations=tuple(observations))
+    if discovered is not None:
+        snapshot = replace(snapshot, discovered=discovered[0], discovery=discovered[1])
     return snapshot
 
 
@@ -71,32 +96,49 @@ class SnapshotPublisher:
             self._snapshot = replace(change(self._snapshot), heartbeat_at=time.time())
             return write_snapshot(self.spool_dir, self._snapshot)
 
-    def beat(self, sample: MemorySample | None = None, observations: Sequence[Observation] | None = None) -> Path:
-        """A heartbeat, with a new current memory sample and new observations when they are given."""
-        return self.update(lambda snapshot: _with_figures(snapshot, sample, observations))
+    def beat(
+        self,
+        sample: MemorySample | None = None,
+        observations: Sequence[Observation] | None = None,
+        discovered: Discovered | None = None,
+    ) -> Path:
+        """A heartbeat, with a new current memory sample, observations and discovered owners when they are given."""
+        return self.update(lambda snapshot: _with_figures(snapshot, sample, observations, discovered))
 
     def set_baseline(self, sample: MemorySample) -> Path:
         """Record ``sample`` as the post-initialisation baseline (and as current)."""
         return self.update(lambda s: with_baseline(s, sample))
 
-    def start_heartbeat(self, interval: float, sampler: Sampler | None = None, observe: Observe | None = None) -> None:
+    def start_heartbeat(
+        self,
+        interval: float,
+        sampler: Sampler | None = None,
+        observe: Observe | None = None,
+        discovery: DiscoverySource | None = None,
+    ) -> None:
         """Beat every ``interval`` seconds in a daemon thread until ``stop``/``end``."""
         if self._thread is not None:
             return
         self._snapshot = replace(self._snapshot, heartbeat_interval_seconds=interval)
         self._thread = threading.Thread(
-            target=self._run, args=(interval, sampler, observe), name="modelkv-heartbeat", daemon=True
+            target=self._run, args=(interval, sampler, observe, discovery), name="modelkv-heartbeat", daemon=True
         )
         self._thread.start()
 
-    def _run(self, interval: float, sampler: Sampler | None, observe: Observe | None) -> None:
+    def _run(
+        self, interval: float, sampler: Sampler | None, observe: Observe | None, discovery: DiscoverySource | None
+    ) -> None:
         def change(snapshot: Snapshot) -> Snapshot:
             # Sampled under the publisher's lock, so a beat from another thread never lands between
             # this sample and its write and then gets overwritten by older figures.
-            return _with_figures(snapshot, sampler() if sampler else None, observe() if observe else None)
+            observations = observe() if observe else None
+            discovered = discovery.sample(observations or ()) if discovery else None
+            return _with_figures(snapshot, sampler() if sampler else None, observations, discovered)
 
         while not self._stop.wait(interval):
             try:
+                if discovery is not None:
+                    discovery.census()
                 self.update(change)
             except Exception as error:
                 if not self._failing:

@@ -209,6 +209,11 @@ def _unwrap_to_module(model: object) -> object:
     return current
 
 
+def unwrap_model(model: object) -> object:
+    """The real module tree behind ``model`` (through vLLM's ``unwrap()`` wrappers)."""
+    return _unwrap_to_module(model)
+
+
 _METHOD = "model_local_kv_specs"
 
 

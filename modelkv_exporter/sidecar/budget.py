@@ -9,6 +9,10 @@ label values; a later engine whose sanitised engine label equals an earlier one'
 ``over_budget`` (a collision as ``invalid_snapshot`` or ``duplicate_engine``) and counted once
 per file version; every other engine is still exported.
 
+Discovered owners are not a reason to reject: an engine's series carry at most ``max_discovered_owners`` of
+them (the largest, ``sidecar.discovered``), and the others are counted in
+``modelkv_discovery_owners_omitted{reason="exporter_budget"}``.
+
 Series and label bytes are counted by the same sample functions that render /metrics, for a
 fresh engine (a stale one exports fewer), so the budget is what a scrape really carries.
 """
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS
 from modelkv_exporter.sidecar.labels import engine_labels
 from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError
 from modelkv_exporter.sidecar.reader.scan import SpoolEntry, SpoolReader, SpoolScan
@@ -38,6 +43,14 @@ class Budget:
         "A snapshot with more declarations, or more entries of dropped declarations, is rejected (over_budget).",
     )
     """Real models declare a few: one per cache-owning module class."""
+
+    max_discovered_owners: int = setting(
+        MAX_DISCOVERED_OWNERS,
+        positive_int,
+        "Discovered owners exported per engine, the largest by peak; the others are counted in "
+        'modelkv_discovery_owners_omitted{reason="exporter_budget"}, not exported.',
+    )
+    """An engine's own owner budget and size floor come first; this bounds what a writer that ignores them costs."""
 
     max_label_bytes: int = setting(
         256 * 1024,
@@ -68,8 +81,9 @@ class Cost:
     label_bytes: int
 
 
-def snapshot_cost(snapshot: Snapshot) -> Cost:
-    """The series and label bytes ``snapshot`` exports when fresh (its snapshot age included).
+def snapshot_cost(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWNERS) -> Cost:
+    """The series and label bytes ``snapshot`` exports when fresh (its snapshot age included), with at most
+    ``max_discovered`` of its discovered owners.
 
     Raises ``SnapshotError`` (``invalid_snapshot``) when two of its series carry the same labels
     once sanitised: Prometheus would keep one of them, and an OpenMetrics parser would refuse the body.
@@ -90,7 +104,7 @@ def snapshot_cost(snapshot: Snapshot) -> Cost:
     def info(name: str, values: list[str]) -> None:
         add(name, values, 1.0)
 
-    engine_samples(snapshot, False, add, info)
+    engine_samples(snapshot, False, add, info, max_discovered)
     add("modelkv_engine_snapshot_age_seconds", engine_labels(snapshot), 0.0)
     return Cost(len(seen), label_bytes)
 
@@ -118,7 +132,7 @@ class Admission:
                 RejectReason.OVER_BUDGET,
                 f"{dropped} entries of dropped declarations > limit {self.budget.max_declarations}",
             )
-        cost = snapshot_cost(snapshot)
+        cost = snapshot_cost(snapshot, self.budget.max_discovered_owners)
         if cost.label_bytes > self.budget.max_label_bytes:
             raise SnapshotError(
                 RejectReason.OVER_BUDGET,
@@ -145,7 +159,7 @@ class Admission:
                     entries.append(entry)
                     continue
                 key = (entry.file_name, entry.version)
-                cost = costs[key] = self._costs.get(key) or snapshot_cost(snapshot)
+                cost = costs[key] = self._costs.get(key) or snapshot_cost(snapshot, self.budget.max_discovered_owners)
                 engine = engine_labels(snapshot)[0]
                 error = None
                 if engine in owners:

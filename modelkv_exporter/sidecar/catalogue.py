@@ -12,13 +12,17 @@ from typing import Literal
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
+from modelkv_exporter.sidecar.reader.state import EngineState
 
 Kind = Literal["gauge", "counter", "info"]
 Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
+UNITS = ("bytes", "seconds")
+"""Base units a family's name can end in; OpenMetrics states them in a ``# UNIT`` line."""
 
 ENGINE = ("engine", "model", "stage")
 DECLARATION = (*ENGINE, "owner", "cache", "scope", "rows")
 OWNER = (*ENGINE, "owner")
+DISCOVERED = (*OWNER, "found_by")
 
 
 @dataclass(frozen=True)
@@ -40,17 +44,23 @@ class Metric:
             return self.name.removesuffix("_info")
         return self.name
 
+    @property
+    def unit(self) -> str:
+        """The base unit the family's name ends in (``bytes``, ``seconds``), or "" for none."""
+        return next((unit for unit in UNITS if self.family_name.endswith(f"_{unit}")), "")
+
     def family(self) -> Family:
         """A fresh, empty family for one scrape."""
         if self.kind == "counter":
-            return CounterMetricFamily(self.family_name, self.help, labels=self.labels)
+            return CounterMetricFamily(self.family_name, self.help, labels=self.labels, unit=self.unit)
         if self.kind == "info":
             return InfoMetricFamily(self.family_name, self.help, labels=self.labels)
-        return GaugeMetricFamily(self.family_name, self.help, labels=self.labels)
+        return GaugeMetricFamily(self.family_name, self.help, labels=self.labels, unit=self.unit)
 
 
 _D, _E, _M, _X = "Declarations", "Engines", "Measured memory", "Exporter health"
 _O = "Observed caches"
+_U = "Discovered caches"
 
 _METRICS: list[Metric] = [
     Metric(
@@ -211,7 +221,7 @@ _METRICS: list[Metric] = [
     Metric(
         "modelkv_exporter_spool_files",
         "gauge",
-        "Snapshot files in the spool by state (exported, stale, ended, rejected).",
+        f"Snapshot files in the spool by state ({', '.join(state.value for state in EngineState)}).",
         ("state",),
         _X,
     ),
@@ -274,6 +284,67 @@ _METRICS: list[Metric] = [
         "1 when the engine observes what the owner's caches hold, 0 when it cannot (its observed figures are absent).",
         OWNER,
         _O,
+    ),
+    Metric(
+        "modelkv_discovered_peak_bytes",
+        "gauge",
+        "Most bytes a module that the engine found holding cache memory held at once since the engine started "
+        "(found_by: cache_layer or census).",
+        DISCOVERED,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovered_recent_peak_bytes",
+        "gauge",
+        "Most bytes the discovered owner held at once within the engine's last sample interval.",
+        DISCOVERED,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovered_owner_info",
+        "info",
+        "Class of one discovered owner, whether it also declares caches (declares: true or false), and the "
+        "key/value layout seen (layout: layers=, kv_heads=, head_dim=, dtype=, positions=, rows=; empty when none).",
+        ("engine", "owner", "owner_class", "found_by", "declares", "layout", "model", "stage"),
+        _U,
+    ),
+    Metric(
+        "modelkv_engine_discovered_owners",
+        "gauge",
+        "Discovered owners exported for the engine (absent when its writer does not report discovery or it is off).",
+        ENGINE,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovery_available",
+        "gauge",
+        "1 when the engine runs discovery, 0 when it is off or failed; absent when its writer does not report "
+        "discovery.",
+        ENGINE,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovery_census_duration_seconds",
+        "gauge",
+        "Wall time of the engine's last census of the tensors its modules hold (absent before the first).",
+        ENGINE,
+        _U,
+    ),
+    Metric(
+        "modelkv_discovery_census_exhausted",
+        "gauge",
+        "1 for the budget (modules, objects, depth) the last census ran out of: memory beyond it was not looked "
+        "at (absent when none).",
+        (*ENGINE, "budget"),
+        _U,
+    ),
+    Metric(
+        "modelkv_discovery_owners_omitted",
+        "gauge",
+        "Discovered owners not exported, by reason: below_floor (smaller than the engine's size floor), "
+        "over_budget (past the engine's owner budget), exporter_budget (past --max-discovered-owners).",
+        (*ENGINE, "reason"),
+        _U,
     ),
 ]
 

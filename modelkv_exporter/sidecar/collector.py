@@ -48,8 +48,9 @@ class SpoolCollector:
             cast(Any, families[name]).add_metric(labels, dict(zip(metric.labels, labels, strict=True)))
 
         view = self.source.view()
+        limit = self.source.budget.max_discovered_owners
         for item in view.exported:
-            engine_samples(item.snapshot, item.state is EngineState.STALE, add, info)
+            engine_samples(item.snapshot, item.state is EngineState.STALE, add, info, limit)
             add(
                 "modelkv_engine_snapshot_age_seconds",
                 engine_labels(item.snapshot),

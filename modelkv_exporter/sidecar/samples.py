@@ -11,6 +11,12 @@ from collections.abc import Callable, Mapping
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
+from modelkv_exporter.sidecar.discovered import (
+    MAX_DISCOVERED_OWNERS,
+    discovery_running,
+    exported_discovery,
+    layout_text,
+)
 from modelkv_exporter.sidecar.labels import engine_labels, label
 from modelkv_exporter.sidecar.reader.decode import RejectReason
 from modelkv_exporter.sidecar.reader.state import EngineState
@@ -38,8 +44,11 @@ def refusal_samples(refusals: Mapping[str, int], add: Add) -> None:
         add("modelkv_exporter_http_refusals_total", [refusal.value], refusals.get(refusal.value, 0))
 
 
-def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> None:
-    """Every sample of one engine that depends only on its snapshot and staleness (not on the clock)."""
+def engine_samples(
+    snapshot: Snapshot, stale: bool, add: Add, info: Info, max_discovered: int = MAX_DISCOVERED_OWNERS
+) -> None:
+    """Every sample of one engine that depends only on its snapshot and staleness (not on the clock); at most
+    ``max_discovered`` of its discovered owners."""
     who = snapshot.engine
     engine = engine_labels(snapshot)
     info(
@@ -104,6 +113,7 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info) -> Non
         )
 
     observation_samples(snapshot, engine, add)
+    discovery_samples(snapshot, engine, add, info, max_discovered)
 
     current = snapshot.measured.current
     baseline = snapshot.measured.baseline
@@ -137,3 +147,35 @@ def observation_samples(snapshot: Snapshot, engine: list[str], add: Add) -> None
         for name, value in figures:
             if value is not None:
                 add(name, series, value)
+
+
+def discovery_samples(snapshot: Snapshot, engine: list[str], add: Add, info: Info, limit: int) -> None:
+    """Whether the engine runs discovery and, only while it does, the owners it found (``limit`` at most), what
+    its census covered, and how many owners were left out. Nothing from a writer that does not report discovery."""
+    status = snapshot.discovery
+    if status is not None:
+        add("modelkv_discovery_available", engine, 1.0 if status.enabled else 0.0)
+    if not discovery_running(snapshot):
+        return
+    exported = exported_discovery(snapshot, limit)
+    add("modelkv_engine_discovered_owners", engine, len(exported.owners))
+    for found in exported.owners:
+        owner, found_by = label(found.owner or ROOT_OWNER), label(found.found_by)
+        series = [*engine, owner, found_by]
+        add("modelkv_discovered_peak_bytes", series, found.peak_bytes)
+        add("modelkv_discovered_recent_peak_bytes", series, found.recent_peak_bytes)
+        declares = "true" if found.declares else "false"
+        info(
+            "modelkv_discovered_owner_info",
+            [engine[0], owner, label(found.owner_class), found_by, declares, label(layout_text(found.layout)),
+             engine[1], engine[2]],
+        )  # fmt: skip
+    omitted = {"exporter_budget": exported.omitted}
+    if status is not None:
+        omitted = {"below_floor": status.owners_below_floor, "over_budget": status.owners_over_budget, **omitted}
+        if status.census_seconds is not None:
+            add("modelkv_discovery_census_duration_seconds", engine, status.census_seconds)
+        if status.budget_exhausted is not None:
+            add("modelkv_discovery_census_exhausted", [*engine, label(status.budget_exhausted)], 1.0)
+    for reason, count in omitted.items():
+        add("modelkv_discovery_owners_omitted", [*engine, reason], count)

@@ -55,6 +55,11 @@ class SpoolSource:
         staleness = staleness or Staleness()
         return cls(reader, staleness.stale_after, clock, admission, staleness.forget_after)
 
+    @property
+    def budget(self) -> Budget:
+        """The budget the spool is admitted within (the defaults for a source without admission)."""
+        return Budget() if self.admission is None else self.admission.budget
+
     def view(self) -> SpoolView:
         """Scan the spool now, admit it within the budget, and classify every file."""
         scan = self.reader.scan()

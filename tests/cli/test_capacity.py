@@ -6,15 +6,19 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.cli.capacity import declared_peak_at, largest_fitting
-from modelkv_exporter.contract.snapshot import DroppedDeclaration
+from modelkv_exporter.cli.capacity import Correction, Demand
+from modelkv_exporter.contract.snapshot import DroppedDeclaration, Observation
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.sizes import parse_bytes
-from tests.support.snapshots import make_declaration, make_snapshot
+from tests.support.snapshots import make_declaration, make_observation, make_snapshot
+
+GOLDEN = Path(__file__).parents[1] / "sidecar" / "golden"
 
 PER_SEQ = make_declaration("req", max_num_seqs=8)  # 4,653,056 bytes per row
 POOL = make_declaration("pool", rows="fixed", rows_fixed=7, scope="model", max_num_seqs=8)
@@ -22,10 +26,13 @@ SNAPSHOT = make_snapshot("code2wav", declarations=(PER_SEQ, POOL), stage_name="c
 ROW = PER_SEQ.bytes_per_row
 
 
+DECLARED = Demand.declared(SNAPSHOT)
+
+
 def test_declared_peak_scales_only_per_sequence_caches() -> None:
-    assert declared_peak_at(SNAPSHOT, 8) == SNAPSHOT.declared_peak_bytes == ROW * 8 + ROW * 7
-    assert declared_peak_at(SNAPSHOT, 64) == ROW * 64 + ROW * 7
-    assert declared_peak_at(SNAPSHOT, 0) == ROW * 1 + ROW * 7, "at least one row"
+    assert DECLARED.peak_at(8) == SNAPSHOT.declared_peak_bytes == ROW * 8 + ROW * 7
+    assert DECLARED.peak_at(64) == ROW * 64 + ROW * 7
+    assert DECLARED.peak_at(0) == ROW * 1 + ROW * 7, "at least one row"
 
 
 @pytest.mark.parametrize(
@@ -33,16 +40,64 @@ def test_declared_peak_scales_only_per_sequence_caches() -> None:
     [(ROW * 7 - 1, 0), (ROW * 8 - 1, 0), (ROW * 8, 1), (ROW * 20 + 5, 13), (ROW * 1000, 993)],
 )
 def test_largest_max_num_seqs_that_fits(budget: int, expected: int) -> None:
-    fit = largest_fitting(SNAPSHOT, budget)
+    fit = DECLARED.fit(budget)
     assert fit.max_num_seqs == expected
     if expected:
-        assert declared_peak_at(SNAPSHOT, expected) <= budget < declared_peak_at(SNAPSHOT, expected + 1)
+        assert DECLARED.peak_at(expected) <= budget < DECLARED.peak_at(expected + 1)
+
+
+def test_an_owner_observed_above_its_declaration_has_each_of_its_caches_scaled_by_the_ratio() -> None:
+    """Both of the owner's caches, per-sequence and fixed, grow by observed / declared; the fit follows."""
+    held = SNAPSHOT.declared_peak_bytes * 3 // 2
+    demand = Demand.expected(replace(SNAPSHOT, observations=(make_observation("decoder", peak_bytes=held),)))
+    assert demand.corrections == (Correction("decoder", SNAPSHOT.declared_peak_bytes, held),)
+    assert demand.corrections[0].ratio == Fraction(3, 2)
+    assert (demand.per_sequence_bytes, demand.fixed_bytes) == (ROW * 3 // 2, ROW * 7 * 3 // 2)
+    assert demand.peak_at(8) == held
+    assert demand.fit(ROW * 30).max_num_seqs == 13 != DECLARED.fit(ROW * 30).max_num_seqs == 23
+
+
+@pytest.mark.parametrize(
+    "observation",
+    [
+        make_observation("decoder", peak_bytes=SNAPSHOT.declared_peak_bytes),
+        make_observation("decoder", peak_bytes=1),
+        make_observation("decoder", reason="the owner replayed a CUDA graph"),
+    ],
+)
+def test_owners_holding_at_most_their_declaration_or_unobserved_are_taken_at_their_word(
+    observation: Observation,
+) -> None:
+    snapshot = replace(SNAPSHOT, observations=(observation,))
+    assert Demand.expected(snapshot) == DECLARED
+
+
+def test_an_owner_holding_caches_it_does_not_declare_adds_them_as_fixed_bytes() -> None:
+    snapshot = replace(SNAPSHOT, observations=(make_observation("vocoder", peak_bytes=ROW),))
+    demand = Demand.expected(snapshot)
+    assert demand.corrections == (Correction("vocoder", 0, ROW),) and demand.corrections[0].ratio is None
+    assert (demand.fixed_bytes, demand.per_sequence_bytes) == (ROW * 8, ROW)
+
+
+def test_the_golden_observed_spool_scales_only_the_decoder_by_its_2_18x() -> None:
+    """The recorded Qwen3-TTS decoder: 155 MiB observed against 71 MiB declared; the unobservable talker stays."""
+    ((_, snapshot),) = SpoolReader(GOLDEN / "observed").scan().snapshots
+    demand = Demand.expected(snapshot)
+    (correction,) = demand.corrections
+    assert (correction.owner, correction.declared_bytes, correction.observed_bytes) == (
+        "tokenizer.decoder",
+        snapshot.declared_peak_of("tokenizer.decoder"),
+        162529280,
+    )
+    assert f"{float(correction.ratio or 0):.2f}" == "2.18"
+    talker = snapshot.declared_peak_of("talker")
+    assert demand.fixed_bytes == talker and demand.peak_at(8) == talker + 162529280
 
 
 def test_fixed_only_engines_fit_any_concurrency_or_none() -> None:
     fixed_only = make_snapshot("f", declarations=(POOL,))
-    assert largest_fitting(fixed_only, ROW * 7).max_num_seqs is None
-    assert largest_fitting(fixed_only, ROW * 6).max_num_seqs == 0
+    assert Demand.declared(fixed_only).fit(ROW * 7).max_num_seqs is None
+    assert Demand.declared(fixed_only).fit(ROW * 6).max_num_seqs == 0
 
 
 @pytest.mark.parametrize(
@@ -107,6 +162,6 @@ def test_inspect_and_plan_say_when_an_engine_has_no_max_num_seqs(spool: Path) ->
     planned = cli("plan", str(spool), "--max-num-seqs", "64", "--budget", f"{ROW * 7}")
     assert planned.returncode == 0, planned.stderr
     (row,) = [line for line in planned.stdout.splitlines() if line.startswith("image")]
-    assert row.split()[:3] == ["image", "2", "—"]
+    assert row.split()[:4] == ["image", "2", "exported", "—"]
     assert row.count(f"{ROW * 7 / 2**20:.1f} MiB") == 2, "the peak now and at 64 sequences: the fixed part alone"
-    assert row.endswith("any (nothing scales with it)")
+    assert row.endswith("any (fixed only)")

@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.cli.main import parse_arguments
+from modelkv_exporter.cli.arguments import attach_dashed_values
+from modelkv_exporter.cli.main import build_parser, parse_arguments
+from modelkv_exporter.cli.settings import TABLES
 from modelkv_exporter.contract.settings import build
+from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 from modelkv_exporter.sidecar.reader.state import Staleness
 from scripts.docgen import SETTINGS
+from tests.support.snapshots import make_snapshot
 
 
 def parse(argv: list[str], **env: str) -> argparse.Namespace:
@@ -57,6 +61,7 @@ def test_every_setting_has_a_flag_and_variable_of_its_name() -> None:
         (["serve", "--spool-dir", "s"], {"MODELKV_MAX_SNAPSHOT_BYTES": "-1"}, "MODELKV_MAX_SNAPSHOT_BYTES='-1'"),
         (["serve", "--spool-dir", "s"], {"MODELKV_LOG_LEVEL": "loud"}, "loud is not a log level"),
         (["plan", "d"], {"MODELKV_LOG_LEVEL": "loud"}, "modelkv-exporter plan: error: --max-num-seqs"),
+        (["plan", "d"], {"MODELKV_BUDGET": "-5MiB"}, "error: MODELKV_BUDGET='-5MiB': '-5MiB' is negative"),
     ],
 )
 def test_bad_settings_are_clear_errors(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -146,7 +151,11 @@ def test_help_is_plain_text_about_its_own_command(command: str | None) -> None:
         (["inspect", "d", "--stale-after", "soon"], "argument --stale-after: 'soon' is not a number"),
         (["inspect", "d", "--stale-after", "nan"], "'nan' is not a finite number"),
         (["serve", "--spool-dir", "s", "--port", "http"], "argument --port: 'http' is not a whole number"),
-        (["plan", "d", "--max-num-seqs", "8", "--max-snapshot-bytes", "-1"], "'-1' is not a size such as"),
+        (["plan", "d", "--max-num-seqs", "8", "--max-snapshot-bytes", "-1"], "'-1' is negative: a size is"),
+        (["plan", "d", "--budget", "-5MiB"], "argument --budget: '-5MiB' is negative: a size is a number of bytes"),
+        (["plan", "d", "--budget=-5MiB"], "argument --budget: '-5MiB' is negative"),
+        (["plan", "d", "--budget", "2 gigs"], "powers of 1024 (2GiB = 2147483648 bytes); kB, MB, GB, TB are powers"),
+        (["plan", "d", "--max-num-seqs", "-3"], "argument --max-num-seqs: -3 is not 1 or more"),
     ],
 )
 def test_bad_values_are_plain_errors_ending_in_a_newline(argv: list[str], message: str) -> None:
@@ -173,3 +182,70 @@ def test_an_unreadable_spool_is_an_error_on_stderr_ending_in_a_newline(tmp_path:
             assert result.returncode == 1 and result.stdout == ""
             assert result.stderr.startswith(f"modelkv-exporter {argv[0]}: cannot read the spool: {spool}")
             assert result.stderr.endswith("\n") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("2GiB", 2 * 2**30),
+        ("2Gi", 2 * 2**30),
+        ("2gib", 2 * 2**30),
+        ("2GB", 2 * 10**9),
+        ("2G", 2 * 10**9),
+        ("512MiB", 512 * 2**20),
+        ("512MB", 512 * 10**6),
+        ("1.5GiB", 3 * 2**29),
+        ("4 kB", 4000),
+        ("4KiB", 4096),
+        ("1073741824", 2**30),
+    ],
+)
+def test_binary_and_decimal_units_are_each_read_as_defined(text: str, value: int) -> None:
+    assert parse(["plan", "d", "--budget", text]).budget == value
+    assert parse(["plan", "d"], MODELKV_BUDGET=text).budget == value
+
+
+def test_help_and_plan_say_which_unit_a_size_was_read_in(tmp_path: Path) -> None:
+    """2GB is 2,000,000,000 bytes, about 1.9 GiB: the help says so, and plan prints the budget it read."""
+    assert "2GB is 2000000000" in option_help(run_cli("plan", "--help").stdout, "--budget")
+    result = run_cli("plan", str(tmp_path), "--budget", "2GB")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("budget: 2000000000 bytes (1.9 GiB);")
+    assert run_cli("plan", str(tmp_path), "--budget", "2GiB").stdout.startswith("budget: 2147483648 bytes (2.0 GiB);")
+
+
+def test_a_negative_size_after_its_flag_reaches_the_sizes_own_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse alone takes -5MiB for an option; joining it to its flag is what lets the size's error speak."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plan", "d", "--budget", "-5MiB"])
+    assert "expected one argument" in capsys.readouterr().err
+    assert attach_dashed_values(["plan", "--budget", "-5MiB", "-h"], TABLES) == ["plan", "--budget=-5MiB", "-h"]
+    assert attach_dashed_values(["plan", "--budget", "-h"], TABLES) == ["plan", "--budget", "-h"]
+    result = run_cli("plan", "d", "--budget", "-5MiB")
+    assert result.returncode == 2 and "expected one argument" not in result.stderr
+
+
+def test_dir_and_a_different_spool_dir_are_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    for command in ("inspect", "plan"):
+        extra = ["--budget", "1GiB"] if command == "plan" else []
+        result = run_cli(command, str(tmp_path), "--spool-dir", str(other), *extra)
+        assert result.returncode == 2 and result.stdout == ""
+        assert (
+            f"modelkv-exporter {command}: error: DIR {tmp_path} and --spool-dir {other} name different directories: "
+            "give one"
+        ) in result.stderr
+        same = run_cli(command, str(tmp_path), "--spool-dir", f"{tmp_path}/./", *extra)
+        assert same.returncode == 0 and same.stderr == "", "the same directory twice is no conflict"
+
+
+def test_dir_wins_over_the_variable_and_says_so(tmp_path: Path, spool: Path) -> None:
+    write_snapshot(spool, make_snapshot("in-dir"))
+    result = run_cli("inspect", str(spool), MODELKV_SPOOL_DIR=str(tmp_path / "elsewhere"))
+    assert result.returncode == 0 and "engine in-dir" in result.stdout
+    assert (
+        result.stderr
+        == f"modelkv-exporter inspect: reading DIR {spool}, not MODELKV_SPOOL_DIR {tmp_path / 'elsewhere'}\n"
+    )
+    quiet = run_cli("inspect", str(spool), MODELKV_SPOOL_DIR=str(spool))
+    assert quiet.returncode == 0 and quiet.stderr == ""

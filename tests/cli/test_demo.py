@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -10,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from modelkv_exporter.cli import demo
+from modelkv_exporter.demo.engines import UNDECLARED
+from modelkv_exporter.demo.owners import StreamingAudioKVCache
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
 from tests.support.exposition import Exposition
+from tests.support.polling import eventually
 from tests.support.processes import Sidecar, free_port, wait_http
 
 EXPECTED_PEAKS = {
@@ -29,28 +36,41 @@ EXPECTED_PEAKS = {
 }
 
 
+def run_printed(output: str, command: str, spool: Path) -> subprocess.CompletedProcess[str]:
+    """Run, as printed, the last ``inspect`` or ``plan`` command line the demo printed for ``spool``."""
+    line = [line for line in output.splitlines() if f" {command} {spool}" in line][-1]
+    wide = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=60, env=wide)
+
+
 @pytest.mark.slow
-def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -> None:
-    spool = tmp_path / "spool"
+def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tmp_path: Path) -> None:
+    """The demo names each engine as it starts publishing, serves them all, and keeps its spool where it said.
+
+    Without ``--spool-dir`` the spool is ``modelkv-demo-PORT`` in the temporary directory (``TMPDIR`` here);
+    the ``inspect`` and ``plan`` command lines it prints run as printed, during the demo and after it.
+    """
     port = free_port()
-    process = subprocess.Popen(
-        [
-            str(VENV_BIN / "modelkv-exporter"),
-            "demo",
-            "--spool-dir",
-            str(spool),
-            "--port",
-            str(port),
-            "--heartbeat-interval",
-            "1",
-            "--duration",
-            "300",
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    spool = tmp_path / f"modelkv-demo-{port}"
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                str(VENV_BIN / "modelkv-exporter"),
+                "demo",
+                "--port",
+                str(port),
+                "--heartbeat-interval",
+                "1",
+                "--duration",
+                "300",
+                "--log-level",
+                "warning",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/healthz", timeout=240, process=process)
@@ -70,6 +90,7 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
                 "minicpm-o-s0-r0",
                 "ming-flash-omni-s1-r0",
                 "qwen3-tts-eager-s1-r0",
+                "minicpm-o-streaming-s0-r0",
             )
         }
         declared: dict[tuple[str, str], float] = {}
@@ -88,14 +109,37 @@ def test_demo_serves_every_engine_and_marks_them_ended_on_exit(tmp_path: Path) -
         base = {s.labels["engine"]: s.value for s in families["modelkv_memory_process_resident_baseline_bytes"].samples}
         whisper = KNOWN_ROW_BYTES["whisper_encoder_self_attn"]
         assert rss["minicpm-o-s0-r0"] - base["minicpm-o-s0-r0"] >= 0.9 * whisper, "the allocated caches show in RSS"
+        eventually(lambda: "Press Ctrl-C" in log.read_text(), "the demo's serving text", timeout=10)
+        planned = run_printed(log.read_text(), "plan", spool)
+        assert planned.returncode == 0 and all(engine in planned.stdout for engine in up), planned.stdout
     finally:
         process.send_signal(signal.SIGINT)
-        output = process.communicate(timeout=60)[0].decode()
+        process.wait(timeout=60)
+        output = log.read_text()
     assert process.returncode == 0, output
     assert "Serving on" in output and "engines stopped" in output
+    for step in ("declarations published", "memory measured"):
+        lines = [re.match(rf"  (\S+): {step} \((\d) of 7, \d+\.\ds\)$", line) for line in output.splitlines()]
+        assert [int(m[2]) for m in lines if m] == [1, 2, 3, 4, 5, 6, 7], output
+        assert {m[1] for m in lines if m} == up.keys(), output
+        assert output.index(f"{step} (7 of 7, ") < output.index("Serving on"), (
+            "each engine is named as it takes each step"
+        )
+    assert f"their ended snapshots stay in {spool}" in output
     assert "holds 1.50x its declaration" in output and output.count("within its declaration") == 4
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
-    assert len(snapshots) == 6 and all(s["ended"] for s in snapshots)
+    assert len(snapshots) == 7 and all(s["ended"] for s in snapshots)
+    inspected = run_printed(output, "inspect", spool)
+    assert inspected.returncode == 0 and all(engine in inspected.stdout for engine in up), inspected.stdout
+    assert inspected.stdout.count("ended") >= 7, inspected.stdout
+    discovered = {s["engine"]["engine_id"]: s.get("discovered", []) for s in snapshots}
+    streaming = StreamingAudioKVCache.LAYERS * 2 * 750 * StreamingAudioKVCache.EMBED_DIM * 2
+    assert streaming > 64 << 20, "above ModelKVUndeclaredCache's threshold"
+    assert {
+        engine: [(d["owner"], d["found_by"], d["peak_bytes"]) for d in found] for engine, found in discovered.items()
+    } == {
+        engine: ([("apm.streaming_kv", "census", streaming)] if engine == UNDECLARED else []) for engine in discovered
+    }, "the undeclared streaming cache is discovered, exactly, and nothing else in any demo engine"
 
 
 def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:
@@ -115,3 +159,47 @@ def test_a_taken_port_fails_before_any_engine_starts(tmp_path: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "--port" in result.stderr and "MODELKV_PORT" in result.stderr and result.stderr.endswith("\n")
     assert "starting" not in result.stdout and not spool.exists(), "no engine was started"
+
+
+def test_the_demo_says_it_is_still_starting_while_nothing_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No engine publishes into this spool: a line comes every quiet interval, then the time-out names the spool."""
+    monkeypatch.setattr(demo, "QUIET_SECONDS", 0.3)
+    monkeypatch.setattr(demo, "STARTUP_TIMEOUT_SECONDS", 1.1)
+    with pytest.raises(TimeoutError, match=str(tmp_path)):
+        demo._wait_for_snapshots(tmp_path, ["a-s0-r0", "b-s0-r0"], [])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 2 and all(
+        re.fullmatch(r"  still starting after \d+s: 0 of 2 declarations published, 0 of 2 memory measured", line)
+        for line in lines
+    ), lines
+
+
+def test_the_printed_cli_is_the_console_script_beside_this_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the checkout, `.venv/bin/modelkv-exporter`; from elsewhere, its whole path; without it, `python -m`."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    monkeypatch.setattr(demo.sys, "executable", str(bin_dir / "python"))
+    monkeypatch.chdir(tmp_path)
+    assert demo.cli_command() == f"{bin_dir / 'python'} -m modelkv_exporter"
+    (bin_dir / "modelkv-exporter").touch()
+    assert demo.cli_command() == ".venv/bin/modelkv-exporter"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert demo.cli_command() == str(bin_dir / "modelkv-exporter")
+
+
+def test_the_demo_spool_is_one_per_port_and_never_a_link_someone_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(demo.tempfile, "tempdir", str(tmp_path))
+    assert demo.demo_spool_dir(9400) == tmp_path / "modelkv-demo-9400" and (tmp_path / "modelkv-demo-9400").is_dir()
+    assert demo.demo_spool_dir(9400) == tmp_path / "modelkv-demo-9400", "the same directory the next time"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "modelkv-demo-9402").symlink_to(elsewhere)
+    own = demo.demo_spool_dir(9402)
+    assert own.parent == tmp_path and own.name.startswith("modelkv-demo-9402-") and not own.is_symlink()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from modelkv_exporter.cli.reports import MAX_WIDTH, abbreviate, inspect_report, 
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
+from tests.support.discovered import golden_discovered_spool
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 LONG_OWNER = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"
@@ -66,7 +68,7 @@ def test_inspect_and_plan_fit_120_columns_and_keep_every_word(spool: Path) -> No
         assert "8x16x64x71" in out and "Qwen/Qwen3-Omni-30B-A3B-Instruct" in unwrapped
         plan = run_cli("plan", str(spool), "--max-num-seqs", "64", "--budget", "1GiB", columns=columns).stdout
         assert max(len(line) for line in plan.splitlines()) <= limit
-        assert "largest max_num_seqs within 1.0 GiB" in plan
+        assert "fits 1.0 GiB" in plan
 
 
 def test_the_width_limit_is_what_keeps_lines_short(spool: Path) -> None:
@@ -75,6 +77,43 @@ def test_the_width_limit_is_what_keeps_lines_short(spool: Path) -> None:
     view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
     assert max(len(line) for line in inspect_report(view, 120).splitlines()) <= 120
     assert max(len(line) for line in inspect_report(view, 10_000).splitlines()) > 200
+
+
+SEPARATORS = "./_-: "
+
+
+def _cut_where_a_part_ends(cell: str, whole: str) -> bool:
+    """Whether ``cell`` is ``whole``'s head and tail around an ellipsis, each cut where a word or path part ends."""
+    head, _, tail = cell.partition("…")
+    return (
+        whole.startswith(head)
+        and whole.endswith(tail)
+        and (not head or head[-1] in SEPARATORS)
+        and (not tail or whole[len(whole) - len(tail) - 1] in SEPARATORS)
+    )
+
+
+def test_long_names_are_cut_where_a_part_ends_and_keep_their_tail() -> None:
+    path = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"
+    assert abbreviate(path, 40) == "thinker.…and_sliding_window_cache_owner"
+    assert abbreviate(path, 30) == "thinker.…window_cache_owner"
+    assert abbreviate("qwen3-omni-thinker-s0-tp0-pp0-dp0", 20) == "qwen3-…tp0-pp0-dp0"
+    for width in range(12, len(path)):
+        cut = abbreviate(path, width)
+        assert len(cut) <= width and _cut_where_a_part_ends(cut, path), (width, cut)
+        assert cut.endswith("owner"), "the distinguishing tail of the module path stays"
+    assert abbreviate("long_context_" * 3, 8) == "long_…", "no trailing part fits: the head alone"
+    assert abbreviate("x" * 40, 9) == "xxxx…xxxx", "no place to cut: the middle"
+
+
+def test_inspect_cuts_owner_and_cache_names_where_a_part_ends(spool: Path) -> None:
+    _fill(spool)
+    names = [LONG_OWNER, "long_context_" * 6, "decoder", "pool", "cache"]
+    out = run_cli("inspect", str(spool), columns="80").stdout
+    cut = [cell for line in out.splitlines() for cell in line.split("  ") if "…" in cell]
+    assert cut, "the 80-column table cuts the long names"
+    for cell in cut:
+        assert any(_cut_where_a_part_ends(cell.strip(), name) for name in names), cell
 
 
 def test_tables_cut_only_text_columns_in_the_middle() -> None:
@@ -111,3 +150,29 @@ def test_inspect_shows_each_owner_declared_beside_observed(spool: Path) -> None:
     assert ["vocoder", "0", "B", "-", "-", "-", "-"] in lines
     assert "talker: holds 3.00x its declaration" in out
     assert "vocoder: not observed: the owner replayed a CUDA graph" in out
+
+
+def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> None:
+    """The engine's discovered owners beside its declarations, what discovery covered, and for each owner that
+    declares nothing the declaration its layout suggests; none of it for a writer that predates discovery, and
+    the hostile path escaped, never raw in the terminal."""
+    for name, data in golden_discovered_spool().items():
+        (spool / name).write_bytes(data)
+    out = run_cli("inspect", str(spool)).stdout
+    assert max(len(line) for line in out.splitlines()) <= MAX_WIDTH
+    engines = dict(re.findall(r"^engine (\S+) \[[a-z]+\].*?\n(.*?)(?=^engine |\Z)", out, re.S | re.M))
+    assert set(engines) == {"qwen3-tts-eager", "minicpmo-audio", "older-writer"}
+    assert "discover" not in engines["older-writer"]
+    assert "discovery off: turned off by MODELKV_OBSERVE=0" in engines["minicpmo-audio"]
+    running = engines["qwen3-tts-eager"]
+    (row,) = [line for line in running.splitlines() if line.startswith("tokenizer.decoder ")]
+    assert row.split() == ["tokenizer.decoder", "cache_layer", "nothing", "18.0", "MiB", "18.0", "MiB", "18.0", "MiB",
+                           "8x16x64x72", "float32,", "4", "rows"]  # fmt: skip
+    words = " ".join(running.split())
+    assert "the census ran out of its objects budget" in words and "3 owners below the size floor" in words
+    assert (
+        "suggest: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) declares nothing yet held 18.0 MiB: declare it in "
+        "model_local_kv_specs(): layers=8, kv_heads=16, head_dim=64, dtype=float32, at least 72 positions a row"
+    ) in words
+    assert "suggest: decoder " not in words, "an owner that declares is not told to"
+    assert "\u202e" not in out and "\x00" not in out and "blocks.0\\n.attn\\u202e" in "".join(out.split())

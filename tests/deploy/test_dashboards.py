@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import ROOT
+from tests.support.exposition import Exposition
 from tests.support.grafana_schema import NPM_DIR, check_many, installed_version, schema_packages
+from tests.support.processes import require_tool
 from tests.support.promql import (
+    RULES_FILE,
     dashboard_documents,
     dashboard_expressions,
     known_metric,
@@ -229,3 +235,124 @@ def test_the_layout_picture_draws_declared_dashed_and_every_panel() -> None:
         assert panel["title"] in html
     assert layout.legend_text("{{engine}} ({{source}})", {"engine": "e", "source": "s"}) == "e (s)"
     assert layout.format_value(1.5 * 1024**3, "bytes") == "1.50 GiB" and layout.format_value(0.0021, "s") == "2.1 ms"
+
+
+DOCS_NAMING_PANELS = ("README.md", "docs/runbook.md", "docs/dashboards.md", "docs/deploy.md", "docs/observed-caches.md")
+ITALIC = re.compile(r"(?<![*\w])\*([^*\n]+(?:\n[^*\n]+)?)\*(?![*\w])")
+"""An italic span, which may wrap onto a second line."""
+
+
+def named_titles(text: str, *, every_italic: bool) -> list[str]:
+    """Dashboard, row and panel titles a page names, written as the docs write them: in italics.
+
+    In the runbook every italic span is one (it uses bold for its headings); elsewhere the
+    spans followed by "panel", "dashboard" or "row", and the first two columns of the
+    dashboards page's panel table.
+    """
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "``", re.sub(r"\*\*[^*\n]+\*\*", "", text))
+    spans = [
+        m for m in ITALIC.finditer(text) if every_italic or re.match(r"\s+(panels?|dashboard|row)\b", text[m.end() :])
+    ]
+    titles = [" ".join(m.group(1).split()) for m in spans]
+    if "| Row | Panel | What it shows |" in text:
+        table = text.split("| Row | Panel | What it shows |", 1)[1].split("\n\n", 1)[0]
+        for row in table.splitlines()[2:]:
+            titles += [t for cell in row.split("|")[1:3] for t in re.split(r", (?=[A-Z])", cell.strip()) if t]
+    return titles
+
+
+def test_the_docs_name_only_dashboards_and_panels_that_exist() -> None:
+    """A runbook that sends the person paged at night to a panel nobody can find is a bug."""
+    existing = {d["title"] for d in dashboard_documents().values()}
+    existing |= {p["title"] for d in dashboard_documents().values() for p in panels(d)}
+    named = {
+        (page, title)
+        for page in DOCS_NAMING_PANELS
+        for title in named_titles((ROOT / page).read_text(), every_italic=page == "docs/runbook.md")
+    }
+    runbook = {title for page, title in named if page == "docs/runbook.md"}
+    assert runbook >= {
+        "Growth by part",
+        "Declared peak against measured growth",
+        "modelkv: declared and measured GPU memory",
+    }
+    assert sorted((page, title) for page, title in named if title not in existing) == []
+    broken = "the *modelkv overview* dashboard, and the *Growth by parts* panel"
+    assert named_titles(broken, every_italic=False) == ["modelkv overview", "Growth by parts"], "the check can fail"
+
+
+def test_the_discovered_owner_panels_read_the_recorded_recent_peak_by_owner() -> None:
+    (overview,) = dashboard_documents().values()
+    by_title = {p["title"]: p for p in panels(overview)}
+    graph, listing = by_title["Discovered caches by owner"], by_title["Discovered owners"]
+    assert graph["type"] == "timeseries" and listing["type"] == "table"
+    assert (graph["id"], listing["id"]) == (21, 22)
+    for panel in (graph, listing):
+        (target,) = panel["targets"]
+        assert target["expr"].startswith("modelkv_engine:discovered_recent_peak_bytes{")
+        assert panel["fieldConfig"]["defaults"]["unit"] == "bytes"
+    assert "{{owner}}" in graph["targets"][0]["legendFormat"] and "{{found_by}}" in graph["targets"][0]["legendFormat"]
+    (organize,) = listing["transformations"]
+    columns = organize["options"]["indexByName"]
+    assert {"owner", "found_by", "declares", "layout", "owner_class", "Value"} <= set(columns)
+
+
+def _series(name: str, labels: dict[str, str]) -> str:
+    return name + "{" + ",".join(f'{key}="{value}"' for key, value in sorted(labels.items())) + "}"
+
+
+def _discovered_rule_test(rules_text: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    """promtool's unit test of the recording rule, fed the discovered series a real sidecar renders for the golden
+    spool ``discovered`` (as Prometheus scrapes them: with job, instance, namespace and pod)."""
+    exposition = Exposition((ROOT / "tests" / "sidecar" / "golden" / "discovered" / "metrics.txt").read_text())
+    scrape = {"job": "modelkv-exporter", "instance": "10.0.0.7:9400", "namespace": "llm", "pod": "tts-0"}
+    inputs, expected = [], []
+    infos = {
+        (s.labels["engine"], s.labels["owner"], s.labels["found_by"]): s.labels
+        for s in exposition.all("modelkv_discovered_owner_info")
+    }
+    for sample in exposition.all("modelkv_discovered_recent_peak_bytes"):
+        info = infos[(sample.labels["engine"], sample.labels["owner"], sample.labels["found_by"])]
+        inputs.append({"series": _series(sample.name, {**sample.labels, **scrape}), "values": f"{int(sample.value)}x5"})
+        inputs.append({"series": _series("modelkv_discovered_owner_info", {**info, **scrape}), "values": "1x5"})
+        joined = {**sample.labels, **scrape, **{k: info[k] for k in ("owner_class", "declares", "layout")}}
+        expected.append(
+            {"labels": _series("modelkv_engine:discovered_recent_peak_bytes", joined), "value": sample.value}
+        )
+    assert len(expected) == 4, "the golden spool's four discovered owners"
+    (directory / "rules.yaml").write_text(rules_text)
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "promql_expr_test": [
+                    {"expr": "modelkv_engine:discovered_recent_peak_bytes", "eval_time": "2m", "exp_samples": expected}
+                ],
+            }
+        ],
+    }
+    (directory / "discovered.test.yaml").write_text(yaml.safe_dump(test, allow_unicode=True))
+    return subprocess.run(
+        [require_tool("promtool"), "test", "rules", "discovered.test.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=directory,
+    )
+
+
+def test_the_discovered_recording_rule_keeps_each_owner_with_its_class_declares_and_layout(tmp_path: Path) -> None:
+    """The dashboard's table shows whether an owner declares and the layout seen: the rule must carry them. Without
+    the join's group_left labels the same test fails."""
+    rules_text = RULES_FILE.read_text()
+    (tmp_path / "rule").mkdir()
+    (tmp_path / "broken").mkdir()
+    result = _discovered_rule_test(rules_text, tmp_path / "rule")
+    assert result.returncode == 0, result.stdout + result.stderr
+    broken = rules_text.replace("group_left (owner_class, declares, layout)", "group_left ()")
+    assert broken != rules_text
+    result = _discovered_rule_test(broken, tmp_path / "broken")
+    assert result.returncode != 0 and "modelkv_engine:discovered_recent_peak_bytes" in result.stdout + result.stderr

@@ -126,6 +126,23 @@ def test_custom_resources_match_prometheus_operator_models(objects: list[dict[st
     assert check_custom_resources([wrong_value], f"wrong-value-{tmp_path.name}").returncode != 0
 
 
+def test_generating_with_the_placeholder_runbook_address_warns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Alerts whose runbook link resolves nowhere leave the person paged alone: the generator says so."""
+    assert generate_manifests.main(["--output-dir", str(tmp_path / "default")]) == 0
+    warned = capsys.readouterr().err
+    assert warned.startswith("warning:") and generate_manifests.RUNBOOK_URL in warned and "--runbook-url" in warned
+    url = "https://wiki.example.com/modelkv/runbook.md"
+    assert generate_manifests.main(["--output-dir", str(tmp_path / "own"), "--runbook-url", url]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert (
+        generate_manifests.main(["--output-dir", str(tmp_path / "other"), "--runbook-url", "https://x.invalid/r.md"])
+        == 0
+    )
+    assert "https://x.invalid/r.md" in capsys.readouterr().err
+
+
 def test_the_job_selector_and_runbook_address_are_configurable(tmp_path: Path) -> None:
     """--job-selector and --runbook-url rewrite every selector and link; the rules still pass their unit tests."""
     selector, runbook = 'job="serving-modelkv"', "https://wiki.example.com/modelkv/runbook.md"

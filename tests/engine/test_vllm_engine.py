@@ -9,6 +9,7 @@ one full-attention layer) checks the paged KV bytes against what vLLM allocated.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -204,6 +205,16 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
     engine_snapshot = sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]
     reasons = {o["owner"]: o["reason"] for o in engine_snapshot["observations"]}
     assert reasons == {"talker.kv_owner": None, "broken": "no call of this owner has been observed yet"}
+
+    def written() -> dict:
+        return json.loads(next(sidecar.spool_dir.glob("*.json")).read_text())
+
+    eventually(lambda: (written().get("discovery") or {}).get("census_at") is not None, "a census", timeout=30)
+    discovery = written()["discovery"]
+    assert discovery["enabled"] and discovery["budget_exhausted"] is None and discovery["modules"] > 10
+    assert written().get("discovered", []) == [], (
+        "the tiny Qwen2's weights, buffers, paged KV cache views and declared cache are never discovered"
+    )
 
     snapshot = sidecar.get("/api/v1/engines").json()["engines"][0]["snapshot"]
     before = snapshot["heartbeat_at"]

@@ -40,6 +40,7 @@ CHECKS = {
         "deploy/kubernetes/generate_manifests.py",
         "deploy/helm/post-renderer/modelkv-sidecar.py",
         "scripts/docgen.py",
+        "scripts/install_torch.py",
     ],
 }
 

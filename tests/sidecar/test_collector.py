@@ -20,6 +20,7 @@ from modelkv_exporter.sidecar.labels import label
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.source import SpoolSource
+from tests.support.discovered import discovery_status, kv_layout, make_discovered
 from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
@@ -60,7 +61,14 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
         observations=(make_observation("decoder"),),
     )
     dropped = (DroppedDeclaration("talker", "Talker", "declarer_raised", 1, "RuntimeError: boom"),)
-    write_snapshot(spool, replace(full, settings=EngineSettings(8, 0.9, 100, 10), dropped_declarations=dropped))
+    full = replace(
+        full,
+        settings=EngineSettings(8, 0.9, 100, 10),
+        dropped_declarations=dropped,
+        discovered=(make_discovered(layout=kv_layout()),),
+        discovery=discovery_status(budget_exhausted="objects"),
+    )
+    write_snapshot(spool, full)
     (spool / "broken.json").write_text("{")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpoolCollector(SpoolSource(SpoolReader(spool)), refusals={}))

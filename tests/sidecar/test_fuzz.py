@@ -28,13 +28,19 @@ from modelkv_exporter.sidecar.reader.decode import SnapshotError, parse_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
 from tests.support import FULL_SCALE
+from tests.support.discovered import discovery_status, kv_layout, make_discovered, with_discovery
 from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_snapshot
 
-VALID = make_snapshot(
-    "e", declarations=(make_declaration("a"), make_declaration("b", rows="fixed", rows_fixed=2)),
-    measured={"process_resident": 5}, baseline={"process_resident": 4}, interval=5.0,
+VALID = with_discovery(
+    make_snapshot(
+        "e", declarations=(make_declaration("a"), make_declaration("b", rows="fixed", rows_fixed=2)),
+        measured={"process_resident": 5}, baseline={"process_resident": 4}, interval=5.0,
+    ),
+    (make_discovered(layout=kv_layout()), make_discovered("encoder.ring", found_by="census")),
+    discovery_status(budget_exhausted="objects", below_floor=2),
 ).to_dict()  # fmt: skip
+"""A valid document with every kind of field: declarations, measured memory, discovered owners and a status."""
 
 nasty_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=()), max_size=300) | st.sampled_from(
     ["", "\n", '"', "\\", "\x00", "\ud800", "\u2028", "漢字", "x" * 5000]

@@ -19,9 +19,10 @@ import pytest
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
+from tests.support.discovered import GOLDEN_NOW, golden_discovered_spool
 
 GOLDEN = Path(__file__).parent / "golden"
-NOW = 1_800_000_000.0
+NOW = GOLDEN_NOW
 UPDATE = os.environ.get("MODELKV_UPDATE_GOLDEN") == "1"
 CASES = sorted(path.name for path in GOLDEN.iterdir() if path.is_dir())
 
@@ -57,3 +58,16 @@ def test_every_case_has_both_expected_files() -> None:
     assert CASES, "no golden cases"
     for case in CASES:
         assert {p.name for p in (GOLDEN / case).iterdir()} >= {"metrics.txt", "metrics.om"}, case
+
+
+def test_the_discovered_spool_is_what_the_contract_writes() -> None:
+    """The ``discovered`` case's documents are ``Snapshot.to_dict`` output of snapshots built in
+    ``tests/support/discovered.py`` (the older writer's without its two discovery fields): the golden files
+    cannot drift from the contract. Regenerated with the expositions under ``MODELKV_UPDATE_GOLDEN=1``."""
+    expected = golden_discovered_spool()
+    if UPDATE:
+        for name, data in expected.items():
+            (GOLDEN / "discovered" / name).write_bytes(data)
+    assert {p.name for p in (GOLDEN / "discovered").glob("*.json")} == set(expected)
+    for name, data in expected.items():
+        assert (GOLDEN / "discovered" / name).read_bytes() == data, name

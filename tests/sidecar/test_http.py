@@ -14,9 +14,10 @@ import pytest
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.contract.spool import write_snapshot
 from tests.contract.test_spool import BAD_DOCUMENTS
+from tests.support.discovered import CENSUS, discovery_status, make_discovered, with_discovery
 from tests.support.exposition import Exposition
 from tests.support.polling import eventually
-from tests.support.processes import Sidecar, require_tool, stop_process
+from tests.support.processes import Sidecar, require_tool, start_sidecar, stop_process
 from tests.support.prometheus import query, running_prometheus, scrape_config
 from tests.support.snapshots import make_declaration, make_snapshot
 
@@ -105,6 +106,29 @@ def test_engines_api_returns_the_snapshots(sidecar: Sidecar) -> None:
     assert engine["snapshot"] == json.loads(snapshot.to_json())
 
 
+def test_engines_api_lists_discovered_owners_and_what_metrics_left_out(spool: Path) -> None:
+    """The whole snapshot, every discovered owner included, plus how many of them /metrics leaves out past
+    --max-discovered-owners; an engine whose writer does not report discovery has no such field."""
+    found = tuple(make_discovered(f"m.layers.{i}", found_by=CENSUS, peak_bytes=(i + 1) << 20) for i in range(5))
+    snapshot = with_discovery(make_snapshot("e", stage_name="talker"), found, discovery_status())
+    write_snapshot(spool, snapshot)
+    write_snapshot(spool, make_snapshot("older"))
+    sidecar = start_sidecar(spool, "--max-discovered-owners", "3")
+    try:
+        body = sidecar.get("/api/v1/engines").json()
+        exposition = Exposition(sidecar.get("/metrics").text)
+    finally:
+        stop_process(sidecar.process)
+    engines = {engine["snapshot"]["engine"]["engine_id"]: engine for engine in body["engines"]}
+    assert engines["e"]["snapshot"] == json.loads(snapshot.to_json())
+    assert [d["owner"] for d in engines["e"]["snapshot"]["discovered"]] == [f"m.layers.{i}" for i in range(5)]
+    assert engines["e"]["discovered_owners_omitted"] == 2
+    assert set(engines["e"]) == {"file", "state", "snapshot", "discovered_owners_omitted"}
+    assert set(engines["older"]) == {"file", "state", "snapshot"}, "the document's shape only grows"
+    assert set(exposition.by("modelkv_discovered_peak_bytes", "owner")) == {"m.layers.2", "m.layers.3", "m.layers.4"}
+    assert exposition.value("modelkv_discovery_owners_omitted", reason="exporter_budget") == 2
+
+
 def test_promtool_accepts_the_exposition(sidecar: Sidecar) -> None:
     promtool = require_tool("promtool")
     decls = (
@@ -118,8 +142,33 @@ def test_promtool_accepts_the_exposition(sidecar: Sidecar) -> None:
     write_snapshot(sidecar.spool_dir, make_snapshot("e2", declarations=()))
     (sidecar.spool_dir / "bad.json").write_text("{")
     text = sidecar.get("/metrics").text
+    openmetrics = sidecar.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}).text
+    assert "# UNIT " in openmetrics and "# UNIT " not in text, "UNIT lines belong to OpenMetrics only"
+    # promtool check metrics reads the text format only (it refuses OpenMetrics' info type).
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_openmetrics_states_the_unit_of_every_bytes_and_seconds_family(sidecar: Sidecar) -> None:
+    """prometheus_client's OpenMetrics parser reads a unit for each ``_bytes`` and ``_seconds`` family.
+
+    The parser refuses a unit the family's name does not end with, and the text format (0.0.4)
+    has no UNIT line: its parser reads every family without one.
+    """
+    write_snapshot(
+        sidecar.spool_dir,
+        make_snapshot("e", measured={"process_resident": 1 << 30}, baseline={"process_resident": 1 << 29}),
+    )
+    accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+    units = {
+        family.name: family.unit
+        for family in Exposition(sidecar.get("/metrics", headers=accept).text, openmetrics=True)
+    }
+    expected = {name: name.rsplit("_", 1)[1] if name.endswith(("_bytes", "_seconds")) else "" for name in units}
+    assert units == expected
+    assert {unit for unit in units.values()} == {"bytes", "seconds", ""}
+    assert {"modelkv_memory_process_resident_bytes", "modelkv_exporter_collect_duration_seconds"} <= set(units)
+    assert {family.unit for family in Exposition(sidecar.get("/metrics").text)} == {""}
 
 
 @pytest.fixture

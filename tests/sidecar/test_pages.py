@@ -14,16 +14,21 @@ from modelkv_exporter.sidecar.http import pages as pages_module
 from modelkv_exporter.sidecar.http.engines_document import engines_document
 from modelkv_exporter.sidecar.http.pages import Pages
 from modelkv_exporter.sidecar.source import SpoolSource
+from tests.support.discovered import discovery_status, make_discovered, with_discovery
 from tests.support.snapshots import make_declaration, make_snapshot
 
 
 def test_the_joined_document_is_the_whole_document(spool: Path) -> None:
     write_snapshot(spool, make_snapshot("a", declarations=(make_declaration("x\u202e"),)))
     write_snapshot(spool, make_snapshot("b", interval=1.0, heartbeat_at=0.0 + 1))
+    found = tuple(make_discovered(f"m.{i}") for i in range(3))
+    write_snapshot(spool, with_discovery(make_snapshot("c"), found, discovery_status()))
     (spool / "bad.json").write_text("{")
-    source = SpoolSource.budgeted(spool, budget=Budget())
+    source = SpoolSource.budgeted(spool, budget=Budget(max_discovered_owners=2))
     body = Pages(source).engines()
-    assert json.loads(body) == json.loads(json.dumps(engines_document(source.view(), "spool")))
+    assert json.loads(body) == json.loads(json.dumps(engines_document(source.view(), "spool", 2)))
+    (discovering,) = [e for e in json.loads(body)["engines"] if e["snapshot"]["engine"]["engine_id"] == "c"]
+    assert discovering["discovered_owners_omitted"] == 1
 
 
 def test_a_change_encodes_one_piece_again(spool: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
+from tests.support.discovered import HOSTILE_OWNER, discovery_status, kv_layout, make_discovered, with_discovery
 from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_snapshot
 
@@ -42,7 +43,9 @@ def fill(spool: Path) -> None:
         ),
     )
     write_snapshot(spool, make_snapshot('b\n"x\\', declarations=(), heartbeat_at=NOW - 100, interval=1.0))
-    write_snapshot(spool, make_snapshot("c", heartbeat_at=NOW))
+    found = (make_discovered(layout=kv_layout()), make_discovered(HOSTILE_OWNER, found_by="census"))
+    status = discovery_status(below_floor=2, budget_exhausted="depth")
+    write_snapshot(spool, with_discovery(make_snapshot("c", heartbeat_at=NOW), found, status))
     (spool / "bad.json").write_text("[]")
 
 

@@ -28,7 +28,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
+try:
+    import yaml
+except ImportError:
+    raise SystemExit(
+        "modelkv-sidecar.py needs PyYAML in the Python that Helm runs it with: pip install pyyaml "
+        "(in a checkout of modelkv-exporter: pip install '.[deploy]')"
+    ) from None
 
 PARTS = Path(__file__).resolve().parent / "sidecar.yaml"
 WORKLOADS = {("apps/v1", "Deployment"), ("apps/v1", "StatefulSet")}

@@ -45,6 +45,9 @@ _broken: str | None = None
 _graph_depth = 0
 _logged_sites: set[str] = set()
 _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+discover: Callable[[object], tuple[OwnerState, int] | None] | None = None
+"""Set by discovery: the owner of a layer first seen while no declaring owner runs, and the ``id`` of the
+cache it belongs to (0: unknown); None: leave the layer alone."""
 
 
 def active() -> bool:
@@ -72,10 +75,11 @@ def deactivate() -> None:
 
 def reset() -> None:
     """Forget every layer record, failure and logged site (when the observer is removed)."""
-    global _active, _broken, _graph_depth
+    global _active, _broken, _graph_depth, discover
     _active = False
     _broken = None
     _graph_depth = 0
+    discover = None
     records.clear()
     _logged_sites.clear()
 
@@ -142,14 +146,41 @@ def settle(owner: OwnerState) -> None:
             record.bytes = size
 
 
+def capturing() -> bool:
+    """Whether a CUDA graph capture is under way."""
+    return _graph_depth > 0
+
+
+def discovered(layer: object) -> LayerRecord | None:
+    """A layer first seen while no declaring owner runs: register it with the owner discovery finds, if any."""
+    find = discover
+    if find is None:
+        return None
+    found = find(layer)
+    if found is None:
+        return None
+    target, record_group = found
+    record = register(layer, target)
+    record.group = record_group
+    if _graph_depth:
+        target.graph = "a cache was used during a CUDA graph capture; replays are not observable"
+    if record.plan.vetted:
+        target.pending.append(record)
+    settle(target)
+    return record
+
+
 def touch(layer: Any) -> None:
     """After a layer was initialised or updated: attribute it, count the call, re-measure it."""
     owner = running.get()
     record = records.get(id(layer))
     if record is None:
         if owner is None:
-            return
-        record = register(layer, owner)
+            if discovered(layer) is None:
+                return
+            record = records[id(layer)]
+        else:
+            record = register(layer, owner)
     if owner is not None:
         if owner.counted_call != owner.call_number:
             owner.counted_call = owner.call_number
@@ -204,6 +235,7 @@ def created(layer: object) -> None:
     """A layer was constructed or deep-copied while an owner runs: attribute it now, measure it later."""
     owner = running.get()
     if owner is None:
+        discovered(layer)
         return
     record = register(layer, owner)
     if record.plan.vetted:

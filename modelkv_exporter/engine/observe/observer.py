@@ -48,6 +48,15 @@ class Observer:
             if self.unavailable is None:
                 wrap_owner(owner, state)
 
+    def state_of(self, owner: object) -> OwnerState | None:
+        """The state of ``owner`` when it is observed."""
+        state = self._owners.get(id(owner))
+        return state if state is not None and state.owner_ref() is owner else None
+
+    def owner_states(self) -> dict[str, OwnerState]:
+        """Every observed owner's state by its path."""
+        return {state.path: state for state in self._owners.values()}
+
     def sample(self) -> tuple[Observation, ...]:
         """Every owner's figures now, and the start of the next interval. Never raises."""
         try:
@@ -62,9 +71,7 @@ class Observer:
         return Observation(state.path, state.class_name, False, reason or "observation is not active", calls=calls)
 
     def _sample(self) -> tuple[Observation, ...]:
-        by_owner: dict[int, list[LayerRecord]] = {}
-        for record in list(hooks.records.values()):
-            by_owner.setdefault(id(record.owner), []).append(record)
+        by_owner = records_by_owner()
         observing = hooks.active()
         out = []
         for key, state in list(self._owners.items()):
@@ -100,42 +107,7 @@ class Observer:
         return tuple(out)
 
     def _recount(self, state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
-        """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected."""
-        found: dict[StorageKey, int] = {}
-        per_layer = 0
-        failure = None
-        for record in records:
-            layer = record()
-            if layer is None:
-                continue
-            plan = record.plan
-            if plan.unknown is not None:
-                state.unknown = plan.unknown
-                continue
-            try:
-                problem = None if plan.vetted else structure_problem(layer, plan)
-                if problem is not None:
-                    plan.unknown = state.unknown = problem
-                    continue
-                mine = storages(layer, plan.attributes)
-            except Exception as error:
-                failure = f"a cache layer could not be read: {type(error).__name__}: {error}"
-                continue
-            found.update(mine)
-            size = sum(mine.values())
-            per_layer += size
-            if observing and size != record.bytes:
-                state.add(size - record.bytes)
-                record.bytes = size
-        live = sum(found.values())
-        devices = sorted({device for device, _ in found})
-        if len(devices) > 1:
-            failure = failure or f"cache tensors on several devices {devices}: offloaded caches are not observed"
-        if observing:
-            state.live = per_layer
-            state.high_water = max(state.high_water, live)
-            state.interval_high_water = max(state.interval_high_water, live)
-        return live, failure
+        return recount(state, records, observing)
 
     def uninstall(self) -> None:
         """Remove every hook and wrapper and forget all state."""
@@ -150,6 +122,56 @@ class Observer:
             self._owners.clear()
             if _installed is self:
                 _installed = None
+
+
+def recount(state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
+    """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected.
+
+    Returns the bytes live now and why they cannot be trusted, if they cannot.
+    """
+    found: dict[StorageKey, int] = {}
+    per_layer = 0
+    failure = None
+    for record in records:
+        layer = record()
+        if layer is None:
+            continue
+        plan = record.plan
+        if plan.unknown is not None:
+            state.unknown = plan.unknown
+            continue
+        try:
+            problem = None if plan.vetted else structure_problem(layer, plan)
+            if problem is not None:
+                plan.unknown = state.unknown = problem
+                continue
+            mine = storages(layer, plan.attributes)
+        except Exception as error:
+            failure = f"a cache layer could not be read: {type(error).__name__}: {error}"
+            continue
+        found.update(mine)
+        size = sum(mine.values())
+        per_layer += size
+        if observing and size != record.bytes:
+            state.add(size - record.bytes)
+            record.bytes = size
+    live = sum(found.values())
+    devices = sorted({device for device, _ in found})
+    if len(devices) > 1:
+        failure = failure or f"cache tensors on several devices {devices}: offloaded caches are not observed"
+    if observing:
+        state.live = per_layer
+        state.high_water = max(state.high_water, live)
+        state.interval_high_water = max(state.interval_high_water, live)
+    return live, failure
+
+
+def records_by_owner() -> dict[int, list[LayerRecord]]:
+    """Every live layer record, by the ``id`` of its owner's state."""
+    by_owner: dict[int, list[LayerRecord]] = {}
+    for record in list(hooks.records.values()):
+        by_owner.setdefault(id(record.owner), []).append(record)
+    return by_owner
 
 
 def installed() -> Observer | None:

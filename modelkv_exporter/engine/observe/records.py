@@ -71,13 +71,15 @@ class LayerRecord(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to one cache layer, with its owner and the bytes last measured.
 
     Built by ``weakref.ref``'s own constructor, attributes set after, which keeps registering cheap.
-    ``key_ref``/``value_ref`` point at the tensors last measured (static plans only).
+    ``key_ref``/``value_ref`` point at the tensors last measured (static plans only); ``group`` is set
+    by discovery only: the ``id`` of the cache the layer belongs to, where it could be told.
     """
 
-    __slots__ = ("owner", "bytes", "plan", "key", "key_ref", "value_ref")
+    __slots__ = ("owner", "bytes", "plan", "key", "key_ref", "value_ref", "group")
     owner: OwnerState
     bytes: int
     plan: Plan
     key: int
     key_ref: Callable[[], Any] | None
     value_ref: Callable[[], Any]
+    group: int

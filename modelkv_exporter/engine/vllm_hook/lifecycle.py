@@ -28,6 +28,7 @@ from typing import Any
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.config import HookConfig
+from modelkv_exporter.engine.discover import Discovery, discover
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher, with_baseline
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.observe import Observer, install
@@ -35,7 +36,7 @@ from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.samplers import MemorySampler, sampler_for
 from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, facts_of
-from modelkv_exporter.engine.vllm_hook.paged_kv import paged_kv_blocks, paged_kv_bytes
+from modelkv_exporter.engine.vllm_hook.paged_kv import paged_kv_blocks, paged_kv_bytes, runner_caches
 
 logger = get_logger("lifecycle")
 
@@ -49,6 +50,7 @@ class WorkerHook:
     publisher: SnapshotPublisher
     sampler: MemorySampler
     observer: Observer | None = None
+    discovery: Discovery | None = None
 
 
 def after_load_model(worker: Any, config: HookConfig) -> None:
@@ -62,14 +64,20 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     config.spool_dir.mkdir(parents=True, exist_ok=True)
     sampler = sampler_for(getattr(worker, "device", None))
     observer = install(declaring_owners(facts.model), enabled=config.observe)
+    if previous is not None and previous.discovery is not None:
+        previous.discovery.uninstall()
+    declaring = {d.owner for d in snapshot.declarations} | {d.owner for d in snapshot.dropped_declarations or ()}
+    discovery = discover(facts.model, config, observer, declaring)
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
-    publisher.start_heartbeat(config.sample_interval, sampler, observer.sample)
-    setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler, observer))
+    publisher.start_heartbeat(config.sample_interval, sampler, observer.sample, discovery)
+    setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler, observer, discovery))
     atexit.register(_end_at_exit, publisher)
     if facts.settled_at_load:
+        discovery.start()
         publisher.set_baseline(sampler())
     else:
-        publisher.beat(sampler(), observer.sample())
+        observations = observer.sample()
+        publisher.beat(sampler(), observations, discovery.sample(observations))
     logger.info(
         "modelkv: %s publishes %d declaration(s) to %s (%d dropped)",
         engine_id,
@@ -122,6 +130,8 @@ def after_warm_up(worker: Any, config: HookConfig) -> None:
     """Initialisation is over (graphs captured): this is the baseline growth is measured from."""
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
+        if hook.discovery is not None:
+            hook.discovery.start(lambda: runner_caches(getattr(worker, "model_runner", None)))
         hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
 
 

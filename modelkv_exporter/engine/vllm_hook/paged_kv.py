@@ -46,7 +46,8 @@ def bytes_from_tensors(caches: Iterable[Any]) -> int | None:
     return sum(storages.values()) if storages else None
 
 
-def _runner_caches(runner: Any) -> list[Any]:
+def runner_caches(runner: Any) -> list[Any]:
+    """The runner's paged KV tensors (``kv_caches``), where it has them."""
     caches = getattr(runner, "kv_caches", None)
     if not isinstance(caches, (list, tuple)):
         return []
@@ -61,7 +62,7 @@ def paged_kv_bytes(kv_cache_config: Any, runner: Any) -> int | None:
     """
     all_tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or ()
     if not any(getattr(t, "host_resident", False) for t in all_tensors):
-        measured = bytes_from_tensors(_runner_caches(runner))
+        measured = bytes_from_tensors(runner_caches(runner))
         if measured is not None:
             return measured
     return bytes_from_config(kv_cache_config)

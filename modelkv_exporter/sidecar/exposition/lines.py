@@ -28,10 +28,11 @@ def sample_line(metric: Metric, values: Sequence[str], value: float) -> str:
 
 
 def family_header(metric: Metric, openmetrics: bool) -> str:
-    """The HELP and TYPE lines of a family."""
+    """The HELP and TYPE lines of a family, and in OpenMetrics its UNIT line where it has a unit."""
     if openmetrics:
         name = metric.family_name
-        return f"# HELP {name} {_escape_help(metric.help, True)}\n# TYPE {name} {metric.kind}\n"
+        unit = f"# UNIT {name} {metric.unit}\n" if metric.unit else ""
+        return f"# HELP {name} {_escape_help(metric.help, True)}\n# TYPE {name} {metric.kind}\n{unit}"
     kind = "gauge" if metric.kind == "info" else metric.kind
     return f"# HELP {metric.name} {_escape_help(metric.help, False)}\n# TYPE {metric.name} {kind}\n"
 

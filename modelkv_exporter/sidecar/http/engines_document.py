@@ -5,21 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
+from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, discovery_running, exported_discovery
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import Classified, EngineState, SpoolView
 
 
-def entry_document(item: Classified) -> dict[str, Any]:
+def entry_document(item: Classified, max_discovered: int = MAX_DISCOVERED_OWNERS) -> dict[str, Any]:
     """One file: an engine's snapshot with its state, or a rejected file with its reason.
 
-    File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
+    The snapshot is the whole of it, every discovered owner included; where the engine runs discovery,
+    ``discovered_owners_omitted`` says how many of them /metrics leaves out (past ``max_discovered``, the
+    smallest first). File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
     """
     entry = item.entry
     file = visible(entry.file_name)
     if item.state is EngineState.REJECTED:
         assert entry.error is not None
         return {"file": file, "reason": entry.error.reason.value, "detail": public_detail(entry.error)}
-    return {"file": file, "state": item.state.value, "snapshot": item.snapshot.to_dict()}
+    document = {"file": file, "state": item.state.value, "snapshot": item.snapshot.to_dict()}
+    if discovery_running(item.snapshot):
+        document["discovered_owners_omitted"] = exported_discovery(item.snapshot, max_discovered).omitted
+    return document
 
 
 def document_fields(view: SpoolView, spool_name: str) -> dict[str, Any]:
@@ -32,10 +38,10 @@ def document_fields(view: SpoolView, spool_name: str) -> dict[str, Any]:
     }
 
 
-def engines_document(view: SpoolView, spool_name: str) -> dict[str, Any]:
+def engines_document(view: SpoolView, spool_name: str, max_discovered: int = MAX_DISCOVERED_OWNERS) -> dict[str, Any]:
     """Every engine's snapshot with its state, and every rejected file with its reason."""
     return {
         **document_fields(view, spool_name),
-        "engines": [entry_document(i) for i in view.entries if i.state is not EngineState.REJECTED],
+        "engines": [entry_document(i, max_discovered) for i in view.entries if i.state is not EngineState.REJECTED],
         "rejected": [entry_document(i) for i in view.entries if i.state is EngineState.REJECTED],
     }

@@ -2,7 +2,10 @@
 
 No scripts and no external assets (the app sends a Content-Security-Policy that
 forbids both), so it works through ``kubectl port-forward`` and in air-gapped
-clusters. Every value from a snapshot is HTML-escaped, and its unprintable characters
+clusters. It leads with what needs attention: per engine, the findings of
+``sidecar.attention`` (under-reporting owners, undeclared caches, dropped declarations, unused
+declared caches, a stale heartbeat), then rejected files and an unreadable spool; the engines
+table carries each engine's status; the details follow. Every value from a snapshot is HTML-escaped, and its unprintable characters
 (controls, bidi overrides, bytes of file names that are not UTF-8) are shown as escapes.
 """
 
@@ -12,7 +15,9 @@ import html
 import time
 from collections.abc import Iterable, Sequence
 
-from modelkv_exporter.contract.snapshot import Declaration, Snapshot
+from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
+from modelkv_exporter.sidecar.attention import NAMED, Concern, Finding, Status, findings, status
+from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.sizes import human_bytes
@@ -29,10 +34,19 @@ GROWTH_LEGEND = (
     "growth since baseline: measured memory now minus the engine's post-initialisation baseline; "
     "growth source: the measurement it is taken from"
 )
+STATUS_LEGEND = (
+    "status: ok, attention (and why), stale, ended or forgotten, judged from each snapshot alone; "
+    "growth beyond the memory plan is judged by the ModelKVUndeclaredMemoryGrowth alert over 15 minutes, not here"
+)
 GEOMETRY_LEGEND = "geometry: layers × kv_heads × head_dim × positions per row, then the element type"
 OBSERVED_LEGEND = (
     "observed peak: the most the owner's transformers caches held at once since the engine started; "
     "recent: within its last sample interval; calls: those that used a cache / all calls into the owner"
+)
+DISCOVERED_LEGEND = (
+    "discovered: modules that hold cache memory they do not declare; found by cache_layer: a transformers cache "
+    "built while no declaring owner ran; census: tensors the module holds that it did not hold after "
+    "initialisation; layout seen: layers × kv_heads × head_dim × positions a row, the element type, and rows"
 )
 
 _STYLE = """
@@ -45,6 +59,9 @@ th,td{padding:5px 10px;border-bottom:1px solid #e3e6ea;text-align:left;vertical-
 th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 .state{padding:1px 7px;border-radius:9px;font-size:12px}.exported{background:#d7f3df}.stale{background:#fde2c8}.forgotten{background:#e4e4e4}
 .ended{background:#e3e6ea}.rejected{background:#f9d0d0}.muted{color:#6b7280}code{font-size:12px}
+.ok{background:#d7f3df}.attention{background:#f9d0d0}
+#attention{background:#fff4e5;border-left:4px solid #d9822b;padding:4px 16px 8px;margin:12px 0 14px}
+#attention.calm{background:#eef8f1;border-color:#3b9a5b}#attention ul{margin:4px 0;padding-left:20px}
 """
 
 
@@ -78,11 +95,18 @@ def _signed_bytes(value: int) -> str:
     return ("−" if value < 0 else "") + human_bytes(abs(value))
 
 
+def _status_cell(state: EngineState, found: Sequence[Finding]) -> str:
+    word = status(state, found).value
+    concerns = ", ".join(f.concern.value for f in found if f.concern is not Concern.STALE)
+    return f'<span class="state {word}">{word}</span>' + (f": {escape(concerns)}" if concerns else "")
+
+
 def _engine_row(snapshot: Snapshot, state: EngineState, now: float) -> list[str]:
     engine = snapshot.engine
     growth = measured_growth(snapshot)
     return [
         f'<a href="#engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</a>',
+        _status_cell(state, findings(snapshot, state, now)),
         escape(engine.model_label),
         escape(engine.stage_label),
         f'<span class="state {state.value}">{state.value}</span>',
@@ -139,7 +163,63 @@ def _owner_rows(snapshot: Snapshot) -> list[list[str]]:
     return rows
 
 
-def _engine_section(snapshot: Snapshot) -> str:
+def _layout_seen(found: DiscoveredOwner) -> str:
+    layout = found.layout
+    if layout is None:
+        return '<span class="muted">no key/value layout</span>'
+    rows = f"{layout.rows} row" + ("" if layout.rows == 1 else "s")
+    shape = f"{layout.layers} × {layout.kv_heads} × {layout.head_dim} × {layout.positions} {layout.dtype}, {rows}"
+    return escape(shape)
+
+
+def _discovered_row(found: DiscoveredOwner) -> list[str]:
+    return [
+        escape(found.owner or ROOT_OWNER),
+        f"<code>{escape(found.found_by)}</code>",
+        escape(found.owner_class),
+        "also declares caches" if found.declares else "<strong>declares nothing</strong>",
+        human_bytes(found.recent_peak_bytes),
+        human_bytes(found.peak_bytes),
+        human_bytes(found.live_bytes),
+        _layout_seen(found),
+    ]
+
+
+def _discovery_facts(snapshot: Snapshot, omitted: int) -> str:
+    """One line on what discovery covered and left out (empty when the writer does not report it)."""
+    status = snapshot.discovery
+    facts = []
+    if status is not None:
+        if not status.enabled:
+            return f'<p class="muted">Discovery is off: {escape(status.reason or "no reason given")}.</p>'
+        if status.census_seconds is not None:
+            facts.append(
+                f"last census {status.modules} modules, {status.objects} objects in {status.census_seconds * 1000:.1f} ms"
+            )
+        if status.budget_exhausted:
+            facts.append(f"<strong>the census ran out of its {escape(status.budget_exhausted)} budget</strong>")
+        if status.owners_below_floor:
+            facts.append(f"{status.owners_below_floor} owners below the engine's size floor")
+        if status.owners_over_budget:
+            facts.append(f"{status.owners_over_budget} past the engine's owner budget")
+    if omitted:
+        facts.append(f"{omitted} past this exporter's --max-discovered-owners, not exported")
+    return f'<p class="muted">{" · ".join(facts)}</p>' if facts else ""
+
+
+def _discovered(snapshot: Snapshot, limit: int) -> str:
+    """The owners the engine discovered (those /metrics exports), beside its declared ones; empty without any."""
+    exported = exported_discovery(snapshot, limit)
+    facts = _discovery_facts(snapshot, exported.omitted)
+    if not exported.owners:
+        return facts
+    headers = ["discovered owner", "found by", "class", "declares", "recent peak", "peak", "live", "layout seen"]
+    rows = [_discovered_row(found) for found in exported.owners]
+    legend = f'<p class="muted">{escape(DISCOVERED_LEGEND)}</p>'
+    return f"{_table(headers, rows, numeric=(4, 5, 6))}{facts}{legend}"
+
+
+def _engine_section(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWNERS) -> str:
     engine = snapshot.engine
     title = f'<h3 id="engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</h3>'
     facts = [
@@ -160,6 +240,7 @@ def _engine_section(snapshot: Snapshot) -> str:
     ]
     if dropped:
         line += "</p><p><strong>Dropped declarations:</strong> " + "; ".join(dropped)
+    observed += _discovered(snapshot, max_discovered)
     if not snapshot.declarations:
         return f'{title}<p class="muted">{line}</p>{observed}<p>No model-local KV caches declared.</p>'
     headers = ["owner", "cache", "scope", "rows", "per row", "declared peak", "geometry", "capacity", "notes"]
@@ -167,8 +248,46 @@ def _engine_section(snapshot: Snapshot) -> str:
     return f'{title}<p class="muted">{line}</p>{observed}{_table(headers, rows, numeric=(4, 5))}'
 
 
-def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
-    """The whole page for one view of the spool."""
+def _attention(view: SpoolView, live: Sequence[tuple[Snapshot, EngineState]]) -> str:
+    """The summary the page opens with: each engine that needs attention and why, rejected files, the spool."""
+    items = []
+    if view.scan.error:
+        items.append(f"<li><strong>spool not readable</strong>: {escape(SPOOL_UNREADABLE)}</li>")
+    ok = 0
+    for snapshot, state in live:
+        found = findings(snapshot, state, view.now)
+        if not found:
+            ok += status(state, found) is Status.OK
+            continue
+        engine = snapshot.engine
+        reasons = "".join(f"<li><strong>{f.concern.value}</strong>: {escape(f.detail)}</li>" for f in found)
+        items.append(
+            f'<li><a href="#engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</a> '
+            f'<span class="muted">{escape(" · ".join(v for v in (engine.model_label, engine.stage_label) if v))}</span>'
+            f"<ul>{reasons}</ul></li>"
+        )
+    if view.rejected:
+        names = [f"{entry.file_name} ({entry.error.reason.value})" for entry in view.rejected if entry.error]
+        more = f"; and {len(names) - NAMED} more" if len(names) > NAMED else ""
+        items.append(
+            f'<li><a href="#rejected">{len(names)} rejected snapshot file{"s" if len(names) != 1 else ""}</a>: '
+            f"{escape('; '.join(names[:NAMED]) + more)}</li>"
+        )
+    if view.scan.skipped:
+        items.append(f"<li>{view.scan.skipped} files past --max-spool-files or --max-spool-bytes not read</li>")
+    if not items:
+        return (
+            '<section id="attention" class="calm"><h2>Needs attention</h2>'
+            f"<p>Nothing: {ok} engine{'s' if ok != 1 else ''} ok.</p></section>"
+        )
+    return f'<section id="attention"><h2>Needs attention</h2><ul>{"".join(items)}</ul></section>'
+
+
+def render_landing(
+    view: SpoolView, *, spool_dir: str, version: str, max_discovered: int = MAX_DISCOVERED_OWNERS
+) -> str:
+    """The whole page for one view of the spool; per engine at most ``max_discovered`` discovered owners, as
+    /metrics exports them."""
     rejected: list[list[str]] = []
     for entry in view.rejected:
         assert entry.error is not None
@@ -181,15 +300,17 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
     if view.scan.error:
         summary = f"<strong>spool not readable: {escape(SPOOL_UNREADABLE)}</strong>"
     nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in LINKS)
-    headers = ["engine", "model", "stage", "state", "max_num_seqs", "caches", "declared peak",
+    headers = ["engine", "status", "model", "stage", "state", "max_num_seqs", "caches", "declared peak",
                "growth since baseline", "growth source", "age"]  # fmt: skip
-    engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(4, 5, 6, 7, 9))
+    engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(5, 6, 7, 8, 10))
     if live:
-        engines += f'<p class="muted">{escape(GROWTH_LEGEND)}</p>'
+        engines += f'<p class="muted">{escape(STATUS_LEGEND)}<br>{escape(GROWTH_LEGEND)}</p>'
     else:
         engines = '<p class="muted">No snapshot in the spool yet.</p>'
     sections = "".join(
-        _engine_section(s) for s, state in live if state not in (EngineState.ENDED, EngineState.FORGOTTEN)
+        _engine_section(s, max_discovered)
+        for s, state in live
+        if state not in (EngineState.ENDED, EngineState.FORGOTTEN)
     )
     rejected_html = _table(["file", "reason", "detail"], rejected) if rejected else '<p class="muted">None.</p>'
     return (
@@ -198,8 +319,8 @@ def render_landing(view: SpoolView, *, spool_dir: str, version: str) -> str:
         f"<title>modelkv-exporter</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>modelkv-exporter {escape(version)}</h1>"
         f"<p>spool <code>{escape(spool_dir)}</code> · {summary} · generated {generated_at(view.now)}</p></header>"
-        f"<main><nav>{nav}</nav><h2>Engines</h2>{engines}"
+        f"<main>{_attention(view, live)}<nav>{nav}</nav><h2>Engines</h2>{engines}"
         f"<h2>Declarations</h2>"
         f"{f'<p class=muted>{escape(GEOMETRY_LEGEND)}</p>{sections}' if sections else '<p class=muted>None.</p>'}"
-        f"<h2>Rejected files</h2>{rejected_html}</main></body></html>\n"
+        f'<h2 id="rejected">Rejected files</h2>{rejected_html}</main></body></html>\n'
     )

@@ -50,7 +50,12 @@ class Pages:
             view = self.source.view()
             key = (view_key(view), int(view.now) // AGE_STEP_SECONDS)
             if self._landing[0] != key:
-                page = render_landing(view, spool_dir=self.source.reader.directory.name, version=self.version)
+                page = render_landing(
+                    view,
+                    spool_dir=self.source.reader.directory.name,
+                    version=self.version,
+                    max_discovered=self.source.budget.max_discovered_owners,
+                )
                 self._landing = (key, page.encode())
                 self.renders += 1
             return self._landing[1]
@@ -70,7 +75,9 @@ class Pages:
         lists: dict[bool, list[bytes]] = {False: [], True: []}
         for item in view.entries:
             key = (item.entry.file_name, item.entry.version, item.state.value)
-            piece = pieces[key] = self._pieces.get(key) or json_body(entry_document(item))
+            piece = pieces[key] = self._pieces.get(key) or json_body(
+                entry_document(item, self.source.budget.max_discovered_owners)
+            )
             lists[item.state is EngineState.REJECTED].append(piece)
         self._pieces = pieces
         fields = json_body(document_fields(view, self.source.reader.directory.name))

@@ -109,8 +109,10 @@ class ProbeListener:
         self._open: dict[socket.socket, _Connection] = {}
         """Open connections, oldest (and so soonest due) first."""
 
-    def start(self) -> None:
-        """Bind and listen (an error here stops the server's start), then serve from a thread."""
+    def bind(self) -> None:
+        """Bind and listen, once; ``OSError`` when the port is taken (``port`` is then the one bound)."""
+        if self._socket is not None:
+            return
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -124,6 +126,10 @@ class ProbeListener:
         self.port = listener.getsockname()[1]
         self._socket = listener
         self._selector.register(listener, selectors.EVENT_READ)
+
+    def start(self) -> None:
+        """Bind unless bound already (an error here stops the server's start), then serve from a thread."""
+        self.bind()
         self._thread = threading.Thread(target=self._serve, name="modelkv-probe", daemon=True)
         self._thread.start()
 

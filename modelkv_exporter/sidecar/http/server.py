@@ -1,8 +1,9 @@
 """The uvicorn server that serves the sidecar app, built the same way for ``serve`` and the demo.
 
 uvicorn with uvloop and httptools, its protocol held to ``config.http`` (``guard``), uvicorn's
-own log lines rate-limited like the sidecar's, and the liveness listener (``probe``) started
-and stopped with the server.
+own log lines rate-limited like the sidecar's and written by the same handlers in the same format
+(uvicorn configures no logging of its own), and the liveness listener (``probe``) started and
+stopped with the server, its port logged.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from modelkv_exporter.sidecar.http.app import make_app
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.guard import guarded_protocol
 from modelkv_exporter.sidecar.http.probe import Heartbeat, ProbeListener
-from modelkv_exporter.sidecar.log import limit
+from modelkv_exporter.sidecar.log import get_logger, limit
 
 HEARTBEAT_SECONDS = 1
 BACKLOG = 2048
+logger = get_logger("server")
 
 
 class SidecarServer(uvicorn.Server):
@@ -42,6 +44,9 @@ class SidecarServer(uvicorn.Server):
         gc.freeze()
         if self.probe is not None:
             self.probe.start()
+            logger.info("liveness probes: GET /healthz on %s:%d (--probe-port)", self.probe.host, self.probe.port)
+        else:
+            logger.debug("no liveness listener (--probe-port 0); /healthz answers on the HTTP port")
         try:
             await super().serve(list(sockets) if sockets is not None else None)
         finally:
@@ -58,6 +63,7 @@ def build_server(config: SidecarConfig, *, host: str, port: int, log_level: str)
         host=host,
         port=port,
         log_level=log_level,
+        log_config=None,
         access_log=False,
         server_header=False,
         http=guarded_protocol(config.http, app.state.refusals),

@@ -1,0 +1,315 @@
+"""What discovery costs on a 10,000-module model: the census, and attributing cache layers, beside no discovery.
+
+- **Census**: one census of every module's tensors (nothing new found: the usual case), its CPU
+  and wall time, its longest slice between two yields, and its share of one core at the default
+  census interval (and, for comparison, if it ran at every default heartbeat). The baseline census
+  at load (parameters read too) once. Without discovery no census runs: its cost is 0.
+- **Attribution**: a ``DynamicCache`` of 2 layers built and filled inside a module 12 modules deep
+  in the same model (each layer is first seen there: one walk of the stack), and one update of a
+  layer already seen (never a walk), with observation on and discovery off, then on.
+- **Engine step**: a decode step of a small transformers ``Qwen2Model`` (2 layers, hidden 256) on
+  one CPU thread, as the scale against which a census slice and a census are set.
+
+Two measures, as in ``bench/observe.py``: CPU time (``time.process_time``, minimum over repetitions)
+and instructions (``valgrind --tool=callgrind``: the script runs itself under callgrind with
+instrumentation off and a small C helper zeroes and dumps the counters around each region).
+
+    .venv/bin/python bench/discovery.py                 # both (a few minutes under valgrind)
+    .venv/bin/python bench/discovery.py --no-callgrind
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from transformers import DynamicCache, Qwen2Config, Qwen2Model  # noqa: E402
+
+from modelkv_exporter.engine.config import HookConfig  # noqa: E402
+from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census  # noqa: E402
+from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
+
+torch.set_num_threads(1)
+MODULES = 10_000
+DEPTH = 12
+HEARTBEAT = HookConfig.__dataclass_fields__["sample_interval"].default
+CENSUS_INTERVAL = HookConfig.__dataclass_fields__["census_interval"].default
+HELPER = r"""
+#include <valgrind/callgrind.h>
+void mkv_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void mkv_zero(void) { CALLGRIND_ZERO_STATS; }
+void mkv_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
+"""
+
+
+class Block(nn.Module):
+    """A transformer-block-like module: 4 projections, a norm, an MLP, a buffer and a few plain attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(8, 8) for _ in range(4))
+        self.norm = nn.LayerNorm(8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        self.register_buffer("inv_freq", torch.zeros(4))
+        self.scale, self.head_dim = 0.5, 4
+
+
+class Nest(nn.Module):
+    """``DEPTH`` modules deep; the innermost runs what it is handed."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.inner = Nest(depth - 1) if depth > 1 else None
+
+    def forward(self, run: Callable[[], Any]) -> Any:
+        return self.inner(run) if self.inner is not None else run()
+
+
+def model() -> nn.Module:
+    """A model of ``MODULES`` modules: blocks, and one nest of ``DEPTH`` where caches are built."""
+    root = nn.Module()
+    root.nest = Nest(DEPTH)
+    root.layers = nn.ModuleList()
+    while sum(1 for _ in root.modules()) < MODULES:
+        root.layers.append(Block())
+    return root
+
+
+STATES = torch.zeros(1, 2, 4, 8)
+
+
+def build_cache() -> DynamicCache:
+    cache = DynamicCache()
+    for layer in range(2):
+        cache.update(STATES, STATES, layer)
+    return cache
+
+
+def cpu_seconds(body: Callable[[], Any], number: int, repeat: int = 7) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        start = time.process_time()
+        for _ in range(number):
+            body()
+        best = min(best, (time.process_time() - start) / number)
+    return best
+
+
+def engine_step() -> Callable[[], Any]:
+    config = Qwen2Config(
+        num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2
+    )
+    llm = Qwen2Model(config).eval()
+    ids = torch.tensor([[1]])
+    cache = DynamicCache()
+    with torch.no_grad():
+        llm(input_ids=torch.tensor([[1] * 32]), past_key_values=cache, use_cache=True)
+
+    def step() -> None:
+        with torch.no_grad():
+            llm(input_ids=ids, past_key_values=cache, use_cache=True)
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, :32], layer.values[:, :, :32]
+
+    return step
+
+
+def measure() -> dict[str, Any]:
+    root = model()
+    observer = install([], enabled=True)
+    assert observer.unavailable is None, observer.unavailable
+    out: dict[str, Any] = {"modules": sum(1 for _ in root.modules())}
+    settings = DiscoverySettings(census_interval=0)
+    started = time.process_time()
+    found = Discovery(root, settings, observer=observer)
+    out["install (module map + baseline census) s"] = time.process_time() - started
+    found.start()
+    assert found.modules is not None
+    walks = []
+    for _ in range(7):
+        gc.collect()
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = census.run(census.census(found.modules, settings.budget))
+        walks.append((time.process_time() - cpu, time.perf_counter() - wall, result))
+    out["census cpu s"] = min(w[0] for w in walks)
+    out["census wall s"] = statistics.median(w[1] for w in walks)
+    out["longest slice s"] = max(w[2].longest_slice for w in walks)
+    out["objects"] = walks[0][2].objects
+    slices: list[float] = []
+    for _ in range(7):
+        walk = census.census(found.modules, settings.budget)
+        began = time.thread_time()
+        try:
+            while True:
+                next(walk)
+                slices.append(time.thread_time() - began)
+                time.sleep(0)
+                began = time.thread_time()
+        except StopIteration:
+            slices.append(time.thread_time() - began)
+    out["slices"] = len(slices) // 7
+    out["slice p50 s"] = statistics.median(slices)
+    out["slice max s"] = max(slices)
+    out["sample (census due, nothing found) cpu s"] = cpu_seconds(found.beat, 3)
+    attribution: dict[str, dict[str, float]] = {}
+    cache = build_cache()
+    for phase in ("off", "on"):
+        hooks.discover = found.attribute if phase == "on" else None
+        attribution.setdefault("build a 2-layer cache 12 modules deep", {})[phase] = cpu_seconds(
+            lambda: root.nest(build_cache), 200
+        )
+        attribution.setdefault("update a layer already seen", {})[phase] = cpu_seconds(
+            lambda cache=cache: root.nest(lambda: cache.layers[0].update(STATES, STATES)), 200
+        )
+        cache = build_cache()
+    found.uninstall()
+    out["attribution"] = attribution
+    step = engine_step()
+    out["engine step s"] = cpu_seconds(step, 50)
+    observer.uninstall()
+    return out
+
+
+def callgrind_regions(library: str) -> None:
+    """The child under valgrind: each region zeroed, run, dumped with its label."""
+    helper = ctypes.CDLL(library)
+    helper.mkv_dump.argtypes = [ctypes.c_char_p]
+    root = model()
+    observer = install([], enabled=True)
+    found = Discovery(root, DiscoverySettings(census_interval=0), observer=observer)
+    found.start()
+    assert found.modules is not None
+    modules = found.modules
+    step = engine_step()
+    cache = build_cache()
+
+    def region(label: str, body: Callable[[], Any]) -> None:
+        gc.collect()
+        helper.mkv_zero()
+        body()
+        helper.mkv_dump(label.encode())
+
+    helper.mkv_start()
+    region("empty|1", lambda: None)
+    region("census|1", lambda: census.run(census.census(modules, found.settings.budget)))
+    region("baseline census|1", lambda: census.run(census.census(modules, found.settings.budget, parameters=True)))
+    region("engine step|5", lambda: [step() for _ in range(5)])
+    for phase in ("off", "on"):
+        hooks.discover = found.attribute if phase == "on" else None
+        region(f"{phase} build a 2-layer cache 12 modules deep|20", lambda: [root.nest(build_cache) for _ in range(20)])
+        region(
+            f"{phase} update a layer already seen|20",
+            lambda: [root.nest(lambda: cache.layers[0].update(STATES, STATES)) for _ in range(20)],
+        )
+    found.uninstall()
+    observer.uninstall()
+
+
+def instructions() -> dict[str, float] | str:
+    """Instructions per call of every region; a sentence when callgrind cannot run here."""
+    compiler = shutil.which("cc")
+    if shutil.which("valgrind") is None or compiler is None or not Path("/usr/include/valgrind/callgrind.h").exists():
+        return "valgrind, its headers and a C compiler are needed for instruction counts"
+    with tempfile.TemporaryDirectory(prefix="modelkv-callgrind-") as work:
+        library, source = Path(work) / "libregion.so", Path(work) / "region.c"
+        source.write_text(HELPER)
+        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True)
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={work}/callgrind.out.%p",
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            str(library),
+        ]
+        child = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if child.returncode != 0:
+            raise SystemExit(child.stderr[-4000:])
+        counts: dict[str, float] = {}
+        for path in Path(work).glob("callgrind.out.*"):
+            text = path.read_text(errors="replace")
+            label = re.search(r"^desc: Trigger: Client Request: (.*)$", text, re.M)
+            total = re.search(r"^(?:totals|summary): (\d+)", text, re.M)
+            if label and total:
+                name, calls = label.group(1).split("|")
+                counts[name] = int(total.group(1)) / int(calls)
+    return counts
+
+
+def report(cpu: dict[str, Any], ir: dict[str, float] | str) -> None:
+    census_cpu = cpu["census cpu s"]
+    print(f"torch {torch.__version__}, transformers {__import__('transformers').__version__}, 1 torch thread")
+    print(f"model: {cpu['modules']} modules; a census visits {cpu['modules']} modules and {cpu['objects']} objects\n")
+    print("CENSUS (without discovery: none runs, 0)")
+    print(f"  one census, CPU                      {census_cpu * 1e3:8.1f} ms")
+    print(f"  one census, wall (yields included)   {cpu['census wall s'] * 1e3:8.1f} ms")
+    print(f"  a sample with a census due, CPU      {cpu['sample (census due, nothing found) cpu s'] * 1e3:8.1f} ms")
+    print(f"  slices: {cpu['slices']} a census; thread CPU a slice: median {cpu['slice p50 s'] * 1e3:.2f} ms, longest")
+    print(
+        f"    {cpu['slice max s'] * 1e3:.2f} ms (7 censuses); longest wall {cpu['longest slice s'] * 1e3:.2f} ms (includes time"
+    )
+    print("    the OS took the thread away, which no yield can prevent)")
+    print(
+        f"  share of one core at the default census interval ({CENSUS_INTERVAL:.0f} s): {census_cpu / CENSUS_INTERVAL:.4%}"
+    )
+    print(f"  (if it ran at every default heartbeat, {HEARTBEAT:.0f} s: {census_cpu / HEARTBEAT:.4%})")
+    print(
+        f"  baseline census at load (parameters too) with the module map: {cpu['install (module map + baseline census) s'] * 1e3:.1f} ms once"
+    )
+    step = cpu["engine step s"]
+    print(
+        f"\nENGINE STEP (a 2-layer Qwen2 decode step, CPU): {step * 1e3:.2f} ms; a census = {census_cpu / step:.1f} steps,"
+    )
+    print(f"  spread over {cpu['slices']} slices of at most {cpu['slice max s'] * 1e3:.2f} ms of CPU each\n")
+    print("ATTRIBUTION, CPU per call (observation on; discovery off, then on)")
+    print(f"{'case':44s} {'off us':>9s} {'on us':>9s} {'added us':>9s}")
+    for name, r in cpu["attribution"].items():
+        print(f"{name:44s} {r['off'] * 1e6:9.1f} {r['on'] * 1e6:9.1f} {(r['on'] - r['off']) * 1e6:9.1f}")
+    if isinstance(ir, str):
+        print(f"\nINSTRUCTIONS: not counted ({ir})")
+        return
+    empty = ir.get("empty", 0)
+    print("\nINSTRUCTIONS (callgrind), per call")
+    for name in ("census", "baseline census", "engine step"):
+        print(f"  {name:42s} {ir[name] - empty:14,.0f}")
+    print(f"  census per module                          {(ir['census'] - empty) / cpu['modules']:14,.0f}")
+    print(f"{'case':44s} {'off':>12s} {'on':>12s} {'added':>12s}")
+    for name in ("build a 2-layer cache 12 modules deep", "update a layer already seen"):
+        off, on = ir[f"off {name}"], ir[f"on {name}"]
+        print(f"{name:44s} {off:12,.0f} {on:12,.0f} {on - off:12,.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--no-callgrind", action="store_true", help="CPU time only")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        callgrind_regions(args.child)
+        return
+    cpu = measure()
+    report(cpu, "skipped (--no-callgrind)" if args.no_callgrind else instructions())
+
+
+if __name__ == "__main__":
+    main()

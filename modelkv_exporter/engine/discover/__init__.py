@@ -1,0 +1,13 @@
+"""Discovered owners: modules of the model that hold caches they do not declare.
+
+- ``modules``: the model's modules by path, and the innermost of them on the call stack;
+- ``census``: the sliced walk over the tensors the modules hold;
+- ``layout``: the key/value geometry seen in cache layers;
+- ``discovery``: ``Discovery`` (attribution, census, baseline, figures) and ``discover``, which starts it.
+
+See docs/observed-caches.md ("Discovered owners").
+"""
+
+from modelkv_exporter.engine.discover.discovery import Discovery, DiscoverySettings, discover
+
+__all__ = ["Discovery", "DiscoverySettings", "discover"]
