@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDER_DECLARING, start_engines
+from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDECLARED, UNDER_DECLARING, start_engines
 from tests.support import observed_engine
 from tests.support.polling import eventually
 from tests.support.processes import free_port, start_sidecar, stop_process
@@ -46,9 +46,6 @@ SIMULATED = {
     "sim-shrinking",
     "sim-replica",
 }
-
-NEEDS_DISCOVERY = {"ModelKVUndeclaredCache", "modelkv_engine:discovered_undeclared_recent_peak_bytes:max"}
-"""Alerts on issue 23's discovered owners: no demo engine keeps an undeclared cache yet, so they have no data here."""
 
 
 @dataclass
@@ -224,8 +221,7 @@ def test_every_rule_and_dashboard_expression_returns_data(live: Live) -> None:
     with live.scenario.leak.lock:
         live.scenario.leak.live = declared_peak() + GIB
     absent = [e for e in rule_expressions() if e.expr.startswith("absent(")]
-    waiting = [e for e in rule_expressions() if e.origin in NEEDS_DISCOVERY]
-    present = [e for e in rule_expressions() + dashboard_expressions() if e not in absent + waiting]
+    present = [e for e in rule_expressions() + dashboard_expressions() if e not in absent]
     assert len(present) >= 60
     for expression in present:
         promql = substitute(expression.expr)
@@ -263,7 +259,7 @@ def test_the_dashboard_works_from_federated_recorded_series_alone(live: Live) ->
 def test_every_alert_goes_pending_or_firing_and_a_plateau_never_does(live: Live) -> None:
     with live.scenario.leak.lock:
         live.scenario.leak.live = declared_peak() + GIB
-    expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent", *NEEDS_DISCOVERY}
+    expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent"}
 
     def active() -> set[str]:
         return {r["metric"]["alertname"] for r in query(live.prometheus, "ALERTS")}
@@ -324,3 +320,22 @@ def test_a_cache_that_stopped_working_goes_pending(live: Live) -> None:
     assert unused() == {observed_engine.ENGINE_ID}
     available = query(live.prometheus, f'modelkv_observation_available{{engine="{observed_engine.ENGINE_ID}"}}')
     assert [float(r["value"][1]) for r in available] == [1.0], "its caches are observable: it is the cache that idles"
+
+
+def test_an_undeclared_cache_goes_pending_and_is_explained(live: Live) -> None:
+    """The demo engine whose module keeps a cache it does not declare: ModelKVUndeclaredCache for that owner
+    alone, its bytes counted as explained, and no undeclared-growth alert for the engine."""
+
+    def undeclared() -> set[tuple[str, str]]:
+        alerts = query(live.prometheus, 'ALERTS{alertname="ModelKVUndeclaredCache"}')
+        return {(r["metric"]["engine"], r["metric"]["owner"]) for r in alerts}
+
+    wait(lambda: undeclared(), "ModelKVUndeclaredCache to go pending")
+    assert undeclared() == {(UNDECLARED, "apm.streaming_kv")}
+    selector = f'{{engine="{UNDECLARED}"}}'
+    recent = _value(live, f"modelkv_engine:discovered_undeclared_recent_peak_bytes:max{selector}")
+    assert recent is not None and recent > 64 * 1024 * 1024
+    explained = _value(live, f"modelkv_engine:cache_explained_bytes{selector}")
+    assert explained is not None and explained >= recent
+    growth = query(live.prometheus, f'ALERTS{{alertname="ModelKVUndeclaredMemoryGrowth", engine="{UNDECLARED}"}}')
+    assert growth == []

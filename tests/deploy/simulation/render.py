@@ -57,6 +57,8 @@ DISCOVERY_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 """The discovery families of issue 23's agreed interface (docs of the sidecar's catalogue once it has them)."""
 
+SIMULATED_VERSION = "0+simulated"
+"""The build_info version label: the installed version would make the files depend on the environment."""
 Labels = tuple[tuple[str, str], ...]
 Series = dict[tuple[str, Labels], list[float | None]]
 
@@ -127,7 +129,7 @@ def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
             None if sample.baseline is None else MemorySample(beat * 60.0, dict(sample.baseline)),
         ),
         heartbeat_interval_seconds=5.0,
-        writer="modelkv-exporter/0.1.0",
+        writer="modelkv-exporter (simulated)",
         observations=observations if engine.observes else (),
         dropped_declarations=(),
         discovered=discovered,
@@ -169,6 +171,8 @@ class _Add:
         self.scrape, self.target = scrape, target
 
     def __call__(self, name: str, values: list[str], value: float) -> None:
+        if name == "modelkv_exporter_build_info":
+            values = [SIMULATED_VERSION, *values[1:]]
         names = CATALOGUE[name].labels if name in CATALOGUE else DISCOVERY_FAMILIES[name]
         labels = {**self.target, **dict(zip(names, values, strict=True))}
         key = (name, tuple(sorted(labels.items())))
