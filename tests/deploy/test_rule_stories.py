@@ -9,7 +9,7 @@ import pytest
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from tests.deploy.simulation.generate import expected_files
 from tests.deploy.simulation.physics import GIB, Device, Engine, simulate, step
-from tests.deploy.simulation.render import DISCOVERY_FAMILIES, series
+from tests.deploy.simulation.render import series
 from tests.deploy.simulation.stories import STORIES
 from tests.support import ROOT
 
@@ -41,7 +41,7 @@ def test_the_stories_feed_every_family_a_sidecar_exports() -> None:
         for episode in story.episodes:
             found = series(episode.engines, simulate(episode.engines, episode.minutes), episode.minutes)
             names |= {name for name, _ in found}
-    families = set(CATALOGUE) | set(DISCOVERY_FAMILIES)
+    families = set(CATALOGUE)
     assert families - names == set(NOT_IN_ANY_STORY), sorted(families - names)
     assert names - families == {"up", "scrape_duration_seconds"}
 

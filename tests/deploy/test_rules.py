@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES
-from tests.deploy.simulation.render import DISCOVERY_FAMILIES
 from tests.support import ROOT
 from tests.support.processes import require_tool
 from tests.support.promql import RULE_TESTS, RULES_FILE, alerts, metric_names, rule_expressions, rule_groups, rules
@@ -263,7 +262,7 @@ def test_rules_select_only_metrics_that_exist() -> None:
     for expression in rule_expressions():
         names = metric_names(expression.expr)
         assert names, expression.origin
-        unknown = [name for name in names if not is_known(name) and name not in DISCOVERY_FAMILIES]
+        unknown = [name for name in names if not is_known(name)]
         assert not unknown, f"{expression.origin}: {unknown}"
 
 

@@ -36,26 +36,6 @@ POSITION_BYTES = 2 * 32 * 8 * 128 * 2
 """Bytes of one position of one row of every simulated cache: 32 layers, 8 KV heads of 128, bfloat16."""
 DISCOVERY_FLOOR = 16 * 1024**2
 """The engines' size floor: discovered owners below it are counted, not published."""
-DISCOVERY_FAMILIES: dict[str, tuple[str, ...]] = {
-    "modelkv_discovered_peak_bytes": ("engine", "model", "stage", "owner", "found_by"),
-    "modelkv_discovered_recent_peak_bytes": ("engine", "model", "stage", "owner", "found_by"),
-    "modelkv_discovered_owner_info": (
-        "engine",
-        "owner",
-        "owner_class",
-        "found_by",
-        "declares",
-        "layout",
-        "model",
-        "stage",
-    ),
-    "modelkv_engine_discovered_owners": ("engine", "model", "stage"),
-    "modelkv_discovery_available": ("engine", "model", "stage"),
-    "modelkv_discovery_census_duration_seconds": ("engine", "model", "stage"),
-    "modelkv_discovery_census_exhausted": ("engine", "model", "stage", "budget"),
-    "modelkv_discovery_owners_omitted": ("engine", "model", "stage", "reason"),
-}
-"""The discovery families of issue 23's agreed interface (docs of the sidecar's catalogue once it has them)."""
 
 SIMULATED_VERSION = "0+simulated"
 """The build_info version label: the installed version would make the files depend on the environment."""
@@ -137,33 +117,6 @@ def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
     )
 
 
-def _discovery_samples(snap: Snapshot, add: _Add) -> None:
-    """Issue 23's discovery families, as its interface states them (until the sidecar renders them itself)."""
-    if snap.discovery is None:
-        return
-    engine = engine_labels(snap)
-    add("modelkv_discovery_available", engine, 1.0 if snap.discovery.enabled else 0.0)
-    add("modelkv_engine_discovered_owners", engine, len(snap.discovered))
-    if snap.discovery.census_seconds is not None:
-        add("modelkv_discovery_census_duration_seconds", engine, snap.discovery.census_seconds)
-    add("modelkv_discovery_owners_omitted", [*engine, "below_floor"], snap.discovery.owners_below_floor)
-    add("modelkv_discovery_owners_omitted", [*engine, "over_budget"], snap.discovery.owners_over_budget)
-    add("modelkv_discovery_owners_omitted", [*engine, "exporter_budget"], 0)
-    for found in snap.discovered:
-        owner = [*engine, found.owner or "(root)", found.found_by]
-        add("modelkv_discovered_peak_bytes", owner, found.peak_bytes)
-        add("modelkv_discovered_recent_peak_bytes", owner, found.recent_peak_bytes)
-        layout = found.layout
-        shape = (
-            f"layers={layout.layers} kv_heads={layout.kv_heads} head_dim={layout.head_dim} dtype={layout.dtype} "
-            f"positions={layout.positions} rows={layout.rows}"
-            if layout is not None
-            else ""
-        )
-        info = [engine[0], found.owner or "(root)", found.owner_class, found.found_by]
-        add("modelkv_discovered_owner_info", [*info, str(found.declares).lower(), shape, *engine[1:]], 1.0)
-
-
 class _Add:
     """Collects one scrape's samples of one exporter instance."""
 
@@ -173,7 +126,7 @@ class _Add:
     def __call__(self, name: str, values: list[str], value: float) -> None:
         if name == "modelkv_exporter_build_info":
             values = [SIMULATED_VERSION, *values[1:]]
-        names = CATALOGUE[name].labels if name in CATALOGUE else DISCOVERY_FAMILIES[name]
+        names = CATALOGUE[name].labels
         labels = {**self.target, **dict(zip(names, values, strict=True))}
         key = (name, tuple(sorted(labels.items())))
         assert key not in self.scrape, f"two samples of {key}"
@@ -213,8 +166,6 @@ def scrapes(engines: list[Engine], timeline: Timeline, minutes: int) -> Iterator
                 snap = snapshot(engine, sample, beat)
                 engine_samples(snap, state is EngineState.STALE, add, add.info)
                 add("modelkv_engine_snapshot_age_seconds", engine_labels(snap), (t - beat) * 60.0)
-                if state is EngineState.EXPORTED and "modelkv_discovered_peak_bytes" not in CATALOGUE:
-                    _discovery_samples(snap, add)
             exporter_samples(True, counts[instance], {}, add, add.info)
             add("modelkv_exporter_collect_duration_seconds", [], 0.004)
             refusal_samples({}, add)
