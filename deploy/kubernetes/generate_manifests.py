@@ -169,8 +169,16 @@ RULE_VALUES: tuple[RuleValue, ...] = (
     RuleValue(
         "ModelKVDeviceMemoryExhaustionPredicted",
         "minEngineAgeSeconds",
-        "Seconds the youngest engine on the device must have run (an hour of history and a margin).",
-        (Site("expr", "device_engine_age_seconds:min > {}"),),
+        "Seconds the youngest engine on the device must have run for the prediction from the last hour "
+        "(an hour of history and a margin); younger devices are predicted from the last 15 minutes.",
+        (Site("expr", "device_engine_age_seconds:min > {}"), Site("expr", "device_engine_age_seconds:min <= {}")),
+    ),
+    RuleValue(
+        "ModelKVDeviceMemoryExhaustionPredicted",
+        "youngEngineAgeSeconds",
+        "Seconds the youngest engine on the device must have run for the prediction from the last 15 minutes "
+        "(loading and warm-up done).",
+        (Site("expr", "({} < modelkv_engine:device_engine_age_seconds:min"),),
     ),
     RuleValue("ModelKVDeclarationsDropped", "forMinutes", "Minutes before it fires.", _for()),
     RuleValue("ModelKVSnapshotStale", "forMinutes", "Minutes before it fires.", _for()),
@@ -179,6 +187,13 @@ RULE_VALUES: tuple[RuleValue, ...] = (
     RuleValue("ModelKVSpoolUnreadable", "forMinutes", "Minutes before it fires.", _for(True)),
     RuleValue("ModelKVSnapshotsRejected", "forMinutes", "Minutes before it fires.", _for()),
     RuleValue("ModelKVDeclarationUnderReports", "forMinutes", "Minutes before it fires.", _for()),
+    RuleValue(
+        "ModelKVUndeclaredCache",
+        "thresholdMiB",
+        "Bytes, in MiB, an owner that declares nothing must keep in caches discovery finds.",
+        (Site("expr", "> {} * 1024 * 1024"),),
+    ),
+    RuleValue("ModelKVUndeclaredCache", "forMinutes", "Minutes it lasts before it fires.", _for(True)),
     RuleValue("ModelKVDeclaredCacheUnused", "forMinutes", "Minutes before it fires.", _for(True)),
     RuleValue(
         "ModelKVDeclaredCacheUnused",

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDER_DECLARING, start_engines
+from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDECLARED, UNDER_DECLARING, start_engines
 from tests.support import observed_engine
 from tests.support.polling import eventually
 from tests.support.processes import free_port, start_sidecar, stop_process
@@ -320,3 +320,22 @@ def test_a_cache_that_stopped_working_goes_pending(live: Live) -> None:
     assert unused() == {observed_engine.ENGINE_ID}
     available = query(live.prometheus, f'modelkv_observation_available{{engine="{observed_engine.ENGINE_ID}"}}')
     assert [float(r["value"][1]) for r in available] == [1.0], "its caches are observable: it is the cache that idles"
+
+
+def test_an_undeclared_cache_goes_pending_and_is_explained(live: Live) -> None:
+    """The demo engine whose module keeps a cache it does not declare: ModelKVUndeclaredCache for that owner
+    alone, its bytes counted as explained, and no undeclared-growth alert for the engine."""
+
+    def undeclared() -> set[tuple[str, str]]:
+        alerts = query(live.prometheus, 'ALERTS{alertname="ModelKVUndeclaredCache"}')
+        return {(r["metric"]["engine"], r["metric"]["owner"]) for r in alerts}
+
+    wait(lambda: undeclared(), "ModelKVUndeclaredCache to go pending")
+    assert undeclared() == {(UNDECLARED, "apm.streaming_kv")}
+    selector = f'{{engine="{UNDECLARED}"}}'
+    recent = _value(live, f"modelkv_engine:discovered_undeclared_recent_peak_bytes:max{selector}")
+    assert recent is not None and recent > 64 * 1024 * 1024
+    explained = _value(live, f"modelkv_engine:cache_explained_bytes{selector}")
+    assert explained is not None and explained >= recent
+    growth = query(live.prometheus, f'ALERTS{{alertname="ModelKVUndeclaredMemoryGrowth", engine="{UNDECLARED}"}}')
+    assert growth == []

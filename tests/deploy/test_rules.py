@@ -74,7 +74,7 @@ BREAKS = {
         "undeclared-growth",
     ),
     "observed cache bytes ignored": (
-        "modelkv_observed_recent_peak_bytes\n            or\n",
+        "modelkv_observed_recent_peak_bytes\n              or\n",
         "",
         "ModelKVUndeclaredMemoryGrowth",
         "undeclared-growth",
@@ -92,15 +92,59 @@ BREAKS = {
         "ModelKVDeclaredPeakWillNotFit",
         "devices",
     ),
-    "engines in start-up predicted": (
-        "\n          and on (device, device_key) modelkv_engine:device_engine_age_seconds:min > 5400",
-        "",
+    "a step predicted as a trend": (
+        "predict_linear(modelkv_engine:device_committed_bytes:sum[10m]",
+        "predict_linear(modelkv_engine:device_committed_bytes:sum[1h]",
         "ModelKVDeviceMemoryExhaustionPredicted",
-        "devices",
+        "story-a",
+    ),
+    "a young engine's fast leak left to the hour-long prediction": (
+        "(1800 < modelkv_engine:device_engine_age_seconds:min <= 5400)",
+        "(5400 < modelkv_engine:device_engine_age_seconds:min <= 5400)",
+        "ModelKVDeviceMemoryExhaustionPredicted",
+        "story-e",
+    ),
+    "a CPU engine explained by its caches' recent peak": (
+        "(modelkv_engine:owner_declared_peak_bytes:sum > modelkv_observed_peak_bytes)\n"
+        "              or\n              modelkv_observed_peak_bytes\n",
+        "modelkv_observed_recent_peak_bytes\n",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-b",
+    ),
+    "pending cache from memory growth where caches are observed": (
+        "\n          and on (job, instance, engine) modelkv_observed_peak_bytes\n",
+        "\n          and on (job, instance, engine) modelkv_observed_peak_bytes * 0 > 0\n",
+        "ModelKVDeclaredPeakWillNotFit",
+        "story-c",
+    ),
+    "a stale neighbour counted as gone": (
+        "(count by (device_key) (modelkv_engine:device:info or modelkv_engine:stale:info) == 1)",
+        "(count by (device_key) (modelkv_engine:device:info) == 1)",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-d",
+    ),
+    "a hung engine let off once its file is forgotten": (
+        "\n          or\n          (modelkv_engine:stale:info unless on (job, instance, engine) modelkv_engine_up)\n"
+        '          and on (job, instance) (modelkv_exporter_spool_files{state="forgotten"} > 0)\n',
+        "\n",
+        "ModelKVSnapshotStale",
+        "story-e",
+    ),
+    "discovered caches not explained": (
+        "              or\n              modelkv_engine:discovered_undeclared_recent_peak_bytes:max\n",
+        "\n",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-f",
+    ),
+    "declaring owners reported as undeclared caches": (
+        'modelkv_discovered_owner_info{declares="false"}\n          )\n',
+        "modelkv_discovered_owner_info\n          )\n",
+        "ModelKVUndeclaredCache",
+        "story-f",
     ),
     "declared caches filling toward their peak predicted": (
-        "predict_linear(modelkv_engine:device_committed_bytes:sum[1h]",
-        "predict_linear(modelkv_engine:device_used_bytes:max[1h]",
+        "modelkv_engine:device_committed_bytes:sum[",
+        "modelkv_engine:device_used_bytes:max[",
         "ModelKVDeviceMemoryExhaustionPredicted",
         "devices",
     ),
@@ -111,8 +155,8 @@ BREAKS = {
         "declarations",
     ),
     "declarations compared with the last minute only": (
-        "(max_over_time(modelkv_engine_declarations[1d]))",
-        "(max_over_time(modelkv_engine_declarations[1m]))",
+        "max_over_time(modelkv_engine:declarations_by_model:max[1d])",
+        "max_over_time(modelkv_engine:declarations_by_model:max[1m])",
         "ModelKVDeclarationsDropped",
         "declarations",
     ),
@@ -163,7 +207,11 @@ def test_promtool_unit_tests_catch_a_broken_rule(case: str, tmp_path: Path) -> N
 
 def test_the_observation_alerts_have_their_own_group() -> None:
     (group,) = [g for g in rule_groups() if g["name"] == "modelkv.observation"]
-    assert {r["alert"] for r in group["rules"]} == {"ModelKVDeclarationUnderReports", "ModelKVDeclaredCacheUnused"}
+    assert {r["alert"] for r in group["rules"]} == {
+        "ModelKVDeclarationUnderReports",
+        "ModelKVUndeclaredCache",
+        "ModelKVDeclaredCacheUnused",
+    }
 
 
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:

@@ -8,6 +8,7 @@ __undeclaredMemoryGrowth.forMinutes__: {{ printf "%d" (int64 $rule.alerts.undecl
 __declaredPeakWillNotFit.forMinutes__: {{ printf "%d" (int64 $rule.alerts.declaredPeakWillNotFit.forMinutes) | quote }}
 __deviceMemoryExhaustionPredicted.forMinutes__: {{ printf "%d" (int64 $rule.alerts.deviceMemoryExhaustionPredicted.forMinutes) | quote }}
 __deviceMemoryExhaustionPredicted.minEngineAgeSeconds__: {{ printf "%d" (int64 $rule.alerts.deviceMemoryExhaustionPredicted.minEngineAgeSeconds) | quote }}
+__deviceMemoryExhaustionPredicted.youngEngineAgeSeconds__: {{ printf "%d" (int64 $rule.alerts.deviceMemoryExhaustionPredicted.youngEngineAgeSeconds) | quote }}
 __declarationsDropped.forMinutes__: {{ printf "%d" (int64 $rule.alerts.declarationsDropped.forMinutes) | quote }}
 __snapshotStale.forMinutes__: {{ printf "%d" (int64 $rule.alerts.snapshotStale.forMinutes) | quote }}
 __exporterDown.forMinutes__: {{ printf "%d" (int64 $rule.alerts.exporterDown.forMinutes) | quote }}
@@ -15,6 +16,8 @@ __exporterAbsent.forMinutes__: {{ printf "%d" (int64 $rule.alerts.exporterAbsent
 __spoolUnreadable.forMinutes__: {{ printf "%d" (int64 $rule.alerts.spoolUnreadable.forMinutes) | quote }}
 __snapshotsRejected.forMinutes__: {{ printf "%d" (int64 $rule.alerts.snapshotsRejected.forMinutes) | quote }}
 __declarationUnderReports.forMinutes__: {{ printf "%d" (int64 $rule.alerts.declarationUnderReports.forMinutes) | quote }}
+__undeclaredCache.thresholdMiB__: {{ printf "%d" (int64 $rule.alerts.undeclaredCache.thresholdMiB) | quote }}
+__undeclaredCache.forMinutes__: {{ printf "%d" (int64 $rule.alerts.undeclaredCache.forMinutes) | quote }}
 __declaredCacheUnused.forMinutes__: {{ printf "%d" (int64 $rule.alerts.declaredCacheUnused.forMinutes) | quote }}
 __declaredCacheUnused.minCalls__: {{ printf "%d" (int64 $rule.alerts.declaredCacheUnused.minCalls) | quote }}
 {{- end }}

@@ -1,0 +1,12 @@
+"""A small simulation of engines and devices that writes the rules' story tests.
+
+``physics`` follows each engine's memory minute by minute (weights, paged KV, activations and
+the caching allocator that keeps them, the CUDA context, declared, observed and discovered
+caches, leaks, heartbeats, restarts) and each device's used memory as the sum of the processes
+on it, asserting the physical relations. ``render`` turns every engine's state into real
+snapshots and lets the sidecar's own sample functions say which series it exports, then writes
+them as promtool input. ``stories`` holds one story per situation, with what an operator expects;
+``generate`` writes them to ``deploy/prometheus/tests/story-*.test.yaml``:
+
+    PYTHONPATH=. python -m tests.deploy.simulation.generate
+"""

@@ -1,0 +1,28 @@
+"""Write every story's promtool test file: ``python -m tests.deploy.simulation.generate``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.deploy.simulation.stories import STORIES
+from tests.support import ROOT
+
+TESTS = ROOT / "deploy" / "prometheus" / "tests"
+
+
+def expected_files() -> dict[Path, str]:
+    """Each story's test file and its text."""
+    return {TESTS / f"{story.name}.test.yaml": story.text() for story in STORIES}
+
+
+def main() -> int:
+    """Write the files; print each path."""
+    for path, text in expected_files().items():
+        path.write_text(text)
+        print(path.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The series a real sidecar exports for a simulated timeline, minute by minute, as promtool input.
+
+Each engine's state becomes a real ``Snapshot``, and the sidecar's own ``engine_samples``,
+``exporter_samples`` and ``refusal_samples`` say which series exist and with which labels; the
+scrape adds ``job``, ``instance``, ``namespace`` and ``pod``, and Prometheus its ``up`` and
+``scrape_duration_seconds``. A series that disappears gets a staleness marker, as a scrape that
+no longer returns it writes one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from modelkv_exporter.contract.snapshot import (
+    Declaration,
+    DiscoveredOwner,
+    DiscoveryStatus,
+    EngineIdentity,
+    EngineSettings,
+    KVLayout,
+    Measured,
+    MemorySample,
+    Observation,
+    Snapshot,
+)
+from modelkv_exporter.sidecar.catalogue import CATALOGUE
+from modelkv_exporter.sidecar.labels import engine_labels
+from modelkv_exporter.sidecar.reader.state import EngineState
+from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
+from tests.deploy.simulation.physics import FORGET_AFTER_S, STALE_AFTER_S, Engine, Sample, Timeline
+from tests.support.snapshots import make_declaration
+
+JOB = "modelkv-exporter"
+NAMESPACE = "llm"
+POSITION_BYTES = 2 * 32 * 8 * 128 * 2
+"""Bytes of one position of one row of every simulated cache: 32 layers, 8 KV heads of 128, bfloat16."""
+DISCOVERY_FLOOR = 16 * 1024**2
+"""The engines' size floor: discovered owners below it are counted, not published."""
+
+SIMULATED_VERSION = "0+simulated"
+"""The build_info version label: the installed version would make the files depend on the environment."""
+Labels = tuple[tuple[str, str], ...]
+Series = dict[tuple[str, Labels], list[float | None]]
+
+
+def declaration(engine: Engine, index: int) -> Declaration:
+    """The engine's ``index``-th cache as its declarer resolves it at ``max_num_seqs``."""
+    cache = engine.caches[index]
+    fixed = cache.fixed_rows is not None
+    return make_declaration(
+        cache.name,
+        owner=cache.owner,
+        layers=32,
+        kv_heads=8,
+        head_dim=128,
+        positions=cache.row_bytes // POSITION_BYTES,
+        element_size=2,
+        rows="fixed" if fixed else "max_num_seqs",
+        rows_fixed=cache.fixed_rows or 1,
+        max_num_seqs=engine.max_num_seqs,
+        capacity_source="max_model_len",
+    )
+
+
+def _layout() -> KVLayout:
+    return KVLayout(layers=32, kv_heads=8, head_dim=128, dtype="bfloat16", element_size=2, positions=4096, rows=4)
+
+
+def _discovered(engine: Engine, sample: Sample) -> tuple[tuple[DiscoveredOwner, ...], int]:
+    found = [(owner, "cache_layer", now, peak, True) for owner, (now, peak) in sample.held.items()]
+    found += [(owner, by, now, peak, False) for (owner, by), (now, peak) in sample.discovered.items()]
+    published = tuple(
+        DiscoveredOwner(owner, "Owner", by, peak, now, now, declares, storages=2, layout=_layout())
+        for owner, by, now, peak, declares in found
+        if peak >= DISCOVERY_FLOOR
+    )
+    return published, len(found) - len(published)
+
+
+def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
+    """The snapshot the engine's hook last wrote, at minute ``beat``."""
+    gpu = engine.device is not None
+    observations = tuple(
+        Observation(owner, "Owner", True, None, peak, now, now, sample.calls, sample.calls)
+        for owner, (now, peak) in sample.held.items()
+    )
+    discovered, below_floor = _discovered(engine, sample) if engine.discovers else ((), 0)
+    status = DiscoveryStatus(True, None, beat * 60.0, 0.4, 900, 40000, None, below_floor, 0)
+    return Snapshot(
+        engine=EngineIdentity(
+            engine_id=engine.engine_id,
+            served_model_name=engine.model,
+            architecture="Qwen3OmniMoeForConditionalGeneration",
+            stage_name=engine.stage,
+            tp_rank=0,
+            device=engine.device.uuid if engine.device is not None else "cpu",
+        ),
+        settings=EngineSettings(
+            max_num_seqs=engine.max_num_seqs,
+            gpu_memory_utilization=0.9 if gpu else None,
+            paged_kv_bytes=engine.paged_kv if gpu else None,
+            paged_kv_blocks=engine.paged_kv // (2 * 1024**2) if gpu else None,
+        ),
+        declarations=tuple(declaration(engine, i) for i in range(len(engine.caches))),
+        started_at=sample.started_minute * 60.0,
+        heartbeat_at=beat * 60.0,
+        measured=Measured(
+            MemorySample(beat * 60.0, dict(sample.values)),
+            None if sample.baseline is None else MemorySample(beat * 60.0, dict(sample.baseline)),
+        ),
+        heartbeat_interval_seconds=5.0,
+        writer="modelkv-exporter (simulated)",
+        observations=observations if engine.observes else (),
+        dropped_declarations=(),
+        discovered=discovered,
+        discovery=status if engine.discovers else None,
+    )
+
+
+class _Add:
+    """Collects one scrape's samples of one exporter instance."""
+
+    def __init__(self, scrape: dict[tuple[str, Labels], float], target: dict[str, str]) -> None:
+        self.scrape, self.target = scrape, target
+
+    def __call__(self, name: str, values: list[str], value: float) -> None:
+        if name == "modelkv_exporter_build_info":
+            values = [SIMULATED_VERSION, *values[1:]]
+        names = CATALOGUE[name].labels
+        labels = {**self.target, **dict(zip(names, values, strict=True))}
+        key = (name, tuple(sorted(labels.items())))
+        assert key not in self.scrape, f"two samples of {key}"
+        self.scrape[key] = float(value)
+
+    def info(self, name: str, values: list[str]) -> None:
+        self(name, values, 1.0)
+
+
+def _state(engine: Engine, sample: Sample | None, beat: int | None, t: int) -> EngineState | None:
+    """The engine's file's state at minute ``t`` (None: no file)."""
+    if sample is None or beat is None:
+        if engine.ended_at is not None and t >= engine.ended_at:
+            return EngineState.ENDED if (t - engine.ended_at + 1) * 60 <= FORGET_AFTER_S else EngineState.FORGOTTEN
+        return None
+    age = (t - beat) * 60
+    if age <= STALE_AFTER_S:
+        return EngineState.EXPORTED
+    return EngineState.STALE if age <= FORGET_AFTER_S else EngineState.FORGOTTEN
+
+
+def scrapes(engines: list[Engine], timeline: Timeline, minutes: int) -> Iterator[dict[tuple[str, Labels], float]]:
+    """Every minute's scrape of every exporter instance: the samples Prometheus stores."""
+    pods = {engine.instance: engine.pod for engine in engines}
+    for t in range(minutes + 1):
+        scrape: dict[tuple[str, Labels], float] = {}
+        counts = {instance: dict.fromkeys(EngineState, 0) for instance in pods}
+        for instance, pod in pods.items():
+            add = _Add(scrape, {"job": JOB, "instance": instance, "namespace": NAMESPACE, "pod": pod})
+            for engine in (e for e in engines if e.instance == instance):
+                sample, beat = timeline.samples[engine.key][t], timeline.heartbeats[engine.key][t]
+                state = _state(engine, sample, beat, t)
+                if state is not None:
+                    counts[instance][state] += 1
+                if state not in (EngineState.EXPORTED, EngineState.STALE) or sample is None or beat is None:
+                    continue
+                snap = snapshot(engine, sample, beat)
+                engine_samples(snap, state is EngineState.STALE, add, add.info)
+                add("modelkv_engine_snapshot_age_seconds", engine_labels(snap), (t - beat) * 60.0)
+            exporter_samples(True, counts[instance], {}, add, add.info)
+            add("modelkv_exporter_collect_duration_seconds", [], 0.004)
+            refusal_samples({}, add)
+            target = tuple(sorted({"job": JOB, "instance": instance, "namespace": NAMESPACE, "pod": pod}.items()))
+            scrape[("up", target)] = 1.0
+            scrape[("scrape_duration_seconds", target)] = 0.012
+        yield scrape
+
+
+def series(engines: list[Engine], timeline: Timeline, minutes: int) -> Series:
+    """Each series' value at every minute (None: not scraped)."""
+    found: Series = {}
+    for t, scrape in enumerate(scrapes(engines, timeline, minutes)):
+        for key, value in scrape.items():
+            found.setdefault(key, [None] * (minutes + 1))[t] = value
+    return found
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def values_text(values: list[float | None]) -> str:
+    """promtool's expanding notation: runs of one value (``vxN``), of one step (``a+bxN``), blanks, staleness."""
+    tokens: list[str] = []
+    i, seen = 0, False
+    while i < len(values):
+        value = values[i]
+        if value is None:
+            j = i
+            while j < len(values) and values[j] is None:
+                j += 1
+            run = j - i
+            if seen:
+                tokens.append("stale")
+                run -= 1
+            if run:
+                tokens.append("_" if run == 1 else f"_x{run}")
+            i = j
+            continue
+        seen = True
+        j = i + 1
+        delta = None if j >= len(values) or values[j] is None else values[j] - value  # type: ignore[operator]
+        while j < len(values) and values[j] is not None and values[j] - values[j - 1] == delta:  # type: ignore[operator]
+            j += 1
+        count = j - i
+        if delta == 0 or count < 3:
+            if delta == 0:
+                tokens.append(f"{_number(value)}x{count - 1}" if count > 1 else _number(value))
+            else:
+                tokens.append(_number(value))
+                j = i + 1
+        else:
+            sign = "+" if delta >= 0 else "-"  # type: ignore[operator]
+            tokens.append(f"{_number(value)}{sign}{_number(abs(delta))}x{count - 1}")  # type: ignore[arg-type]
+        i = j
+    return " ".join(tokens)
+
+
+def selector(name: str, labels: Labels) -> str:
+    """``name{label="value",...}`` with the values escaped."""
+    inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in labels)
+    return f"{name}{{{inner}}}"

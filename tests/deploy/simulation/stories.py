@@ -1,0 +1,399 @@
+"""The stories: one per situation issue 25 found the rules wrong in, and issue 23's undeclared caches.
+
+Every engine below runs on a simulated device (``physics``) and exports every series a sidecar
+would (``render``). Sizes are in GiB and MiB, times in story minutes; engines that start at a
+negative minute were running long before the story begins.
+"""
+
+from __future__ import annotations
+
+from tests.deploy.simulation.physics import (
+    GIB,
+    MIB,
+    Cache,
+    Device,
+    Engine,
+    Undeclared,
+    burst,
+    flat,
+    plus,
+    ramp,
+    step,
+)
+from tests.deploy.simulation.story import (
+    AlertTest,
+    Episode,
+    Firing,
+    Quiet,
+    Story,
+    Value,
+    device_labels,
+    engine_labels,
+)
+
+PREDICTED = "ModelKVDeviceMemoryExhaustionPredicted"
+UNDECLARED = "ModelKVUndeclaredMemoryGrowth"
+WILL_NOT_FIT = "ModelKVDeclaredPeakWillNotFit"
+STALE = "ModelKVSnapshotStale"
+UNDECLARED_CACHE = "ModelKVUndeclaredCache"
+WARNING = {"severity": "warning"}
+PENDING = "modelkv_engine:device_declared_pending_bytes:sum"
+
+
+def _steps() -> Story:
+    prefill = Engine(
+        "prefill",
+        "tts-0",
+        "10.1.0.1:9400",
+        Device("GPU-a"),
+        weights=16 * GIB,
+        paged_kv=50 * GIB,
+        activation_budget=3 * GIB + GIB // 2,
+        activation=plus(flat(GIB // 2), step(120, 2 * GIB + GIB // 2)),
+    )
+    extension = Engine(
+        "extension", "tts-1", "10.1.0.2:9400", Device("GPU-b"), paged_kv=50 * GIB, non_torch=step(120, 2 * GIB)
+    )
+    leak = Engine(
+        "stopped-leak", "tts-2", "10.1.0.3:9400", Device("GPU-c"), paged_kv=40 * GIB, leak=ramp(120, 3 * GIB // 20, 180)
+    )
+    return Story(
+        "story-a-step-is-not-a-trend",
+        """
+        Issue 25, situation 1: a one-off step must not predict exhaustion. Three engines, each alone on
+        an 80 GiB device and running for hours. At 2 hours, "prefill" serves its first full-size
+        prefill: its activations reach 3 GiB (vLLM profiled 3.5 GiB), and torch's caching allocator
+        keeps them, so its reserved memory, NVML's figure and the device grow by 2.5 GiB to 70 GiB and
+        stay flat. At the same time an extension in "extension" allocates 2 GiB outside torch once.
+        "stopped-leak" leaks 0.15 GiB of live tensors a minute for an hour and then stops, 9 GiB held.
+        """,
+        [
+            Episode(
+                """
+                The operator expects no exhaustion prediction for "prefill" or "extension" at any time: a
+                step that stays flat is not a trend. "extension" does hold 2 GiB that nothing explains,
+                so it pages as undeclared memory growth 15 minutes after the step, and keeps paging;
+                "prefill" never does (its activations are inside the budget). "stopped-leak" is
+                predicted to fill its device within 4 hours while it leaks (a warning, never
+                critical), and that warning resolves within 20 minutes of the leak stopping; its
+                undeclared growth pages and stays, because the leaked memory is still held.
+                """,
+                [prefill, extension, leak],
+                360,
+                [
+                    Quiet(PREDICTED, 0, 360, 'device=~"GPU-a|GPU-b"'),
+                    Quiet(UNDECLARED, 0, 360, 'engine="prefill"'),
+                    Firing(UNDECLARED, 110, ()),
+                    Firing(UNDECLARED, 140, (engine_labels(extension, **WARNING),)),
+                    Firing(UNDECLARED, 160, (engine_labels(extension, **WARNING), engine_labels(leak, **WARNING))),
+                    Firing(UNDECLARED, 360, (engine_labels(extension, **WARNING), engine_labels(leak, **WARNING))),
+                    Firing(PREDICTED, 175, (device_labels(leak.device, **WARNING),)),  # type: ignore[arg-type]
+                    Quiet(PREDICTED, 200, 360),
+                    Quiet(PREDICTED, 0, 360, 'severity="critical"'),
+                ],
+            )
+        ],
+    )
+
+
+def _cpu() -> Story:
+    talker = Cache("talker", "talker_kv", 256 * MIB, held=plus(flat(200 * MIB), burst(60, 75, 1300 * MIB)))
+    quiet = Engine(
+        "cpu-talker",
+        "cpu-0",
+        "10.2.0.1:9400",
+        None,
+        caches=(talker,),
+        heap=ramp(0, MIB, 300),
+    )
+    leaking = Engine(
+        "cpu-leaker",
+        "cpu-1",
+        "10.2.0.2:9400",
+        None,
+        caches=(talker,),
+        heap=ramp(0, MIB, 300),
+        leak=ramp(60, 20 * MIB),
+    )
+    return Story(
+        "story-b-cpu-heap-growth",
+        """
+        Issue 25, situation 2: a CPU engine, measured by its resident memory, pages on ordinary heap
+        growth. Two CPU engines declare 2 GiB of talker cache (8 rows of 256 MiB) and their caches are
+        observed. Their caches usually hold 200 MiB; for a quarter of an hour at 1 hour a burst of
+        requests fills them to 1.5 GiB. The C allocator keeps the freed heap, so resident memory keeps
+        the burst. Python's own heap grows by 300 MiB over five hours. "cpu-leaker" also leaks 20 MiB a
+        minute from 1 hour on.
+        """,
+        [
+            Episode(
+                """
+                The operator expects "cpu-talker" never to page: everything it grew by is inside what
+                its caches once held and may hold again (its declared peak). "cpu-leaker" pages once its
+                resident growth exceeds its declared peak by more than 256 MiB for 15 minutes (the
+                burst it kept, its heap and its leak pass that about 1 hour 45 minutes in), and keeps
+                paging.
+                """,
+                [quiet, leaking],
+                300,
+                [
+                    Quiet(UNDECLARED, 0, 300, 'engine="cpu-talker"'),
+                    Firing(UNDECLARED, 100, ()),
+                    Firing(UNDECLARED, 135, (engine_labels(leaking, **WARNING),)),
+                    Firing(UNDECLARED, 300, (engine_labels(leaking, **WARNING),)),
+                ],
+            )
+        ],
+    )
+
+
+def _overcommit() -> Story:
+    def pair(device: Device, prefix: str, host: str) -> list[Engine]:
+        engines = []
+        for stage in ("thinker", "talker"):
+            cache = Cache(stage, f"{stage}_kv", GIB, held=step(-500, 2 * GIB))
+            engines.append(
+                Engine(
+                    f"{prefix}-{stage}",
+                    "omni-0",
+                    host,
+                    device,
+                    stage=stage,
+                    weights=10 * GIB,
+                    paged_kv=15 * GIB,
+                    activation_budget=4 * GIB + GIB // 2,
+                    activation=step(-500, 4 * GIB),
+                    caches=(cache,),
+                )
+            )
+        return engines
+
+    tight, roomy = Device("GPU-s", others=6 * GIB), Device("GPU-t", others=2 * GIB)
+    engines = pair(tight, "tight", "10.3.0.1:9400") + pair(roomy, "roomy", "10.3.0.2:9400")
+    return Story(
+        "story-c-shared-device-over-commit",
+        """
+        Issue 25, situation 3: over-commit on a shared device. Two stages share each of two 80 GiB
+        devices; each declares 8 GiB of cache at max_num_seqs 8 and its caches are observed holding 2
+        GiB. vLLM emptied torch's cache at start-up; since then the activations of each stage (4 GiB,
+        inside the 4.5 GiB it profiled) are cached again, so each stage's NVML figure grew by 6 GiB,
+        only 2 of which are cache. Processes that publish nothing hold 6 GiB of GPU-s (10 GiB free) and
+        2 GiB of GPU-t (14 GiB free).
+        """,
+        [
+            Episode(
+                """
+                The operator expects GPU-s to page once: its stages still have 6 + 6 = 12 GiB of
+                declared cache to allocate (declared peak minus what their caches hold), more than its
+                10 GiB free. GPU-t fits the same 12 GiB in its 14 GiB and stays quiet. Neither stage
+                holds undeclared memory.
+                """,
+                engines,
+                60,
+                [
+                    Value(
+                        PENDING,
+                        30,
+                        (
+                            (f'{PENDING}{{device="GPU-s",device_key="GPU-s"}}', 12 * GIB),
+                            (f'{PENDING}{{device="GPU-t",device_key="GPU-t"}}', 12 * GIB),
+                        ),
+                    ),
+                    Firing(WILL_NOT_FIT, 30, (device_labels(tight, **WARNING),)),
+                    Quiet(WILL_NOT_FIT, 0, 60, 'device="GPU-t"'),
+                    Quiet(UNDECLARED, 0, 60),
+                ],
+            )
+        ],
+    )
+
+
+def _hung_neighbour() -> Story:
+    shared = Device("GPU-h")
+    innocent = Engine(
+        "innocent", "asr-0", "10.4.0.1:9400", shared, weights=10 * GIB, paged_kv=20 * GIB, nvml=False, stage="asr"
+    )
+    neighbour = Engine(
+        "neighbour",
+        "asr-0",
+        "10.4.0.1:9400",
+        shared,
+        started=-300,
+        weights=10 * GIB,
+        paged_kv=20 * GIB,
+        nvml=False,
+        stage="tts",
+        hung_at=120,
+    )
+    return Story(
+        "story-d-hung-neighbour",
+        """
+        Issue 25, situation 4: a hung neighbour must not be blamed on the innocent. Two engines share an
+        80 GiB device without NVML (the usual container). "innocent" took its baseline before
+        "neighbour" loaded its 30 GiB. At 2 hours "neighbour" hangs: it stops heartbeating but keeps
+        its memory. An hour later the sidecar forgets its file (--forget-after), though it is still
+        hung.
+        """,
+        [
+            Episode(
+                """
+                The operator expects ModelKVSnapshotStale for "neighbour" 5 minutes after it goes stale,
+                firing for as long as it stays hung (its file forgotten or not). "innocent" never pages
+                for undeclared memory: the device's memory it did not take is the hung process's.
+                """,
+                [innocent, neighbour],
+                360,
+                [
+                    Quiet(UNDECLARED, 0, 360),
+                    Firing(STALE, 127, (engine_labels(neighbour, **WARNING),)),
+                    Firing(STALE, 240, (engine_labels(neighbour, **WARNING),)),
+                    Firing(STALE, 360, (engine_labels(neighbour, **WARNING),)),
+                ],
+            )
+        ],
+    )
+
+
+def _stale_and_young() -> Story:
+    hung = Engine("hung", "vl-0", "10.5.0.1:9400", Device("GPU-x"), hung_at=60)
+    restarted = Engine("restarted", "vl-1", "10.5.0.2:9400", Device("GPU-w"), hung_at=60, restarted_at=100)
+    ended = Engine("ended", "vl-1", "10.5.0.2:9400", Device("GPU-v"), ended_at=60)
+    young = Engine("young", "vl-2", "10.5.0.3:9400", Device("GPU-y"), started=0, leak=ramp(35, GIB // 2))
+    warming = Engine(
+        "warming",
+        "vl-3",
+        "10.5.0.4:9400",
+        Device("GPU-z"),
+        started=0,
+        activation_budget=4 * GIB,
+        activation=plus(step(15, GIB), step(25, GIB), step(40, GIB)),
+    )
+    young_device = young.device
+    assert young_device is not None
+    return Story(
+        "story-e-alerts-that-last-and-come-in-time",
+        """
+        Issue 25, situation 5: alerts must stay firing while their cause lasts, and come in time.
+        """,
+        [
+            Episode(
+                """
+                "hung" stops heartbeating at 1 hour and stays hung; the sidecar forgets its file at 2
+                hours. "restarted" hangs at the same time and is restarted at 1 hour 40 minutes.
+                "ended" shuts down cleanly at 1 hour. The operator expects ModelKVSnapshotStale for
+                "hung" from 1 hour 5 minutes to the end, forgotten file or not; for "restarted" until
+                its restart; never for "ended".
+                """,
+                [hung, restarted, ended],
+                300,
+                [
+                    Firing(STALE, 70, (engine_labels(hung, **WARNING), engine_labels(restarted, **WARNING))),
+                    Firing(STALE, 110, (engine_labels(hung, **WARNING),)),
+                    Firing(STALE, 150, (engine_labels(hung, **WARNING),)),
+                    Firing(STALE, 300, (engine_labels(hung, **WARNING),)),
+                    Quiet(STALE, 0, 300, 'engine="ended"'),
+                ],
+            ),
+            Episode(
+                """
+                "young" starts at minute 0, loads 46 GiB in 10 minutes and from 35 minutes leaks 0.5
+                GiB a minute: its 80 GiB device is full at about 1 hour 40 minutes. "warming" starts at
+                the same time and its caching allocator steps up three times as ever larger prefills
+                arrive (1 GiB at 15, 25 and 40 minutes), then stays flat. The operator expects the
+                critical prediction for "young"'s device at least 25 minutes before it is full (and the
+                warning with it), and nothing for "warming".
+                """,
+                [young, warming],
+                100,
+                [
+                    Firing(
+                        PREDICTED,
+                        75,
+                        (
+                            device_labels(young_device, severity="critical"),
+                            device_labels(young_device, severity="warning"),
+                        ),
+                    ),
+                    Quiet(PREDICTED, 0, 100, 'device="GPU-z"'),
+                ],
+            ),
+        ],
+    )
+
+
+def _undeclared_cache() -> Story:
+    talker = Cache("talker", "talker_kv", 256 * MIB, held=step(20, 512 * MIB))
+    undeclared = (
+        Undeclared("code2wav.decoder", step(30, 512 * MIB)),
+        Undeclared("vocoder.state", step(30, 200 * MIB), found_by="census"),
+        Undeclared("vocoder.state", step(30, 300 * MIB), found_by="cache_layer"),
+        Undeclared("tokenizer.window", step(30, 48 * MIB)),
+    )
+    device = Device("GPU-u")
+    serving = flat(3 * GIB // 2)
+    tts = Engine("tts", "tts-0", "10.6.0.1:9400", device, caches=(talker,), undeclared=undeclared, activation=serving)
+    blind = Engine(
+        "blind",
+        "tts-1",
+        "10.6.0.2:9400",
+        Device("GPU-q"),
+        caches=(talker,),
+        undeclared=undeclared,
+        discovers=False,
+        activation=serving,
+    )
+    description = (
+        "{owner} in engine tts in pod llm/tts-0 (model omni, stage talker) keeps {size} of key/value cache "
+        "that it does not declare (found by discovery), for 15 minutes. The memory is accounted for as "
+        "explained but undeclared: capacity figures built on the declarations do not include it."
+    )
+    summary = "A module keeps a model-local KV cache it does not declare."
+    url = "https://modelkv-exporter.invalid/docs/runbook.md#modelkvundeclaredcache"
+    return Story(
+        "story-f-undeclared-cache",
+        """
+        Issue 23's rules: caches that discovery finds in modules that declare nothing. Engine "tts"
+        declares its talker cache (observed), serves with 1.5 GiB of activations (2 GiB profiled) and,
+        from 30 minutes on, three modules keep caches they
+        do not declare: "code2wav.decoder" 512 MiB, "vocoder.state" 300 MiB (found by two methods,
+        one seeing 200 MiB) and "tokenizer.window" 48 MiB. Engine "blind" is the same model with
+        discovery off.
+        """,
+        [
+            Episode(
+                """
+                The operator expects ModelKVUndeclaredCache for "code2wav.decoder" and "vocoder.state"
+                15 minutes after they appear, with the larger of the two figures, and not for
+                "tokenizer.window" (under 64 MiB) nor for the declaring talker. The memory they hold is
+                explained, so "tts" does not page as undeclared growth; "blind", where nothing finds
+                those caches, does.
+                """,
+                [tts, blind],
+                90,
+                [
+                    AlertTest(UNDECLARED_CACHE, 40),
+                    AlertTest(
+                        UNDECLARED_CACHE,
+                        60,
+                        tuple(
+                            (
+                                {**engine_labels(tts), "owner": owner, "severity": "warning"},
+                                {
+                                    "summary": summary,
+                                    "description": description.format(owner=owner, size=size),
+                                    "runbook_url": url,
+                                },
+                            )
+                            for owner, size in (("code2wav.decoder", "512MiB"), ("vocoder.state", "300MiB"))
+                        ),
+                    ),
+                    Quiet(UNDECLARED, 0, 90, 'engine="tts"'),
+                    Firing(UNDECLARED, 60, (engine_labels(blind, **WARNING),)),
+                ],
+            )
+        ],
+    )
+
+
+STORIES = [_steps(), _cpu(), _overcommit(), _hung_neighbour(), _stale_and_young(), _undeclared_cache()]
+"""Every story, in the order their files sort."""

@@ -1,0 +1,64 @@
+"""The story tests of the rules are generated from the simulation: current, physical and complete."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from modelkv_exporter.sidecar.catalogue import CATALOGUE
+from tests.deploy.simulation.generate import expected_files
+from tests.deploy.simulation.physics import GIB, Device, Engine, simulate, step
+from tests.deploy.simulation.render import series
+from tests.deploy.simulation.stories import STORIES
+from tests.support import ROOT
+
+NOT_IN_ANY_STORY = {
+    "modelkv_declarations_dropped": "no story engine drops a declaration (declarations.test.yaml has them)",
+    "modelkv_discovery_census_exhausted": "no story engine's census runs out of its budget",
+}
+
+
+def test_the_story_files_are_current() -> None:
+    for path, text in expected_files().items():
+        assert path.exists(), f"{path.relative_to(ROOT)} missing: python -m tests.deploy.simulation.generate"
+        assert path.read_text() == text, (
+            f"{path.relative_to(ROOT)} is stale: python -m tests.deploy.simulation.generate"
+        )
+
+
+def test_every_story_states_what_the_operator_expects_before_its_checks() -> None:
+    for story in STORIES:
+        assert story.situation.strip()
+        for episode in story.episodes:
+            assert "expects" in episode.expects, story.name
+            assert episode.checks, story.name
+
+
+def test_the_stories_feed_every_family_a_sidecar_exports() -> None:
+    names: set[str] = set()
+    for story in STORIES:
+        for episode in story.episodes:
+            found = series(episode.engines, simulate(episode.engines, episode.minutes), episode.minutes)
+            names |= {name for name, _ in found}
+    families = set(CATALOGUE)
+    assert families - names == set(NOT_IN_ANY_STORY), sorted(families - names)
+    assert names - families == {"up", "scrape_duration_seconds"}
+
+
+def test_a_device_that_cannot_hold_its_engines_is_refused() -> None:
+    """The relations are asserted: an engine that grows past its device's total cannot be simulated."""
+    engine = Engine("e", "p", "10.0.0.1:9400", Device("GPU-small", total=70 * GIB), leak=step(10, 30 * GIB))
+    simulate([replace(engine, leak=step(10, 0))], 20)
+    with pytest.raises(AssertionError, match="device over-full"):
+        simulate([engine], 20)
+
+
+def test_a_hung_process_keeps_its_memory_on_the_device() -> None:
+    device = Device("GPU-h")
+    first = Engine("first", "p", "10.0.0.1:9400", device, paged_kv=10 * GIB)
+    hung = Engine("hung", "p", "10.0.0.1:9400", device, paged_kv=10 * GIB, hung_at=5)
+    timeline = simulate([first, hung], 90)
+    used = [s.values["device_used"] for s in timeline.samples[first.key] if s is not None]
+    assert used[0] == used[-1] == 2 * (16 + 10 + 1) * GIB
+    assert timeline.heartbeats[hung.key][-1] == 4
