@@ -15,7 +15,13 @@ import pytest
 
 from modelkv_exporter.engine.observe import Observer, install, installed
 
-NEED_VLLM_OMNI = {"test_protocol.py", "test_vllm_omni_declarers.py", "test_diffusion_stage.py", "test_omni_stage.py"}
+NEED_VLLM_OMNI = {
+    "test_protocol.py",
+    "test_vllm_omni_declarers.py",
+    "test_discovery_omni.py",
+    "test_diffusion_stage.py",
+    "test_omni_stage.py",
+}
 
 
 def pytest_ignore_collect(collection_path: Path) -> bool | None:
