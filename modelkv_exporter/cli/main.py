@@ -1,4 +1,5 @@
-"""The ``modelkv-exporter`` command: ``serve`` the sidecar, run the ``demo``, ``inspect`` or ``plan`` a spool."""
+"""The ``modelkv-exporter`` command: ``serve`` the sidecar, run the ``demo``, ``inspect``, ``plan`` or ``check`` a
+spool."""
 
 from __future__ import annotations
 
@@ -127,6 +128,18 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def check(args: argparse.Namespace) -> int:
+    """Print every owner's verdict and a suggested declaration; exit 1 when one fails (or the spool is unreadable)."""
+    from modelkv_exporter.cli.verdicts import check_report
+
+    scan = _spool_scan(args)
+    if not scan.ok:
+        return _unreadable(args, scan.error)
+    text, passing = check_report(scan)
+    sys.stdout.write(text)
+    return 0 if passing else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, built from the commands' settings tables."""
     parser = argparse.ArgumentParser(prog="modelkv-exporter", description=DESCRIPTION)
@@ -137,9 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("demo", demo, "run demo engines with real transformers caches and serve them"),
         ("inspect", inspect, "print every engine's declarations in a spool directory"),
         ("plan", plan, PLAN_HELP),
+        ("check", check, "whether each owner's caches hold what it declares, and what it should declare"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        if name in ("inspect", "plan"):
+        if name in ("inspect", "plan", "check"):
             sub.add_argument("directory", nargs="?", metavar="DIR", help="the spool directory")
         add_settings(sub, TABLES[name])
         sub.set_defaults(handler=handler, subparser=sub)

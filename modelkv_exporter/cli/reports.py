@@ -195,20 +195,18 @@ def _layout(found: DiscoveredOwner) -> str:
 
 
 def _suggestion(found: DiscoveredOwner) -> str:
-    """What the author of a module that declares nothing should declare, from what was seen."""
+    """What to tell the author of a module that declares nothing: what it held, and where its declaration is written.
+
+    The declaration itself, as code with its evidence, is ``check``'s (``contract.declaration_text``): written once.
+    """
     name = visible(found.owner or ROOT_OWNER)
     held = f"{name} ({visible(found.owner_class) or '?'}) declares nothing yet held {human_bytes(found.peak_bytes)}"
-    layout = found.layout
-    if layout is None:
+    if found.layout is None:
         return (
             f"{held} in {found.storages} tensor storages, with no key/value layout: find what it keeps "
             "and declare it in model_local_kv_specs()"
         )
-    return (
-        f"{held}: declare it in model_local_kv_specs(): layers={layout.layers}, kv_heads={layout.kv_heads}, "
-        f"head_dim={layout.head_dim}, dtype={visible(layout.dtype)}, at least {layout.positions} positions a row, and what "
-        f"sets its rows ({layout.rows} seen at once)"
-    )
+    return f"{held}: `modelkv-exporter check` on this spool writes the declaration to add, with its evidence"
 
 
 def _discovery_status(snapshot: Snapshot) -> str:

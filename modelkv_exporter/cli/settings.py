@@ -68,6 +68,7 @@ TABLES: dict[str, Table] = {
         ),
         Table("inspect", (Staleness, SpoolLimits), notes={"spool_dir": DIR_ARGUMENT}),
         Table("plan", (Staleness, SpoolLimits, PlanSettings), notes={"spool_dir": DIR_ARGUMENT}),
+        Table("check", (SpoolLimits,), notes={"spool_dir": DIR_ARGUMENT}),
     )
 }
 """Every command's table, by command name, in the order the commands are listed."""

@@ -171,8 +171,10 @@ def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> Non
     words = " ".join(running.split())
     assert "the census ran out of its objects budget" in words and "3 owners below the size floor" in words
     assert (
-        "suggest: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) declares nothing yet held 18.0 MiB: declare it in "
-        "model_local_kv_specs(): layers=8, kv_heads=16, head_dim=64, dtype=float32, at least 72 positions a row"
+        "suggest: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) declares nothing yet held 18.0 MiB: "
+        "`modelkv-exporter check` on this spool writes the declaration to add"
     ) in words
+    checked = run_cli("check", str(spool)).stdout
+    assert "layers=8" in checked and "kv_heads=16" in checked and "head_dim=64" in checked, checked
     assert "suggest: decoder " not in words, "an owner that declares is not told to"
     assert "\u202e" not in out and "\x00" not in out and "blocks.0\\n.attn\\u202e" in "".join(out.split())

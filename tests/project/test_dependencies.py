@@ -68,3 +68,26 @@ def test_the_tests_run_the_images_versions() -> None:
     """This environment (``make test``'s ``.venv``) holds exactly the image's versions of the sidecar's libraries."""
     installed = {name: Version(importlib.metadata.version(name)) for name in IMAGE}
     assert installed == IMAGE
+
+
+def test_the_model_authors_check_needs_only_the_torch_extra() -> None:
+    """``modelkv_exporter.testing`` imports torch and transformers (the ``torch`` extra), pytest only in its
+    plugin (loaded by pytest), and adds nothing to the sidecar's dependencies."""
+    import sys
+
+    from tests.project.test_layout import PACKAGE, imports_of
+
+    extra = {
+        canonicalize_name(Requirement(r).name)
+        for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["torch"]
+    }
+    package_root = ROOT / PACKAGE
+    for path in sorted((package_root / "testing").glob("*.py")):
+        third_party = {
+            i.module.split(".")[0]
+            for i in imports_of(path, package_root)
+            if i.module.split(".")[0] not in sys.stdlib_module_names | {"__future__", PACKAGE}
+        }
+        allowed = extra | ({"pytest"} if path.name == "pytest_plugin.py" else set())
+        assert third_party <= allowed, f"{path.name} imports {third_party - allowed}"
+    assert not {"torch", "transformers", "pytest"} & set(dependencies()), "the sidecar's dependencies stay as they are"

@@ -4,6 +4,7 @@
 - ``engine``: the contract and itself (torch, vLLM); never the sidecar or its libraries;
 - ``sidecar``: the contract and itself (prometheus_client, FastAPI, uvicorn); never the engine, torch or vLLM;
 - ``demo``: the contract, the engine and itself (torch); never the sidecar or its libraries;
+- ``testing``: the contract, the engine and itself (torch, pytest); never the sidecar or its libraries;
 - ``cli``: anything but the engine, and none of torch or vLLM (it loads ``demo`` when asked);
 - no part imports the package root; the root imports no part at import time (``publish`` and
   ``__version__`` are imported on first use).
@@ -38,13 +39,14 @@ class Rule:
     stdlib_only: bool = False
 
 
-PARTS = ("contract", "engine", "sidecar", "cli", "demo")
+PARTS = ("contract", "engine", "sidecar", "cli", "demo", "testing")
 RULES = {
     "contract": Rule(frozenset({"contract"}), stdlib_only=True),
     "engine": Rule(frozenset({"contract", "engine"}), SIDECAR_LIBRARIES),
     "sidecar": Rule(frozenset({"contract", "sidecar"}), ENGINE_LIBRARIES),
     "cli": Rule(frozenset({"contract", "cli", "sidecar", "demo"}), ENGINE_LIBRARIES),
     "demo": Rule(frozenset({"contract", "engine", "demo"}), SIDECAR_LIBRARIES),
+    "testing": Rule(frozenset({"contract", "engine", "testing"}), SIDECAR_LIBRARIES),
 }
 
 
@@ -177,6 +179,9 @@ def test_a_circle_of_imports_is_caught(tmp_path: Path) -> None:
         ("cli/reports.py", "import vllm", "cli imports vllm"),
         ("demo/owners.py", "from modelkv_exporter.cli import reports", "demo imports modelkv_exporter.cli"),
         ("demo/owners.py", "from modelkv_exporter.sidecar import catalogue", "demo imports modelkv_exporter.sidecar"),
+        ("testing/run.py", "from modelkv_exporter.cli import verdicts", "testing imports modelkv_exporter.cli"),
+        ("testing/run.py", "import fastapi", "testing imports fastapi"),
+        ("cli/verdicts.py", "from modelkv_exporter.testing import report", "cli imports modelkv_exporter.testing"),
         ("demo/owners.py", "from modelkv_exporter.protocol import ModelLocalKVSpec", "demo imports modelkv_exporter"),
         ("engine/log.py", "from modelkv_exporter import __version__", "engine imports modelkv_exporter.__version__"),
         ("__init__.py", "from modelkv_exporter.sidecar import catalogue", "the package root imports"),
@@ -258,3 +263,10 @@ def test_model_authors_import_path_is_the_engines_protocol() -> None:
     from modelkv_exporter.engine import protocol as implementation
 
     assert all(getattr(protocol, name) is getattr(implementation, name) for name in implementation.__all__)
+
+
+def test_the_model_authors_check_loads_none_of_the_sidecars_libraries() -> None:
+    code = f"for name in {_modules('testing')!r}: __import__(name)\nimport modelkv_exporter.testing as t; t.check"
+    loaded = _ours_loaded_after(code)
+    assert {name.split(".")[1] for name in loaded - {PACKAGE}} == {"contract", "engine", "testing"}, sorted(loaded)
+    assert _loaded_after(code) & SIDECAR_LIBRARIES == set()

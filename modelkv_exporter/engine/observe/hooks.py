@@ -141,9 +141,10 @@ def settle(owner: OwnerState) -> None:
                 plan.unknown = record.owner.unknown = problem
                 continue
         size = measure(layer, plan)
-        if size != record.bytes:
-            record.owner.add(size - record.bytes)
+        delta = size - record.bytes
+        if delta:
             record.bytes = size
+            record.owner.add(delta)
 
 
 def capturing() -> bool:
@@ -229,6 +230,8 @@ def touch(layer: Any) -> None:
             target.interval_high_water = live
             if live > target.high_water:
                 target.high_water = live
+        if target.on_change is not None:
+            target.on_change(target)
 
 
 def created(layer: object) -> None:

@@ -152,9 +152,10 @@ def recount(state: OwnerState, records: list[LayerRecord], observing: bool) -> t
         found.update(mine)
         size = sum(mine.values())
         per_layer += size
-        if observing and size != record.bytes:
-            state.add(size - record.bytes)
+        delta = size - record.bytes
+        if observing and delta:
             record.bytes = size
+            state.add(delta)
     live = sum(found.values())
     devices = sorted({device for device, _ in found})
     if len(devices) > 1:

@@ -27,6 +27,7 @@ class OwnerState:
         "unknown",
         "graph",
         "wrapped",
+        "on_change",
     )
 
     def __init__(self, path: str, owner: object) -> None:
@@ -50,6 +51,9 @@ class OwnerState:
         self.unknown: str | None = None
         self.graph: str | None = None
         self.wrapped: list[str] = []
+        self.on_change: Callable[[OwnerState], None] | None = None
+        """Called (under the observer's lock) after the live bytes changed; None in an engine. For
+        ``modelkv_exporter.testing``, which records what the owner's layers held at each call's peak."""
 
     def add(self, delta: int) -> None:
         """Move the live bytes by ``delta`` and raise the high-waters with them."""
@@ -59,6 +63,8 @@ class OwnerState:
             self.interval_high_water = live
             if live > self.high_water:
                 self.high_water = live
+        if self.on_change is not None:
+            self.on_change(self)
 
     def count_cache_call(self) -> None:
         """Count the current call as one that used a cache (once per call)."""

@@ -1,0 +1,65 @@
+"""A model author's check: do my declarations hold what my caches hold, and what should they say?
+
+Wrap a model, drive it with your own code, read the report::
+
+    from modelkv_exporter.testing import observe
+
+    with observe(model, max_num_seqs=2) as run:
+        for size in (1, 2):
+            with run.batch(size):
+                drive(model, size)
+    run.report.assert_ok()   # AssertionError naming each wrong owner and field, with a declaration to paste
+
+``check(model, drive, max_num_seqs=2, batches=(1, 2))`` does the same in one call, and the pytest
+fixture ``model_local_kv`` (``pytest_plugins = ["modelkv_exporter.testing.pytest_plugin"]``)
+asserts it. Engine side: needs torch and transformers (``pip install '.[torch]'``), no GPU.
+See docs/declaring-caches.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from modelkv_exporter.contract.verdicts import Verdict, VerdictKind
+    from modelkv_exporter.testing.diagnosis import FieldProblem
+    from modelkv_exporter.testing.layout import CallPeak, LayerGroup
+    from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
+    from modelkv_exporter.testing.run import CacheCheck, check, observe
+
+_HOMES = {
+    "CacheCheck": "run",
+    "check": "run",
+    "observe": "run",
+    "OwnerReport": "report",
+    "Report": "report",
+    "Suggestion": "report",
+    "FieldProblem": "diagnosis",
+    "CallPeak": "layout",
+    "LayerGroup": "layout",
+}
+"""Where each public name lives; imported on first use, so that loading the pytest plugin imports no torch."""
+
+__all__ = [
+    "CacheCheck",
+    "CallPeak",
+    "FieldProblem",
+    "LayerGroup",
+    "OwnerReport",
+    "Report",
+    "Suggestion",
+    "Verdict",
+    "VerdictKind",
+    "check",
+    "observe",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Verdict", "VerdictKind"):
+        return getattr(importlib.import_module("modelkv_exporter.contract.verdicts"), name)
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

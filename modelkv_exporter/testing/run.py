@@ -1,0 +1,325 @@
+"""Observe a model while the author's own code drives it, then judge every owner's declaration.
+
+``observe(model, max_num_seqs=...)`` collects the model's declarations (as the engine does),
+resolves them at ``max_num_seqs``, installs the process's cache observer for the duration of the
+``with`` block and records each owner's call peaks; on leaving it builds ``run.report``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import TracebackType
+
+from modelkv_exporter.contract.declaration_text import layout_figures
+from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
+from modelkv_exporter.contract.verdicts import Verdict, VerdictKind, judge
+from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
+from modelkv_exporter.engine.observe import Observer, hooks, install, installed
+from modelkv_exporter.engine.observe.records import OwnerState
+from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners
+from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
+from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
+from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
+from modelkv_exporter.testing.layout import CallPeak
+from modelkv_exporter.testing.recorder import OwnerRecorder, attach, detach
+from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
+
+NAMED = "named"
+"""``found_by`` of an owner the author named to the check (it declares nothing)."""
+
+DiscoverySource = Callable[[], Iterable[DiscoveredOwner]]
+"""A source of discovered owners, read when the run ends (beside the check's own discovery)."""
+DISCOVERY = DiscoverySettings(floor_bytes=1, max_owners=1024)
+"""The check reports every cache a module built without declaring it, whatever its size."""
+CENSUS_FLOOR = DiscoverySettings().floor_bytes
+"""Census finds below this (the engine's default floor, 1 MiB) are left out, as an engine leaves them out:
+small tensors a module creates on first use (activation constants, lookup tables) are not caches."""
+
+
+def _module_at(model: object, path: str) -> object:
+    current = model
+    for part in path.split(".") if path else ():
+        current = getattr(current, part)
+    return current
+
+
+class CacheCheck:
+    """One observed run of a model; use ``observe()`` to make one and ``with`` to run it."""
+
+    def __init__(
+        self,
+        model: object,
+        *,
+        max_num_seqs: int,
+        owners: Sequence[str] = (),
+        discover: bool = True,
+        discovery: DiscoverySource | None = None,
+        census_floor_bytes: int = CENSUS_FLOOR,
+    ) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+        self.model = model
+        self.max_num_seqs = max_num_seqs
+        self.named = tuple(owners)
+        self.discover = discover
+        self.census_floor_bytes = census_floor_bytes
+        self.below_floor = 0
+        self.discovery = discovery
+        self._discovery: Discovery | None = None
+        self.report: Report | None = None
+        self._batch: list[int | None] = [None]
+        self._observer: Observer | None = None
+        self._recorders: dict[str, OwnerRecorder] = {}
+        self._found: dict[str, OwnerRecorder] = {}
+        self._declarations: tuple[Declaration, ...] = ()
+        self._dropped: tuple[DroppedDeclaration, ...] = ()
+        self._owners: list[tuple[str, object]] = []
+
+    @contextlib.contextmanager
+    def batch(self, size: int) -> Iterator[None]:
+        """Label the calls made inside as running ``size`` sequences at once (how rows are inferred)."""
+        if size < 1:
+            raise ValueError(f"a batch holds at least 1 sequence, got {size}")
+        before, self._batch[0] = self._batch[0], size
+        try:
+            yield
+        finally:
+            self._batch[0] = before
+
+    def __enter__(self) -> CacheCheck:
+        if installed() is not None:
+            raise RuntimeError(
+                "a model-local KV observer is already installed in this process (an engine, or a check still "
+                "running): run the check in a test process of its own"
+            )
+        collected = collect_declarations(self.model)
+        self._declarations, unresolved = resolve_owned(collected.specs, self.max_num_seqs)
+        self._dropped = declarer_failures(collected.failures) + unresolved
+        owners: list[tuple[str, object]] = list(declaring_owners(self.model))
+        known = {path for path, _ in owners}
+        owners += [(path, _module_at(self.model, path)) for path in self.named if path not in known]
+        self._owners = owners
+        observer = self._observer = install(owners, enabled=True)
+        for path, owner in owners:
+            state = observer.state_of(owner)
+            if state is not None:
+                self._recorders[path] = attach(state, self._batch)
+        if self.discover:
+            declaring = {d.owner for d in self._declarations}
+            self._discovery = Discovery(self.model, DISCOVERY, observer=observer, declaring=declaring)
+            self._discovery.start()
+            self._record_discovered()
+        observer.sample()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        observer = self._observer
+        if observer is None:
+            return
+        try:
+            observations = {o.owner: o for o in observer.sample()}
+            discovered = self._discovered(tuple(observations.values()))
+            if self.discovery is not None and kind is None:
+                discovered += tuple(self.discovery())
+            self.report = self._report(observer, observations, discovered)
+        finally:
+            if self._discovery is not None:
+                self._discovery.uninstall()
+                self._discovery = None
+            for recorder in [*self._recorders.values(), *self._found.values()]:
+                detach(recorder)
+            if installed() is observer:
+                observer.uninstall()
+            self._observer = None
+
+    def _record_discovered(self) -> None:
+        """Record the layers of every owner discovery attributes a cache to, from its first layer on."""
+        attribute = hooks.discover
+        if attribute is None:
+            return
+
+        def recording(layer: object) -> tuple[OwnerState, int] | None:
+            found = attribute(layer)
+            if found is not None and found[0].path not in self._found:
+                self._found[found[0].path] = attach(found[0], self._batch)
+            return found
+
+        hooks.discover = recording
+
+    def _discovered(self, observations: tuple[Observation, ...]) -> tuple[DiscoveredOwner, ...]:
+        """What the check's own discovery found: a census now, then every owner beyond those already reported."""
+        discovery = self._discovery
+        if discovery is None:
+            return ()
+        discovery.census()
+        found, status = discovery.sample(observations)
+        reported = {path for path, _ in self._owners}
+        if not status.enabled:
+            return ()
+        kept = [o for o in found if not (o.found_by == "cache_layer" and o.owner in reported)]
+        small = [o for o in kept if o.found_by == "census" and o.peak_bytes < self.census_floor_bytes]
+        self.below_floor = len(small)
+        return tuple(o for o in kept if o not in small)
+
+    def _report(
+        self, observer: Observer, observations: dict[str, Observation], discovered: tuple[DiscoveredOwner, ...]
+    ) -> Report:
+        reports = [self._owner_report(path, owner, observations.get(path)) for path, owner in self._owners]
+        reports += [self._discovered_report(found) for found in discovered]
+        unavailable = observer.unavailable
+        for recorder in self._recorders.values():
+            unavailable = unavailable or (recorder.failure and f"the check's recorder failed: {recorder.failure}")
+        return Report(
+            self.max_num_seqs, tuple(reports), self._dropped, unavailable, self.below_floor, self.census_floor_bytes
+        )
+
+    def _owner_report(self, path: str, owner: object, observation: Observation | None) -> OwnerReport:
+        declarations = tuple(d for d in self._declarations if d.owner == path)
+        recorder = self._recorders.get(path)
+        peaks = recorder.call_peaks() if recorder is not None else ()
+        declared = sum(d.peak_bytes for d in declarations)
+        reached, missed = reached_bound(peaks, declarations)
+        found_by = NAMED if path in self.named and not declarations else ""
+        if observation is None or not observation.available:
+            verdict = judge(
+                declared_bytes=declared,
+                observed_bytes=None,
+                calls=None,
+                cache_calls=None,
+                reached=None,
+                unobserved=observation.reason or "" if observation is not None else "not observed",
+            )
+            return OwnerReport(
+                path, type(owner).__name__, declarations, verdict, (), None, None, None, peaks, (), found_by
+            )
+        verdict = judge(
+            declared_bytes=declared,
+            observed_bytes=observation.peak_bytes,
+            calls=observation.calls,
+            cache_calls=observation.cache_calls,
+            reached=reached,
+            not_reached=missed,
+        )
+        return OwnerReport(
+            path,
+            observation.owner_class,
+            declarations,
+            verdict,
+            tuple(self._problems(declarations, peaks)),
+            observation.calls,
+            observation.cache_calls,
+            observation.live_bytes,
+            peaks,
+            self._suggestions(path, peaks, observation.live_bytes),
+            found_by,
+        )
+
+    def _discovered_report(self, found: DiscoveredOwner) -> OwnerReport:
+        """A discovered owner: the memory it holds that it does not declare, and the declaration its layers suggest."""
+        detail = "beyond the caches it declares" if found.declares else ""
+        verdict = Verdict(VerdictKind.UNDECLARED, 0, found.peak_bytes, detail)
+        recorder = self._found.get(found.owner) if found.found_by == "cache_layer" else None
+        peaks = recorder.call_peaks() if recorder is not None else ()
+        suggestions = self._suggestions(found.owner, peaks, found.live_bytes)
+        if not suggestions and found.layout is not None:
+            suggestions = (Suggestion(layout_figures(found.owner, found.peak_bytes, found.layout)),)
+        return OwnerReport(
+            found.owner,
+            found.owner_class,
+            (),
+            verdict,
+            (),
+            None,
+            None,
+            found.live_bytes,
+            peaks,
+            suggestions,
+            found.found_by,
+        )
+
+    @staticmethod
+    def _peak(peaks: Sequence[CallPeak]) -> CallPeak | None:
+        return max(peaks, key=lambda p: p.bytes, default=None)
+
+    def _problems(self, declarations: tuple[Declaration, ...], peaks: Sequence[CallPeak]) -> list[FieldProblem]:
+        peak = self._peak(peaks)
+        if peak is None:
+            return []
+        return diagnose(declarations, peak.shapes(), infer_rows(peaks), peak.rows)
+
+    def _suggestions(self, path: str, peaks: Sequence[CallPeak], live_after: int | None) -> tuple[Suggestion, ...]:
+        peak = self._peak(peaks)
+        if peak is None:
+            return ()
+        rows = infer_rows(peaks)
+        return tuple(
+            Suggestion(suggest(path, shape, rows, infer_capacity(peaks, shape), live_after)) for shape in peak.shapes()
+        )
+
+
+def observe(
+    model: object,
+    *,
+    max_num_seqs: int,
+    owners: Sequence[str] = (),
+    discover: bool = True,
+    discovery: DiscoverySource | None = None,
+    census_floor_bytes: int = CENSUS_FLOOR,
+) -> CacheCheck:
+    """Check ``model``'s declarations against what its caches hold while the ``with`` block drives it.
+
+    ``max_num_seqs``: the concurrency to resolve the declarations at (drive the model up to it to
+    check for over-reporting). ``owners``: module paths that declare nothing but should be
+    observed too (a cache you suspect). ``discover``: also find the modules that build caches
+    without declaring them, as an engine does (cache layers built while no declaring owner runs,
+    and a census of the tensors modules hold when the block ends; census finds below
+    ``census_floor_bytes`` are left out, as an engine leaves them out). ``discovery``: another
+    source of discovered owners (their snapshot records), read when the block ends. ``run.report`` holds the ``Report`` afterwards::
+
+        with observe(model, max_num_seqs=2) as run:
+            for size in (1, 2):
+                with run.batch(size):
+                    drive(model, size)
+        run.report.assert_ok()
+    """
+    return CacheCheck(
+        model,
+        max_num_seqs=max_num_seqs,
+        owners=owners,
+        discover=discover,
+        discovery=discovery,
+        census_floor_bytes=census_floor_bytes,
+    )
+
+
+def check(
+    model: object,
+    drive: Callable[..., object],
+    *,
+    max_num_seqs: int,
+    batches: Sequence[int] = (),
+    owners: Sequence[str] = (),
+    discover: bool = True,
+    discovery: DiscoverySource | None = None,
+    census_floor_bytes: int = CENSUS_FLOOR,
+) -> Report:
+    """Observe ``model`` while ``drive(model)`` runs (or ``drive(model, size)`` for each of ``batches``); the report."""
+    with CacheCheck(
+        model,
+        max_num_seqs=max_num_seqs,
+        owners=owners,
+        discover=discover,
+        discovery=discovery,
+        census_floor_bytes=census_floor_bytes,
+    ) as run:
+        if batches:
+            for size in batches:
+                with run.batch(size):
+                    drive(model, size)
+        else:
+            drive(model)
+    assert run.report is not None
+    return run.report
