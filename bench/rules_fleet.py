@@ -12,7 +12,14 @@ evaluation time against its interval, Prometheus's memory and head series; and, 
 the same Prometheus, the day-long declarations rule as it was before (a day of every engine's
 series) and as it is now (a day of one recorded series per model and stage).
 
+Which rules dominate: every rule's evaluation time (``/api/v1/rules``) is collected at each
+evaluation, and afterwards every rule's expression is run once more as an instant query (the least
+of three wall times: its cost with the least waiting for a core). ``--before REVISION`` evaluates
+the rule file of that git revision, renamed, beside today's in the same Prometheus;
+``--candidates FILE`` adds rewrites under trial (``bench/rules_candidates.yaml``).
+
     .venv/bin/python bench/rules_fleet.py --engines 1000 10000
+    .venv/bin/python bench/rules_fleet.py --engines 10000 --before ddce8b2 --candidates bench/rules_candidates.yaml
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +39,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -40,7 +50,7 @@ from tests.support.processes import free_port  # noqa: E402
 
 RULES = ROOT / "deploy" / "prometheus" / "modelkv-rules.yaml"
 ENGINES_PER_POD = 4
-SLOWEST = 12
+SLOWEST = 20
 MODELS = 50
 TARGET_LABELS = {"job", "instance", "namespace", "pod"}
 DECLARATIONS_BEFORE = """
@@ -61,6 +71,26 @@ groups:
           max_over_time(modelkv_engine:declarations_by_model:max[1d])
 """
 """The ModelKVDeclarationsDropped (fewer_than_before) expression as it was, and as it is."""
+BEFORE_PREFIX = "before."
+
+
+def rules_before(revision: str) -> str:
+    """The rule file at a git revision, renamed so that it evaluates beside today's in one Prometheus.
+
+    Its groups are prefixed ``before.``, its recorded series ``bench_before_``, its alerts ``BenchBefore``;
+    it reads the same scraped series and writes none of today's.
+    """
+    text = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{revision}:{RULES.relative_to(ROOT)}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return (
+        text.replace("modelkv_engine:", "bench_before_modelkv_engine:")
+        .replace("- name: modelkv.", f"- name: {BEFORE_PREFIX}modelkv.")
+        .replace("- alert: ModelKV", "- alert: BenchBeforeModelKV")
+    )
 
 
 def instance(pod: int) -> str:
@@ -220,7 +250,7 @@ def backfill(pods: int, declarations: dict[str, int], directory: Path, interval:
     return time.perf_counter() - started
 
 
-def config(port: int, self_port: int, pods: int, interval: int, extra_rules: Path) -> str:
+def config(port: int, self_port: int, pods: int, interval: int, extra_rules: list[Path]) -> str:
     """The Prometheus configuration: one target per pod, the rules, and Prometheus scraping itself."""
     targets = ",".join(
         f"{{targets: ['127.0.0.1:{port}'], labels: {{__metrics_path__: /pod/{pod}, instance: '{instance(pod)}', "
@@ -229,7 +259,7 @@ def config(port: int, self_port: int, pods: int, interval: int, extra_rules: Pat
     )
     return (
         f"global: {{scrape_interval: {interval}s, evaluation_interval: {interval}s, scrape_timeout: {interval // 2}s}}\n"
-        f"rule_files: ['{RULES}', '{extra_rules}']\n"
+        f"rule_files: {[str(RULES), *map(str, extra_rules)]}\n"
         "scrape_configs:\n"
         f"  - job_name: modelkv-exporter\n    static_configs: [{targets}]\n"
         f"  - job_name: prometheus\n    static_configs: [{{targets: ['127.0.0.1:{self_port}']}}]\n"
@@ -243,7 +273,40 @@ def query(url: str, promql: str) -> list[dict]:
         return result
 
 
-def measure(engines: int, interval: int, evaluations: int) -> dict[str, object]:
+def alone_times(url: str, text: str, repeats: int) -> dict[tuple[str, str], float]:
+    """Each rule's expression as an instant query, the least of ``repeats`` wall times: its cost with the least waiting."""
+    at = time.time()
+    times: dict[tuple[str, str], float] = {}
+    for group in yaml.safe_load(text)["groups"]:
+        for index, rule in enumerate(group["rules"]):
+            best = float("inf")
+            for _ in range(repeats):
+                started = time.perf_counter()
+                with urllib.request.urlopen(
+                    f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": rule["expr"], "time": at}), timeout=120
+                ) as response:
+                    response.read()
+                best = min(best, time.perf_counter() - started)
+            name = (rule.get("record") or rule["alert"]).replace("bench_before_", "").replace("BenchBefore", "")
+            times[(group["name"], f"{index:02d} {name}")] = best
+    return times
+
+
+def record_rule_times(url: str, per_rule: dict[tuple[str, int, str], dict[str, float]]) -> None:
+    """Add each rule's latest evaluation time (``/api/v1/rules``), keyed by the evaluation's timestamp."""
+    with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=60) as response:
+        listed = json.load(response)["data"]["groups"]
+    for group in listed:
+        for index, rule in enumerate(group["rules"]):
+            if rule.get("lastEvaluation", "").startswith("0001"):
+                continue
+            times = per_rule.setdefault((group["name"], index, rule["name"]), {})
+            times[rule["lastEvaluation"]] = rule["evaluationTime"]
+
+
+def measure(
+    engines: int, interval: int, evaluations: int, before: str | None, candidates: list[Path]
+) -> dict[str, object]:
     """Run Prometheus over ``engines`` engines until the rules have been evaluated ``evaluations`` times."""
     pods = engines // ENGINES_PER_POD
     started = time.perf_counter()
@@ -257,11 +320,14 @@ def measure(engines: int, interval: int, evaluations: int) -> dict[str, object]:
         data = Path(tmp) / "data"
         data.mkdir()
         backfilled = backfill(pods, declarations, data, interval, time.time())
-        (Path(tmp) / "before.yaml").write_text(DECLARATIONS_BEFORE)
+        extra = [Path(tmp) / "declarations.yaml"]
+        extra[0].write_text(DECLARATIONS_BEFORE)
+        if before:
+            extra.append(Path(tmp) / "before.yaml")
+            extra[1].write_text(rules_before(before))
+        extra += candidates
         self_port = free_port()
-        (Path(tmp) / "prometheus.yml").write_text(
-            config(server.server_address[1], self_port, pods, interval, Path(tmp) / "before.yaml")
-        )
+        (Path(tmp) / "prometheus.yml").write_text(config(server.server_address[1], self_port, pods, interval, extra))
         process = subprocess.Popen(
             [
                 shutil.which("prometheus") or "prometheus",
@@ -276,10 +342,12 @@ def measure(engines: int, interval: int, evaluations: int) -> dict[str, object]:
         url = f"http://127.0.0.1:{self_port}"
         try:
             deadline = time.time() + interval * (evaluations + 3) + 120
+            per_rule: dict[tuple[str, int, str], dict[str, float]] = {}
             while time.time() < deadline:
                 time.sleep(5)
                 try:
                     done = query(url, "min(prometheus_rule_group_iterations_total)")
+                    record_rule_times(url, per_rule)
                 except OSError:
                     continue
                 if done and float(done[0]["value"][1]) >= evaluations:
@@ -305,12 +373,21 @@ def measure(engines: int, interval: int, evaluations: int) -> dict[str, object]:
                 )
             }
             head = float(query(url, "prometheus_tsdb_head_series")[0]["value"][1])
-            with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=60) as response:
-                listed = json.load(response)["data"]["groups"]
+            record_rule_times(url, per_rule)
             slowest = sorted(
-                ((r["evaluationTime"], g["name"], r["name"]) for g in listed for r in g["rules"]), reverse=True
+                (
+                    (sum(times.values()) / len(times), max(times.values()), group, name)
+                    for (group, _, name), times in per_rule.items()
+                    if times
+                ),
+                reverse=True,
             )[:SLOWEST]
+            alone = alone_times(url, RULES.read_text(), 3)
+            for candidate in candidates:
+                alone.update(alone_times(url, candidate.read_text(), 3))
+            alone_before = alone_times(url, rules_before(before), 3) if before else {}
             scraped = query(url, 'count(up{job="modelkv-exporter"} == 1)')
+            load = os.getloadavg()
         finally:
             process.terminate()
             process.wait(timeout=60)
@@ -326,25 +403,51 @@ def measure(engines: int, interval: int, evaluations: int) -> dict[str, object]:
         "head_series": head,
         "render_s": rendered,
         "backfill_s": backfilled,
+        "load": load,
+        "alone": alone,
+        "alone_before": alone_before,
     }
 
 
-def report(result: dict[str, object], interval: int) -> None:
-    """Print one fleet size's figures."""
+def report(result: dict[str, object], interval: int, before: str | None) -> None:
+    """Print one fleet size's figures (with the rules at ``before`` beside today's, where given)."""
     groups: dict[str, tuple[float, float]] = result["groups"]  # type: ignore[assignment]
     memory: dict[str, float] = result["memory"]  # type: ignore[assignment]
     print(
         f"\n{result['engines']} engines ({result['pods']} pods, {result['targets_up']} targets up), "
         f"{result['series_per_scrape']} series a scrape, {result['head_series']:.0f} head series; "
-        f"Prometheus resident {memory['resident'] / GIB:.2f} GiB, Go heap in use {memory['heap'] / GIB:.2f} GiB"
+        f"Prometheus resident {memory['resident'] / GIB:.2f} GiB, Go heap in use {memory['heap'] / GIB:.2f} GiB; "
+        f"load average at the end {' / '.join(f'{x:.1f}' for x in result['load'])}"  # type: ignore[attr-defined]
     )
     print(f"| rule group | mean s | max s | share of the {interval} s interval (max) |")
     print("|---|---:|---:|---:|")
     for name, (mean, peak) in sorted(groups.items()):
         print(f"| {name} | {mean:.3f} | {peak:.3f} | {100 * peak / interval:.1f} % |")
-    print("slowest rules at the last evaluation:")
-    for seconds, group, rule in result["slowest"]:  # type: ignore[attr-defined]
-        print(f"  {seconds:.3f} s  {group}  {rule}")
+    if before:
+        print(f"| rule group | rules at {before}: mean s | today's: mean s | ratio |")
+        print("|---|---:|---:|---:|")
+        for name, (mean, _) in sorted(groups.items()):
+            if name.startswith(BEFORE_PREFIX) and name[len(BEFORE_PREFIX) :] in groups:
+                now = groups[name[len(BEFORE_PREFIX) :]][0]
+                print(f"| {name[len(BEFORE_PREFIX) :]} | {mean:.3f} | {now:.3f} | {mean / now:.1f}× |")
+    alone: dict[tuple[str, str], float] = result["alone"]  # type: ignore[assignment]
+    alone_before: dict[tuple[str, str], float] = result["alone_before"]  # type: ignore[assignment]
+    print("each rule's expression as one instant query afterwards (least of 3 wall times), summed per group:")
+    print("| rule group | rules at the revision given | today's |")
+    print("|---|---:|---:|")
+    for name in sorted({g for g, _ in alone}):
+        earlier = sum(t for (g, _), t in alone_before.items() if g == BEFORE_PREFIX + name)
+        now = sum(t for (g, _), t in alone.items() if g == name)
+        print(f"| {name} | {earlier:.3f} | {now:.3f} |")
+    print(
+        f"the {SLOWEST} costliest rules alone (s; at the revision given, where it has a rule of that place and name):"
+    )
+    for (group, rule), seconds in sorted(alone.items(), key=lambda item: -item[1])[:SLOWEST]:
+        was = alone_before.get((BEFORE_PREFIX + group, rule))
+        print(f"  {seconds:.3f}  {'' if was is None else f'(before {was:.3f})'}  {group}  {rule}")
+    print(f"the {SLOWEST} slowest rules (mean / max s over every evaluation seen):")
+    for mean, peak, group, rule in result["slowest"]:  # type: ignore[attr-defined]
+        print(f"  {mean:.3f} / {peak:.3f} s  {group}  {rule}")
 
 
 def main() -> int:
@@ -353,9 +456,20 @@ def main() -> int:
     parser.add_argument("--engines", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--interval", type=int, default=60, help="scrape and evaluation interval, seconds")
     parser.add_argument("--evaluations", type=int, default=4, help="rule evaluations to average over")
+    parser.add_argument(
+        "--before", metavar="REVISION", help="also evaluate the rule file at this git revision, renamed, beside today's"
+    )
+    parser.add_argument(
+        "--candidates",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="rule files to evaluate beside the rules (rewrites under trial; they must record names of their own)",
+    )
     args = parser.parse_args()
     for engines in args.engines:
-        report(measure(engines, args.interval, args.evaluations), args.interval)
+        result = measure(engines, args.interval, args.evaluations, args.before, args.candidates)
+        report(result, args.interval, args.before)
     return 0
 
 
