@@ -164,20 +164,21 @@ def census(
             countdown -= 1
             if not countdown:
                 countdown = CHECK_EVERY
-                now = clock()
-                if now - started >= slice_seconds:
-                    result.longest_slice = max(result.longest_slice, now - started)
-                    yield
-                    started = clock()
+                if clock() - started >= slice_seconds:
+                    started = yield from _end_slice(result, started)
         countdown -= 1
         if countdown <= 0:
             countdown = CHECK_EVERY
-            now = clock()
-            if now - started >= slice_seconds:
-                result.longest_slice = max(result.longest_slice, now - started)
-                yield
-                started = clock()
+            if clock() - started >= slice_seconds:
+                started = yield from _end_slice(result, started)
     return _finished(result, clock() - started)
+
+
+def _end_slice(result: CensusResult, started: float) -> Generator[None, None, float]:
+    """Record the slice that began at ``started``, yield the interpreter, and return when the next slice begins."""
+    result.longest_slice = max(result.longest_slice, time.perf_counter() - started)
+    yield
+    return time.perf_counter()
 
 
 def _finished(result: CensusResult, last_slice: float) -> CensusResult:
