@@ -21,15 +21,9 @@ instrumentation off and a small C helper zeroes and dumps the counters around ea
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
-import os
-import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +36,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import DynamicCache, Qwen2Config, Qwen2Model  # noqa: E402
 
+from bench.regions import load_helper, region_totals  # noqa: E402
 from modelkv_exporter.engine.config import HookConfig  # noqa: E402
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census  # noqa: E402
 from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
@@ -51,12 +46,6 @@ MODULES = 10_000
 DEPTH = 12
 HEARTBEAT = HookConfig.__dataclass_fields__["sample_interval"].default
 CENSUS_INTERVAL = HookConfig.__dataclass_fields__["census_interval"].default
-HELPER = r"""
-#include <valgrind/callgrind.h>
-void mkv_start(void) { CALLGRIND_START_INSTRUMENTATION; }
-void mkv_zero(void) { CALLGRIND_ZERO_STATS; }
-void mkv_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
-"""
 
 
 class Block(nn.Module):
@@ -190,8 +179,7 @@ def measure() -> dict[str, Any]:
 
 def callgrind_regions(library: str) -> None:
     """The child under valgrind: each region zeroed, run, dumped with its label."""
-    helper = ctypes.CDLL(library)
-    helper.mkv_dump.argtypes = [ctypes.c_char_p]
+    helper = load_helper(library)
     root = model()
     observer = install([], enabled=True)
     found = Discovery(root, DiscoverySettings(census_interval=0), observer=observer)
@@ -225,34 +213,13 @@ def callgrind_regions(library: str) -> None:
 
 def instructions() -> dict[str, float] | str:
     """Instructions per call of every region; a sentence when callgrind cannot run here."""
-    compiler = shutil.which("cc")
-    if shutil.which("valgrind") is None or compiler is None or not Path("/usr/include/valgrind/callgrind.h").exists():
-        return "valgrind, its headers and a C compiler are needed for instruction counts"
-    with tempfile.TemporaryDirectory(prefix="modelkv-callgrind-") as work:
-        library, source = Path(work) / "libregion.so", Path(work) / "region.c"
-        source.write_text(HELPER)
-        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True)
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={work}/callgrind.out.%p",
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            str(library),
-        ]
-        child = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if child.returncode != 0:
-            raise SystemExit(child.stderr[-4000:])
-        counts: dict[str, float] = {}
-        for path in Path(work).glob("callgrind.out.*"):
-            text = path.read_text(errors="replace")
-            label = re.search(r"^desc: Trigger: Client Request: (.*)$", text, re.M)
-            total = re.search(r"^(?:totals|summary): (\d+)", text, re.M)
-            if label and total:
-                name, calls = label.group(1).split("|")
-                counts[name] = int(total.group(1)) / int(calls)
+    totals = region_totals(Path(__file__))
+    if isinstance(totals, str):
+        return totals
+    counts: dict[str, float] = {}
+    for label, total in totals.items():
+        name, calls = label.split("|")
+        counts[name] = total / int(calls)
     return counts
 
 

@@ -26,16 +26,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
 import dataclasses
 import gc
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,18 +41,13 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers import DynamicCache, Qwen2Config, Qwen2Model, StaticCache  # noqa: E402
 
+from bench.regions import load_helper, region_totals  # noqa: E402
 from modelkv_exporter.demo import owners as demo  # noqa: E402
 from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
 
 torch.set_num_threads(1)
 OWNERS = (demo.CodecDecoder, demo.LocalTransformer, demo.TalkerGenerator, demo.WhisperStreamingEncoder)
 FFN = {"CodecDecoder": 3072, "LocalTransformer": 4096, "TalkerGenerator": 4864, "WhisperStreamingEncoder": 4096}
-HELPER = r"""
-#include <valgrind/callgrind.h>
-void mkv_start(void) { CALLGRIND_START_INSTRUMENTATION; }
-void mkv_zero(void) { CALLGRIND_ZERO_STATS; }
-void mkv_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
-"""
 LOOP = 50
 """Calls per callgrind loop region."""
 
@@ -232,8 +221,7 @@ def cpu_time(repetitions: int) -> dict[str, Any]:
 
 def callgrind_regions(library: str) -> None:
     """The child under valgrind: every region off, then on, each zeroed and dumped with its label."""
-    helper = ctypes.CDLL(library)
-    helper.mkv_dump.argtypes = [ctypes.c_char_p]
+    helper = load_helper(library)
     cases = per_call_cases()
     case_owner = CaseOwner()
     decoder = with_forward(demo.CodecDecoder)
@@ -275,34 +263,9 @@ def callgrind_regions(library: str) -> None:
 
 def instructions() -> dict[str, dict[str, float]] | str:
     """Instructions per call of every region, off and on; a sentence when callgrind cannot run here."""
-    compiler = shutil.which("cc")
-    if shutil.which("valgrind") is None or compiler is None or not Path("/usr/include/valgrind/callgrind.h").exists():
-        return "valgrind, its headers and a C compiler are needed for instruction counts"
-    with tempfile.TemporaryDirectory(prefix="modelkv-callgrind-") as work:
-        library = Path(work) / "libregion.so"
-        source = Path(work) / "region.c"
-        source.write_text(HELPER)
-        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True)
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={work}/callgrind.out.%p",
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            str(library),
-        ]
-        child = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if child.returncode != 0:
-            raise SystemExit(child.stderr[-4000:])
-        counts: dict[str, int] = {}
-        for path in Path(work).glob("callgrind.out.*"):
-            text = path.read_text(errors="replace")
-            label = re.search(r"^desc: Trigger: Client Request: (.*)$", text, re.M)
-            total = re.search(r"^(?:totals|summary): (\d+)", text, re.M)
-            if label and total:
-                counts[label.group(1)] = int(total.group(1))
+    counts = region_totals(Path(__file__))
+    if isinstance(counts, str):
+        return counts
     empty = {phase: counts[f"{phase}|empty|{LOOP}"] for phase in ("off", "on")}
     result: dict[str, dict[str, float]] = {}
     for label, count in counts.items():
