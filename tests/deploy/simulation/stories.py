@@ -36,6 +36,7 @@ UNDECLARED = "ModelKVUndeclaredMemoryGrowth"
 WILL_NOT_FIT = "ModelKVDeclaredPeakWillNotFit"
 STALE = "ModelKVSnapshotStale"
 UNDECLARED_CACHE = "ModelKVUndeclaredCache"
+UNDER_REPORTS = "ModelKVDeclarationUnderReports"
 WARNING = {"severity": "warning"}
 PENDING = "modelkv_engine:device_declared_pending_bytes:sum"
 
@@ -115,6 +116,15 @@ def _cpu() -> Story:
         heap=ramp(0, MIB, 300),
         leak=ramp(60, 20 * MIB),
     )
+    under = Cache("talker", "talker_kv", 128 * MIB, held=talker.held)
+    under_reporting = Engine(
+        "cpu-under",
+        "cpu-2",
+        "10.2.0.3:9400",
+        None,
+        caches=(under,),
+        heap=ramp(0, MIB, 150),
+    )
     return Story(
         "story-b-cpu-heap-growth",
         """
@@ -123,7 +133,8 @@ def _cpu() -> Story:
         observed. Their caches usually hold 200 MiB; for a quarter of an hour at 1 hour a burst of
         requests fills them to 1.5 GiB. The C allocator keeps the freed heap, so resident memory keeps
         the burst. Python's own heap grows by 300 MiB over five hours. "cpu-leaker" also leaks 20 MiB a
-        minute from 1 hour on.
+        minute from 1 hour on. "cpu-under" declares only 1 GiB (8 rows of 128 MiB) for the same caches,
+        so the burst takes them past their declaration; its heap grows by 150 MiB.
         """,
         [
             Episode(
@@ -132,15 +143,20 @@ def _cpu() -> Story:
                 its caches once held and may hold again (its declared peak). "cpu-leaker" pages once its
                 resident growth exceeds its declared peak by more than 256 MiB for 15 minutes (the
                 burst it kept, its heap and its leak pass that about 1 hour 45 minutes in), and keeps
-                paging.
+                paging. "cpu-under" is paged for its declaration, which under-reports from the burst on,
+                and never for undeclared memory: what its caches held explains its growth, although
+                that is more than it declares.
                 """,
-                [quiet, leaking],
+                [quiet, leaking, under_reporting],
                 300,
                 [
-                    Quiet(UNDECLARED, 0, 300, 'engine="cpu-talker"'),
+                    Quiet(UNDECLARED, 0, 300, 'engine=~"cpu-talker|cpu-under"'),
                     Firing(UNDECLARED, 100, ()),
                     Firing(UNDECLARED, 135, (engine_labels(leaking, **WARNING),)),
                     Firing(UNDECLARED, 300, (engine_labels(leaking, **WARNING),)),
+                    Quiet(UNDER_REPORTS, 0, 55),
+                    Firing(UNDER_REPORTS, 90, (engine_labels(under_reporting, owner="talker", **WARNING),)),
+                    Firing(UNDER_REPORTS, 300, (engine_labels(under_reporting, owner="talker", **WARNING),)),
                 ],
             )
         ],
