@@ -13,8 +13,10 @@ the same Prometheus, the day-long declarations rule as it was before (a day of e
 series) and as it is now (a day of one recorded series per model and stage).
 
 Which rules dominate: every rule's evaluation time (``/api/v1/rules``) is collected at each
-evaluation, and afterwards every rule's expression is run once more as an instant query (the least
-of three wall times: its cost with the least waiting for a core). ``--before REVISION`` evaluates
+evaluation, and afterwards every rule's expression is run once more as an instant query, counted so
+that encoding the answer costs nothing (the least of three wall times: its cost with the least
+waiting for a core). Prometheus's own CPU use over the evaluations is printed too: what the fleet
+costs it, whichever way the rules are grouped. ``--before REVISION`` evaluates
 the rule file of that git revision, renamed, beside today's in the same Prometheus;
 ``--candidates FILE`` adds rewrites under trial (``bench/rules_candidates.yaml``).
 
@@ -274,7 +276,10 @@ def query(url: str, promql: str) -> list[dict]:
 
 
 def alone_times(url: str, text: str, repeats: int) -> dict[tuple[str, str], float]:
-    """Each rule's expression as an instant query, the least of ``repeats`` wall times: its cost with the least waiting."""
+    """Each rule's expression as an instant query, the least of ``repeats`` wall times: its cost with the least waiting.
+
+    The expression is counted (``count(...)``), so that the time is the evaluation's, not the answer's encoding.
+    """
     at = time.time()
     times: dict[tuple[str, str], float] = {}
     for group in yaml.safe_load(text)["groups"]:
@@ -283,7 +288,8 @@ def alone_times(url: str, text: str, repeats: int) -> dict[tuple[str, str], floa
             for _ in range(repeats):
                 started = time.perf_counter()
                 with urllib.request.urlopen(
-                    f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": rule["expr"], "time": at}), timeout=120
+                    f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": f"count({rule['expr']})", "time": at}),
+                    timeout=120,
                 ) as response:
                     response.read()
                 best = min(best, time.perf_counter() - started)
@@ -373,6 +379,7 @@ def measure(
                 )
             }
             head = float(query(url, "prometheus_tsdb_head_series")[0]["value"][1])
+            cpu = float(query(url, f'rate(process_cpu_seconds_total{{job="prometheus"}}[{window}])')[0]["value"][1])
             record_rule_times(url, per_rule)
             slowest = sorted(
                 (
@@ -401,6 +408,7 @@ def measure(
         "slowest": slowest,
         "memory": memory,
         "head_series": head,
+        "cpu": cpu,
         "render_s": rendered,
         "backfill_s": backfilled,
         "load": load,
@@ -418,6 +426,10 @@ def report(result: dict[str, object], interval: int, before: str | None) -> None
         f"{result['series_per_scrape']} series a scrape, {result['head_series']:.0f} head series; "
         f"Prometheus resident {memory['resident'] / GIB:.2f} GiB, Go heap in use {memory['heap'] / GIB:.2f} GiB; "
         f"load average at the end {' / '.join(f'{x:.1f}' for x in result['load'])}"  # type: ignore[attr-defined]
+    )
+    print(
+        f"Prometheus used {result['cpu']:.2f} of a core (scrapes, rules, compaction, everything); "
+        f"the rule groups' evaluations summed: {sum(mean for mean, _ in groups.values()):.1f} s a {interval} s interval"
     )
     print(f"| rule group | mean s | max s | share of the {interval} s interval (max) |")
     print("|---|---:|---:|---:|")
