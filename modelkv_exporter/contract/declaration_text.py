@@ -90,6 +90,7 @@ def positions_for(peak_bytes: int, *, layers: int, kv_heads: int, head_dim: int,
 
 
 SCOPE_UNKNOWN = "how long one allocation lives is the design's: INVOCATION, REQUEST, SESSION or MODEL"
+CAPACITY_SOURCE_UNKNOWN = "where the bound comes from (a config field, a formula)"
 
 
 def layout_figures(owner: str, peak_bytes: int, layout: KVLayout) -> tuple[Figure, ...]:
@@ -115,7 +116,7 @@ def layout_figures(owner: str, peak_bytes: int, layout: KVLayout) -> tuple[Figur
             f"at least {positions} a row: the peak ({peak_bytes:,} B) at {layout.rows} rows (one row held at most "
             f"{layout.positions}); a running engine does not show whether that is its bound",
         ),
-        Figure("capacity_source", None, "where the bound comes from (a config field, a formula)"),
+        Figure("capacity_source", None, CAPACITY_SOURCE_UNKNOWN),
         Figure("scope", None, SCOPE_UNKNOWN),
         Figure(
             "rows",
@@ -167,7 +168,7 @@ def resized_figures(owner: str, observed_bytes: int, declarations: Sequence[Decl
             f"at least this many a row: the observed peak ({observed_bytes:,} B) at {first.row_count} rows, where "
             f"the declarations add up to {declared}; check the geometry with modelkv_exporter.testing",
         ),
-        Figure("capacity_source", None, "where the bound comes from (a config field, a formula)"),
+        Figure("capacity_source", None, CAPACITY_SOURCE_UNKNOWN),
         Figure("scope", None, SCOPE_UNKNOWN),
         *rows,
     )

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from modelkv_exporter.contract.declaration_text import SCOPE_UNKNOWN, Figure, dtype_code, python_string, spec_name
+from modelkv_exporter.contract.declaration_text import (
+    CAPACITY_SOURCE_UNKNOWN,
+    SCOPE_UNKNOWN,
+    Figure,
+    dtype_code,
+    python_string,
+    spec_name,
+)
 from modelkv_exporter.contract.snapshot import Declaration
 from modelkv_exporter.contract.vocabulary import RowDriver
 from modelkv_exporter.testing.layout import CallPeak, Shape
@@ -168,7 +175,7 @@ def suggest(owner: str, shape: Shape, rows: Rows, capacity: Capacity, live_after
         Figure(
             "capacity_source",
             python_string(f"observed: {capacity.positions} positions a row at the peak") if capacity.bound else None,
-            "replace with where the bound comes from (a config field, a formula)",
+            f"replace with {CAPACITY_SOURCE_UNKNOWN}",
         ),
         Figure(
             "scope",

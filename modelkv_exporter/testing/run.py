@@ -307,7 +307,7 @@ def check(
     census_floor_bytes: int = CENSUS_FLOOR,
 ) -> Report:
     """Observe ``model`` while ``drive(model)`` runs (or ``drive(model, size)`` for each of ``batches``); the report."""
-    with CacheCheck(
+    with observe(
         model,
         max_num_seqs=max_num_seqs,
         owners=owners,
