@@ -19,6 +19,7 @@ from modelkv_exporter.contract.vocabulary import RowDriver
 from modelkv_exporter.engine.protocol import ModelLocalKVScope
 from modelkv_exporter.testing import Report, VerdictKind, check
 from tests.engine.test_vllm_omni_declarers import (
+    MING_ROW,
     POSITION,
     WINDOW,
     running_decoder,
@@ -26,7 +27,6 @@ from tests.engine.test_vllm_omni_declarers import (
     running_ming_talker,
 )
 
-MING_ROW = 2 * 24 * 2 * 64 * 2048 * 2
 MIMO_ROW = 2 * 16 * 64 * 16 * 11 * 2
 
 
