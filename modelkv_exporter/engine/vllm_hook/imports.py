@@ -3,8 +3,14 @@
 Importing vLLM's worker modules costs seconds, and the API server never needs them; so the
 hook waits for the process to import them. ``PatchOnImport`` is a ``sys.meta_path`` finder
 that finds nothing itself: when one of its modules is imported, it asks the other finders for
-the real spec and wraps its loader, so the callback runs once the module has executed. It
+the real spec and lends it a loader that runs the callback once the module has executed. It
 removes itself once every module it waits for has been seen.
+
+The lent loader is there only between the spec and the module's execution: before the module's
+code runs, its ``__loader__`` and ``__spec__.loader`` are the real loader again, so the module
+and everything that asks its loader later (``inspect.getsource``, tracebacks through
+``linecache``, ``importlib.resources``, ``is_package``, ``importlib.reload``) meet the real one.
+Until then every attribute the lent loader does not define is the real loader's.
 """
 
 from __future__ import annotations
@@ -14,21 +20,36 @@ import importlib.machinery
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 OnLoaded = Callable[[ModuleType], None]
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, on_loaded: OnLoaded) -> None:
+class _LentLoader:
+    """Stands in for ``inner`` on one spec until ``exec_module``, which hands the module back to ``inner``."""
+
+    def __init__(self, inner: Any, on_loaded: OnLoaded) -> None:
         self.inner = inner
         self.on_loaded = on_loaded
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.inner.create_module(spec)
+        create = getattr(self.inner, "create_module", None)
+        return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self.inner
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self.inner
         self.inner.exec_module(module)
-        self.on_loaded(module)
+        try:
+            self.on_loaded(module)
+        except Exception:  # noqa: BLE001 - each callback logs its own failure; the import goes on
+            pass
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):
@@ -51,7 +72,8 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
             find = getattr(finder, "find_spec", None)
             spec = find(fullname, path, target) if find else None
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, on_loaded)
+                if hasattr(spec.loader, "exec_module"):
+                    spec.loader = _LentLoader(spec.loader, on_loaded)
                 return spec
         return None
 
