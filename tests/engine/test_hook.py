@@ -467,8 +467,8 @@ def recording_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     for step in ("after_load_model", "after_kv_init", "after_warm_up", "before_shutdown"):
 
-        def record(worker: Any, config: Any, *arguments: Any, step: str = step) -> None:
-            seen.append(f"{step}{list(arguments) if arguments else ''}")
+        def record(worker: Any, config: Any, /, *args: Any, step: str = step, **kwargs: Any) -> None:
+            seen.append(f"{step}{list(args) if args else ''}{kwargs if kwargs else ''}")
 
         record.__name__ = step
         monkeypatch.setattr(lifecycle, step, record)
@@ -496,8 +496,79 @@ def test_an_override_that_calls_super_runs_each_step_once(monkeypatch: pytest.Mo
     worker.load_model()
     worker.initialize_from_config(kv_cache_config="kv")
     worker.shutdown()
-    assert seen == ["after_load_model", "after_kv_init['kv']", "before_shutdown"]
+    assert seen == ["after_load_model", "after_kv_init{'kv_cache_config': 'kv'}", "before_shutdown"]
     assert [c[0] for c in worker.calls] == ["load_model", "initialize_from_config", "shutdown"]
+
+
+class KeywordWorker:
+    """A worker whose KV initialisation takes keywords beside the config, in any order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def initialize_from_config(self, kv_cache_config: Any, *, first: Any = None, second: Any = None) -> None:
+        self.calls.append(((kv_cache_config,), {"first": first, "second": second}))
+
+
+def test_steps_get_the_arguments_as_the_caller_gave_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positional stays positional, a keyword stays a keyword under its name, in the order given."""
+    given: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+
+    def after_kv_init(worker: Any, config: Any, /, *args: Any, **kwargs: Any) -> None:
+        given.append((args, kwargs))
+
+    monkeypatch.setattr(lifecycle, "after_kv_init", after_kv_init)
+    base = type("Worker", (KeywordWorker,), {})
+    config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s"})
+    assert config is not None
+    vllm_plugin.Registration(config).patch_worker(SimpleNamespace(Worker=base))  # type: ignore[arg-type]
+    worker = base()
+    worker.initialize_from_config("kv")
+    worker.initialize_from_config(kv_cache_config="kv")
+    worker.initialize_from_config(second=2, kv_cache_config="kv", first=1)
+    worker.initialize_from_config("kv", second=2)
+    assert given == [
+        (("kv",), {}),
+        ((), {"kv_cache_config": "kv"}),
+        ((), {"second": 2, "kv_cache_config": "kv", "first": 1}),
+        (("kv",), {"second": 2}),
+    ]
+    assert [list(kwargs) for _, kwargs in given] == [
+        [],
+        ["kv_cache_config"],
+        ["second", "kv_cache_config", "first"],
+        ["second"],
+    ]
+    assert worker.calls[2] == (("kv",), {"first": 1, "second": 2}), "the original gets them unchanged"
+
+
+class KVCacheTensor:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["by position", "by keyword"])
+def test_the_kv_step_finds_the_config_however_it_is_passed(tmp_path: Any, by_keyword: bool) -> None:
+    """The real step: the paged KV cache of the ``KVCacheConfig`` handed to ``initialize_from_config``."""
+    from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+    from tests.support.snapshots import make_snapshot
+
+    base = type("Worker", (KeywordWorker,), {})
+    vllm_plugin.Registration(HookConfig(tmp_path)).patch_worker(SimpleNamespace(Worker=base))  # type: ignore[arg-type]
+    worker = base()
+    publisher = SnapshotPublisher(tmp_path, make_snapshot("e"))
+    sampler = engine_memory.CudaSampler(FakeCuda(), "cuda:0")
+    setattr(worker, lifecycle.ATTRIBUTE, lifecycle.WorkerHook(publisher, sampler))
+    kv = SimpleNamespace(kv_cache_tensors=[KVCacheTensor(4096), KVCacheTensor(4096)], num_blocks=16)
+    decoy = SimpleNamespace(kv_cache_tensors=[KVCacheTensor(1)], num_blocks=1)
+    if by_keyword:
+        worker.initialize_from_config(first=decoy, kv_cache_config=kv)
+    else:
+        worker.initialize_from_config(kv, first=decoy)
+    settings = publisher.snapshot.settings
+    assert (settings.paged_kv_bytes, settings.paged_kv_blocks) == (8192, 16)
 
 
 def diffusion_worker_like() -> type:

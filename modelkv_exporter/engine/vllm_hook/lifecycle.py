@@ -94,18 +94,19 @@ def _end_at_exit(publisher: SnapshotPublisher) -> None:
         logger.warning("modelkv: cannot mark %s ended at exit: %s", publisher.spool_dir, error)
 
 
-def after_kv_init(worker: Any, config: HookConfig, *arguments: Any) -> None:
+def after_kv_init(worker: Any, config: HookConfig, /, *args: Any, **kwargs: Any) -> None:
     """Record the paged KV cache (its backing allocation, counted once) and take the baseline.
 
-    The ``KVCacheConfig`` is the call's argument where it is one (``initialize_from_config``;
-    vllm-ascend's worker does not copy its blocks to ``cache_config``), else the runner's.
+    ``args`` and ``kwargs`` are the call's, as given. The ``KVCacheConfig`` is its ``kv_cache_config``
+    (``initialize_from_config``'s one parameter, by keyword or first by position; vllm-ascend's worker
+    does not copy its blocks to ``cache_config``) where that is one, else the runner's.
     """
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is None:
         return
     runner = getattr(worker, "model_runner", None)
-    given = [a for a in arguments if hasattr(a, "kv_cache_tensors")]
-    kv_config = given[0] if given else getattr(runner, "kv_cache_config", None)
+    given = kwargs["kv_cache_config"] if "kv_cache_config" in kwargs else args[0] if args else None
+    kv_config = given if hasattr(given, "kv_cache_tensors") else getattr(runner, "kv_cache_config", None)
     vllm_config = getattr(worker, "vllm_config", None)
     kv_bytes = paged_kv_bytes(kv_config, runner)
     kv_blocks = paged_kv_blocks(kv_config, getattr(vllm_config, "cache_config", None))

@@ -140,22 +140,28 @@ class Registration:
             }
         )
 
-    def guarded(self, step: str, function: Callable[..., Any], *args: Any) -> Any:
+    def guarded(self, step: str, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``function`` and return its result; a failure is logged the first time ``step`` fails, never raised."""
         try:
-            return function(*args)
+            return function(*args, **kwargs)
         except Exception:
             if step not in self.failed:
                 self.failed.add(step)
                 logger.warning("modelkv: %s failed; the engine continues without it", step, exc_info=True)
             return None
 
-    def run_step(self, method: Method, worker: Any, plan: Plan, arguments: tuple[Any, ...] = ()) -> Any:
-        """One lifecycle step for ``worker``, after making sure its own class's overrides are hooked too."""
+    def run_step(
+        self, method: Method, worker: Any, plan: Plan, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """One lifecycle step for ``worker``, after making sure its own class's overrides are hooked too.
+
+        A step ``with_arguments`` gets the method's positional and keyword arguments as the caller gave them.
+        """
         if type(worker) not in self.hooked:
             self.patch_subclass(type(worker), plan)
-        extra = arguments if method.with_arguments else ()
-        return self.guarded(method.step.__name__, method.step, worker, self.config, *extra)
+        if not method.with_arguments:
+            args, kwargs = (), None
+        return self.guarded(method.step.__name__, method.step, worker, self.config, *args, **(kwargs or {}))
 
     def _active(self) -> set[tuple[int, str]]:
         active: set[tuple[int, str]] | None = getattr(self._calls, "active", None)
@@ -172,19 +178,18 @@ class Registration:
                 return original(worker, *args, **kwargs)
             active.add(key)
             try:
-                arguments = (*args, *kwargs.values())
                 if method.when == "around":
-                    undo = self.run_step(method, worker, plan, arguments)
+                    undo = self.run_step(method, worker, plan, args, kwargs)
                     try:
                         return original(worker, *args, **kwargs)
                     finally:
                         if callable(undo):
                             self.guarded(method.step.__name__, undo)
                 if method.when == "before":
-                    self.run_step(method, worker, plan, arguments)
+                    self.run_step(method, worker, plan, args, kwargs)
                 result = original(worker, *args, **kwargs)
                 if method.when == "after":
-                    self.run_step(method, worker, plan, arguments)
+                    self.run_step(method, worker, plan, args, kwargs)
                 return result
             finally:
                 active.discard(key)
