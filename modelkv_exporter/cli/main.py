@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelkv_exporter.cli.arguments import add_settings, apply_environment, attach_dashed_values
+from modelkv_exporter.cli.extras import SIDECAR, missing_extra
 from modelkv_exporter.cli.settings import TABLES, ServerSettings
 from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.version import VERSION
@@ -27,10 +28,16 @@ DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines p
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the sidecar HTTP server over ``--spool-dir``; a taken port, HTTP or liveness, ends it with one line."""
-    from modelkv_exporter.cli.ports import bind_http_port, bind_probe_port
-    from modelkv_exporter.sidecar.http.config import SidecarConfig
-    from modelkv_exporter.sidecar.http.server import build_server
+    """Run the sidecar HTTP server over ``--spool-dir``; a taken port, HTTP or liveness, ends it with one line.
+
+    Without the ``sidecar`` extra's libraries it says so in one line.
+    """
+    try:
+        from modelkv_exporter.cli.ports import bind_http_port, bind_probe_port
+        from modelkv_exporter.sidecar.http.config import SidecarConfig
+        from modelkv_exporter.sidecar.http.server import build_server
+    except ModuleNotFoundError as error:
+        return missing_extra("serve", error, (SIDECAR,))
 
     settings = build(ServerSettings, vars(args))
     config = build(SidecarConfig, vars(args), spool_dir=Path(args.spool_dir))
@@ -48,9 +55,12 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Run the demo (needs the ``torch`` extra); a taken port fails before any engine starts."""
-    from modelkv_exporter.cli.demo import run_demo
-    from modelkv_exporter.cli.ports import bind_http_port
+    """Run the demo (needs the ``sidecar`` and ``torch`` extras); a taken port fails before any engine starts."""
+    try:
+        from modelkv_exporter.cli.demo import run_demo
+        from modelkv_exporter.cli.ports import bind_http_port
+    except ModuleNotFoundError as error:
+        return missing_extra("demo", error, (SIDECAR, "torch"))
 
     sock = bind_http_port("demo", args.host, args.port, args.probe_port, "MODELKV_PORT={port} make demo")
     if sock is None:

@@ -102,7 +102,14 @@ def test_the_final_image_is_the_non_root_sidecar(stages: dict[str, Stage]) -> No
     assert all(a.startswith("--from=sidecar-install") for a in sidecar.all("COPY")), "only the built venv goes in"
     (remove_pip,) = sidecar.all("RUN")
     assert "shutil.rmtree" in remove_pip and "pip install" not in remove_pip, "the runtime stage only removes pip"
-    assert stages["engine"].all("RUN") and "--no-deps" in stages["engine"].all("RUN")[0]
+    (engine_install,) = stages["engine"].all("RUN")
+    assert "pip install" in engine_install and "--no-deps" not in engine_install, (
+        "the base install depends on nothing: the engine's own packages stay as they are without --no-deps"
+    )
+    (sidecar_install,) = [r for r in stages["sidecar-install"].all("RUN") if "/dist" in r]
+    assert "'modelkv-exporter[sidecar]'" in sidecar_install and "--no-index" in sidecar_install, (
+        "the image installs the sidecar extra, satisfied by the pins alone"
+    )
 
 
 @pytest.mark.slow

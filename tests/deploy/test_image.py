@@ -339,3 +339,12 @@ def test_the_engine_target_registers_the_vllm_plugin(podman: Podman, engine_imag
     )
     result = podman.run_container("--rm", engine_image, "python3", "-c", check, network="none")
     assert result.stdout.strip() == "modelkv_exporter.engine.vllm_hook.plugin:register", result.stdout
+    listing = (
+        "import importlib.metadata as m; print(' '.join(sorted(f'{d.name}=={d.version}' for d in m.distributions())))"
+    )
+    before, after = (
+        set(podman.run_container("--rm", image, "python3", "-c", listing, network="none").stdout.split())
+        for image in (ENGINE_STAND_IN, engine_image)
+    )
+    added = {name.partition("==")[0] for name in after - before}
+    assert added == {"modelkv-exporter"} and before <= after, f"the hook adds itself and nothing else: {after - before}"

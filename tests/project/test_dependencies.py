@@ -1,4 +1,5 @@
-"""The sidecar's libraries: tested at both ends of the range pyproject.toml admits, and the tests run the image's.
+"""The sidecar's libraries (the ``sidecar`` extra): tested at both ends of the range pyproject.toml admits, and the
+tests run the image's.
 
 ``requirements/sidecar.txt`` pins what the image installs; the Makefile installs every test environment
 with it as constraints. ``requirements/test-sidecar-lowest.txt`` pins pyproject's floors for the HTTP
@@ -22,9 +23,9 @@ CAPPED = ("fastapi", "starlette", "uvicorn")
 
 
 def dependencies() -> dict[str, Requirement]:
-    """pyproject.toml's dependencies (no extras), by canonical name."""
+    """The sidecar's libraries (pyproject.toml's ``sidecar`` extra), by canonical name."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return {canonicalize_name(r.name): r for r in map(Requirement, project["dependencies"])}
+    return {canonicalize_name(r.name): r for r in map(Requirement, project["optional-dependencies"]["sidecar"])}
 
 
 def pins(path: Path) -> dict[str, Version]:
@@ -90,4 +91,4 @@ def test_the_model_authors_check_needs_only_the_torch_extra() -> None:
         }
         allowed = extra | ({"pytest"} if path.name == "pytest_plugin.py" else set())
         assert third_party <= allowed, f"{path.name} imports {third_party - allowed}"
-    assert not {"torch", "transformers", "pytest"} & set(dependencies()), "the sidecar's dependencies stay as they are"
+    assert not {"torch", "transformers", "pytest"} & set(dependencies()), "the sidecar's libraries stay as they are"
