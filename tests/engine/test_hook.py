@@ -385,6 +385,10 @@ if os.environ.get("IMPORT_WORKER"):
     print("PROBE cpu-inherits", getattr(CPUWorker.load_model, plugin.MARKER, False))
     print("PROBE init_worker-wrapped", getattr(WorkerWrapperBase.init_worker, plugin.MARKER, False))
     print("PROBE still-waiting-for", [sorted(f.waiting) for f in sys.meta_path if isinstance(f, PatchOnImport)])
+    import inspect
+    module = sys.modules[plugin.WORKER_MODULE]
+    print("PROBE loader", type(module.__loader__).__name__, type(module.__spec__.loader).__name__,
+          "class Worker" in inspect.getsource(module))
 """
 
 
@@ -413,7 +417,105 @@ def test_register_is_cheap_and_patches_the_worker_only_when_imported() -> None:
         "cpu-inherits True",
         "init_worker-wrapped True",
         f"still-waiting-for [['{vllm_plugin.DIFFUSION_MODULE}']]",
+        "loader SourceFileLoader SourceFileLoader True",
     ]
+
+
+ENVIRONMENT_PROBE = """
+import faulthandler, gc, json, logging, os, signal, sys, threading, warnings
+
+def state():
+    loggers = {"": logging.root, **{n: l for n, l in logging.Logger.manager.loggerDict.items()
+                                    if isinstance(l, logging.Logger)}}
+    return {
+        "environment": dict(os.environ),
+        "loggers": {n: [l.level, [repr(h) for h in l.handlers], l.propagate, l.disabled] for n, l in loggers.items()},
+        "logging": [logging.root.manager.disable, repr(logging.getLoggerClass()), repr(logging.getLogRecordFactory())],
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "modules": sorted(sys.modules),
+        "interpreter": [repr(sys.excepthook), repr(threading.excepthook), repr(sys.getprofile()), repr(sys.gettrace()),
+                        sys.getrecursionlimit(), sys.getswitchinterval(), gc.isenabled(), len(gc.callbacks),
+                        faulthandler.is_enabled(), repr(sys.path_hooks), repr(sys.path), len(warnings.filters),
+                        [repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)]],
+        "meta_path": [type(f).__name__ for f in sys.meta_path],
+    }
+
+before = state()
+import modelkv_exporter.engine.vllm_hook.plugin as plugin
+if os.environ.get("BREAK"):
+    shipped = plugin.register
+    def register():
+        shipped()
+        os.environ["SOMETHING"] = "1"
+        logging.getLogger("vllm").setLevel(logging.DEBUG)
+        threading.Thread(target=threading.Event().wait, name="ours", daemon=True).start()
+        import numpy
+    plugin.register = register
+plugin.register()
+print(json.dumps({"before": before, "after": state()}))
+"""
+
+
+def environment_change(**env: str) -> dict[str, object]:
+    """What importing the plugin and ``register()`` (hook on) changed in a fresh interpreter, by kind."""
+    import json
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MODELKV_")}
+    run = subprocess.run(
+        [sys.executable, "-c", ENVIRONMENT_PROBE],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**clean, "MODELKV_SPOOL_DIR": "/tmp/modelkv-probe-spool", **env},
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    states = json.loads(run.stdout)
+    before, after = states["before"], states["after"]
+    loggers = {n: v for n, v in after["loggers"].items() if before["loggers"].get(n) != v}
+    new_modules = sorted(set(after["modules"]) - set(before["modules"]))
+    return {
+        "environment": {k: v for k, v in after["environment"].items() if before["environment"].get(k) != v},
+        "loggers changed": {n: v for n, v in loggers.items() if n in before["loggers"]},
+        "loggers added": {n: v for n, v in loggers.items() if n not in before["loggers"]},
+        "logging": after["logging"] != before["logging"],
+        "threads": sorted(set(after["threads"]) - set(before["threads"])),
+        "imports": [
+            m for m in new_modules if m.partition(".")[0] not in sys.stdlib_module_names | {"modelkv_exporter"}
+        ],
+        "interpreter": after["interpreter"] != before["interpreter"],
+        "meta_path": [f for f in after["meta_path"] if f not in before["meta_path"]],
+    }
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["as shipped", "broken: a variable, a level, a thread, numpy"])
+def test_register_adds_nothing_to_the_engines_environment(broken: bool) -> None:
+    """No variable, no logging configuration, no thread, no library beyond the standard one; only the import hook."""
+    change = environment_change(**({"BREAK": "1"} if broken else {}))
+    added: dict[str, object] = change.pop("loggers added")  # type: ignore[assignment]
+    change["loggers added"] = {
+        name: state
+        for name, state in added.items()
+        if not name.startswith("vllm.modelkv_exporter.") or state != [0, [], True, False]
+    }  # ours: no level, no handler of its own, propagating to vLLM's
+    unchanged = {
+        "environment": {},
+        "loggers changed": {},
+        "loggers added": {},
+        "logging": False,
+        "threads": [],
+        "imports": [],
+        "interpreter": False,
+        "meta_path": ["PatchOnImport"],
+    }
+    if not broken:
+        assert change == unchanged
+    else:
+        assert change["environment"] == {"SOMETHING": "1"} and change["loggers added"] == {
+            "vllm": [10, [], True, False]
+        }
+        assert change["threads"] == ["ours"] and "numpy" in change["imports"]  # type: ignore[operator]
 
 
 def test_an_unexpected_vllm_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
