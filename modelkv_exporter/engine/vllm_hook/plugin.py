@@ -58,7 +58,8 @@ class Method(NamedTuple):
     """A lifecycle method of a worker class and the step that runs ``when`` it is called.
 
     ``when`` is ``"before"``, ``"after"`` or ``"around"`` (the step runs before the method and
-    returns a function, or None, to run after it).
+    returns a function, or None, to run after it). A step ``with_arguments`` is called as
+    ``step(worker, config, *args, **kwargs)`` with the method's arguments as its caller gave them.
     """
 
     name: str
