@@ -26,7 +26,11 @@ def get_logger(part: str) -> logging.Logger:
 
 
 def report(
-    logger: logging.Logger, message: str, *args: object, error: BaseException | None = None, level: int = logging.WARNING
+    logger: logging.Logger,
+    message: str,
+    *args: object,
+    error: BaseException | None = None,
+    level: int = logging.WARNING,
 ) -> None:
     """Queue one line for ``flush`` to log later; safe on any thread, under any lock, at any depth. Never raises.
 

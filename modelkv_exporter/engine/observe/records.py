@@ -26,7 +26,6 @@ class OwnerState:
         "pending",
         "unknown",
         "graph",
-        "wrapped",
         "on_change",
     )
 
@@ -50,7 +49,6 @@ class OwnerState:
         """Layers created in this call that no update has measured yet (deep copies, built caches)."""
         self.unknown: str | None = None
         self.graph: str | None = None
-        self.wrapped: list[str] = []
         self.on_change: Callable[[OwnerState], None] | None = None
         """Called (under the observer's lock) after the live bytes changed; None in an engine. For
         ``modelkv_exporter.testing``, which records what the owner's layers held at each call's peak."""
