@@ -89,7 +89,7 @@ def test_chunked_samples_beside_a_model_that_updates_count_every_byte_once(obser
     sampler = threading.Thread(target=sampling, name="sampler")
     sampler.start()
     try:
-        for step in range(3):
+        for _ in range(3):
             owner(lambda self: [cache.update(kv(1, 1), kv(1, 1), layer) for layer in range(0, 600, 7)])
     finally:
         stop.set()
