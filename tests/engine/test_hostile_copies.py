@@ -7,10 +7,10 @@ import io
 import pickle
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from modelkv_exporter.engine.observe import Observer
-from tests.engine.observing import Owner, add, figures, kv
+from tests.engine.observing import Owner, add, figures, full_config, kv, storage_bytes
 
 
 class Scaling(Owner):
@@ -66,3 +66,31 @@ def test_an_observed_owner_pickles_and_round_trips(observer: Observer) -> None:
     loaded = torch.load(buffer, weights_only=False)
     assert torch.equal(loaded(torch.ones(4)), torch.full((4,), 2.0))
     assert figures(observer, model.talker).calls == 1, "neither copy counts as the original"
+
+
+def test_a_shallow_copy_of_a_layer_shares_its_tensors_and_counts_once(observer: Observer) -> None:
+    owner = Owner()
+    add(observer, owner)
+    static = StaticCache(config=full_config(1), max_cache_len=8)
+    dynamic = DynamicCache()
+
+    def run(self: Owner) -> None:
+        static.update(kv(1, 2), kv(1, 2), 0, {"cache_position": torch.arange(2)})
+        dynamic.update(kv(1, 3), kv(1, 3), 0)
+        self.kept["copies"] = [copy.copy(static.layers[0]), copy.copy(dynamic.layers[0])]
+        static.update(kv(1, 1), kv(1, 1), 0, {"cache_position": torch.tensor([2])})  # in place: still shared
+
+    owner(run)
+    f = figures(observer, owner)
+    held = storage_bytes(static, dynamic)
+    assert f.live_bytes == f.peak_bytes == held
+
+    def grow(self: Owner) -> None:  # the original moves to new tensors; the copy alone holds the old ones now
+        dynamic.update(kv(1, 1), kv(1, 1), 0)
+
+    owner(grow)
+    f = figures(observer, owner)
+    copies = owner.kept["copies"]
+    assert copies[1].keys is not dynamic.layers[0].keys
+    assert f.live_bytes == storage_bytes(static, dynamic) + 2 * kv(1, 3).nbytes, "the copy's 3 positions"
+    assert f.peak_bytes == f.live_bytes

@@ -36,6 +36,7 @@ from modelkv_exporter.engine.observe.layers import (
     plan_for,
     same_tensors,
     structure_problem,
+    tensors,
 )
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 
@@ -50,6 +51,8 @@ FAILED_SILENTLY = "observation failed in {site} ({error}), and so did its failur
 running: contextvars.ContextVar[OwnerState | None] = contextvars.ContextVar("modelkv_owner", default=None)
 records: dict[int, LayerRecord] = {}
 """Every observed layer by ``id``; a record leaves when its layer dies (at the next ``drain``)."""
+states: dict[int, LayerRecord] = {}
+"""Every observed layer by the ``id`` of its instance dict: ``copy.copy`` hands a layer's own dict to the copy."""
 owners: dict[int, OwnerState] = {}
 """Every observed owner object's state, by ``id`` (checked against its weak reference: ids are reused)."""
 lock = threading.RLock()
@@ -105,6 +108,7 @@ def reset() -> None:
     _graph_depth = 0
     discover = None
     records.clear()
+    states.clear()
     owners.clear()
     dead.clear()
     _logged_sites.clear()
@@ -147,6 +151,8 @@ def drain() -> None:
         record.bytes = 0
         if records.get(record.key) is record:
             del records[record.key]
+        if states.get(record.state_key) is record:
+            del states[record.state_key]
 
 
 def register(layer: object, owner: OwnerState) -> LayerRecord:
@@ -158,12 +164,54 @@ def register(layer: object, owner: OwnerState) -> LayerRecord:
     record.plan = plan
     record.key = key = id(layer)
     record.key_ref = None
+    record.twin = record.copies = None
     records[key] = record
     if plan.unknown is not None:
+        record.state_key = 0
         owner.unknown = plan.unknown
-    elif not plan.vetted:
+        return record
+    record.state_key = state_key = id(plan.state(layer))
+    states[state_key] = record
+    if not plan.vetted:
         owner.pending.append(record)
     return record
+
+
+def shallow_copy(record: LayerRecord, state: object) -> None:
+    """``record``'s layer was made by ``copy.copy`` from ``state``, a layer's own dict: link the two records."""
+    source = states.get(id(state))
+    layer = None if source is None else source()
+    if layer is None or source is record or source.plan.state(layer) is not state:
+        return
+    record.twin = source
+    if source.copies is None:
+        source.copies = []
+    source.copies.append(record)
+
+
+def shared(record: LayerRecord) -> tuple[Any, ...]:
+    """The tensors ``record``'s layer shares with the layer it is a shallow copy of (they count there)."""
+    twin = record.twin
+    layer = None if twin is None else twin()
+    if layer is None:
+        record.twin = None
+        return ()
+    return tensors(layer, twin.plan)
+
+
+def remeasure(records: list[LayerRecord]) -> None:
+    """Re-weigh the shallow copies of a layer that changed: tensors it no longer holds count for them now."""
+    for record in records:
+        layer = record()
+        if layer is None or record.plan.unknown is not None:
+            continue
+        size = measure(layer, record.plan, shared(record))
+        delta = size - record.bytes
+        if delta:
+            record.bytes = size
+            record.owner.add(delta)
+        if record.copies:
+            remeasure(record.copies)
 
 
 def settle(owner: OwnerState) -> None:
@@ -183,7 +231,7 @@ def settle(owner: OwnerState) -> None:
                 plan.unknown = record.owner.unknown = problem
                 continue
         try:
-            size = measure(layer, plan)
+            size = measure(layer, plan, shared(record) if record.twin is not None else ())
         except Unweighable as problem:
             record.owner.unknown = str(problem)
             continue
@@ -198,8 +246,9 @@ def capturing() -> bool:
     return _graph_depth > 0
 
 
-def discovered(layer: object) -> LayerRecord | None:
-    """A layer first seen while no declaring owner runs: register it with the owner discovery finds, if any."""
+def discovered(layer: object, state: object = None) -> LayerRecord | None:
+    """A layer first seen while no declaring owner runs: register it with the owner discovery finds, if any
+    (``state``: the dict it was shallow-copied from, if it was)."""
     find = discover
     if find is None:
         return None
@@ -209,6 +258,8 @@ def discovered(layer: object) -> LayerRecord | None:
     target, record_group = found
     record = register(layer, target)
     record.group = record_group
+    if state is not None:
+        shallow_copy(record, state)
     if _graph_depth:
         target.graph = "a cache was used during a CUDA graph capture; replays are not observable"
     if record.plan.vetted:
@@ -242,7 +293,9 @@ def touch(layer: Any) -> None:
     if plan.unknown is not None:
         return
     try:
-        if plan.static:
+        if record.twin is not None:
+            size = measure(layer, plan, shared(record))
+        elif plan.static:
             state = plan.state(layer)
             keys = _get(state, "keys")
             values = _get(state, "values")
@@ -271,17 +324,22 @@ def touch(layer: Any) -> None:
                 target.high_water = live
         if target.on_change is not None:
             target.on_change(target)
+    if record.copies:
+        remeasure(record.copies)
 
 
-def created(layer: object) -> None:
-    """A layer was constructed or copied while an owner runs: attribute it now, measure it later (holding ``lock``)."""
+def created(layer: object, state: object = None) -> None:
+    """A layer was constructed or copied (from ``state``) while an owner runs: attribute it now, measure it later
+    (holding ``lock``)."""
     if dead:
         drain()
     owner = running.get()
     if owner is None:
-        discovered(layer)
+        discovered(layer, state)
         return
     record = register(layer, owner)
+    if state is not None:
+        shallow_copy(record, state)
     if record.plan.vetted:
         owner.pending.append(record)
     owner.count_cache_call()
@@ -343,8 +401,9 @@ def layer_setstate(self: Any, state: Any) -> None:
     """
     global _active, _late
     slots = None
-    if isinstance(state, tuple) and len(state) == 2:
+    if type(state) is tuple and len(state) == 2:
         state, slots = state
+    source = state if type(state) is dict else None
     if state:
         self.__dict__.update(state)
     if slots:
@@ -354,7 +413,7 @@ def layer_setstate(self: Any, state: Any) -> None:
         try:
             if not _is_compiling():
                 with lock:
-                    created(self)
+                    created(self, source)
         except Exception as error:
             try:
                 fail("cache layer copy", error)

@@ -238,10 +238,25 @@ def storages(
     return found
 
 
-def measure(layer: Any, plan: Plan) -> int:
-    """Bytes of one layer by its plan."""
+def tensors(layer: Any, plan: Plan) -> tuple[Any, ...]:
+    """The objects in ``layer``'s KV attributes."""
+    state = plan.state(layer)
+    return tuple(_get(state, name) for name in plan.attributes)
+
+
+def measure(layer: Any, plan: Plan, shared: tuple[Any, ...] = ()) -> int:
+    """Bytes of one layer by its plan, leaving out the tensor objects in ``shared`` (counted elsewhere)."""
+    state = plan.state(layer)
+    if shared:
+        with _no_dispatch():
+            size, seen = 0, list(shared)
+            for name in plan.attributes:
+                tensor = _get(state, name)
+                if tensor is not None and not any(tensor is other for other in seen):
+                    seen.append(tensor)
+                    size += _storage_bytes(tensor)
+            return size
     if plan.keys_and_values:
-        state = plan.state(layer)
         return pair_bytes(_get(state, "keys"), _get(state, "values"))
     return sum(storages(layer, plan.attributes, plan.state).values())
 

@@ -15,7 +15,14 @@ from modelkv_exporter.contract.snapshot import Observation
 from modelkv_exporter.engine.config import TABLE
 from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import hooks, probe
-from modelkv_exporter.engine.observe.layers import StorageKey, Unweighable, forget_plans, storages, structure_problem
+from modelkv_exporter.engine.observe.layers import (
+    StorageKey,
+    Unweighable,
+    forget_plans,
+    measure,
+    storages,
+    structure_problem,
+)
 from modelkv_exporter.engine.observe.patches import ClassPatches
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 
@@ -183,7 +190,7 @@ def _reweigh(state: OwnerState, record: LayerRecord, found: dict[StorageKey, int
     except Exception as error:
         return f"a cache layer could not be read: {type(error).__name__}: {error}"
     found.update(mine)
-    size = sum(mine.values())
+    size = sum(mine.values()) if record.twin is None else measure(layer, plan, hooks.shared(record))
     delta = size - record.bytes
     if observing and delta:
         record.bytes = size
