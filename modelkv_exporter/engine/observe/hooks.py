@@ -180,8 +180,10 @@ def register(layer: object, owner: OwnerState) -> LayerRecord:
 def shallow_copy(record: LayerRecord, state: object) -> None:
     """``record``'s layer was made by ``copy.copy`` from ``state``, a layer's own dict: link the two records."""
     source = states.get(id(state))
-    layer = None if source is None else source()
-    if layer is None or source is record or source.plan.state(layer) is not state:
+    if source is None or source is record:
+        return
+    layer = source()
+    if layer is None or source.plan.state(layer) is not state:
         return
     record.twin = source
     if source.copies is None:
@@ -192,7 +194,9 @@ def shallow_copy(record: LayerRecord, state: object) -> None:
 def shared(record: LayerRecord) -> tuple[Any, ...]:
     """The tensors ``record``'s layer shares with the layer it is a shallow copy of (they count there)."""
     twin = record.twin
-    layer = None if twin is None else twin()
+    if twin is None:
+        return ()
+    layer = twin()
     if layer is None:
         record.twin = None
         return ()
