@@ -11,6 +11,7 @@ import gc
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
-from modelkv_exporter.engine.log import flush
+from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import Observer, hooks, install
 from modelkv_exporter.engine.observe import observer as observer_module
 from tests.engine.observing import Owner, add, figures, kv
@@ -276,3 +277,26 @@ def test_the_heartbeat_logs_holding_no_lock(observer: Observer, tmp_path: Any, m
         logging.getLogger("vllm.modelkv_exporter").removeHandler(watch)
     assert held and not any(a or b for a, b in held), held
     assert figures(observer, owner).reason and "cannot read" in (figures(observer, owner).reason or "")
+
+
+def test_a_reported_failure_keeps_no_frame_or_tensor_alive(lines: Lines) -> None:
+    """The report of a failure outlives the failure until the next flush: it keeps its text, not the exception
+    (whose traceback, and the tracebacks it chains, hold frames and the tensors in their locals)."""
+
+    def fails_holding(tensor: torch.Tensor) -> None:
+        try:
+            raise KeyError("the model's own, being handled")
+        except KeyError:
+            raise ValueError("inside the hook") from None
+
+    scratch = torch.ones(1024)
+    alive = weakref.ref(scratch)
+    try:
+        fails_holding(scratch)
+    except ValueError as error:
+        report(logging.getLogger("vllm.modelkv_exporter.observe"), "failed", error=error)
+    del scratch
+    gc.collect()
+    assert alive() is None, "the report kept the frame holding the tensor"
+    flush()
+    assert ("MainThread", "failed: ValueError: inside the hook") in lines.lines
