@@ -5,7 +5,8 @@ timing wrapper that records every outermost hold; ``Observer.sample()`` runs ``-
 on the main thread, and the longest single hold and the whole sample's time are printed. Then a
 model thread updates a reused cache in a loop while samples run, and the longest update it saw
 is printed beside the longest with no sample running (both include waiting for the GIL: the
-interpreter switches threads every ``sys.getswitchinterval()``).
+interpreter switches threads every ``sys.getswitchinterval()``), with the longest the model thread
+waited for the hooks' lock itself.
 
 Runs on any tree that has ``hooks.lock`` and ``Observer.sample`` (the one before chunked samples too):
 
@@ -41,9 +42,13 @@ class TimedLock:
         self.depth = 0
         self.since = 0.0
         self.holds: dict[str, list[float]] = {}
+        self.waits: dict[str, list[float]] = {}
 
     def acquire(self, *args: Any) -> bool:
+        started = time.perf_counter()
         self.inner.acquire()
+        waited = time.perf_counter() - started
+        self.waits.setdefault(threading.current_thread().name, []).append(waited)
         self.depth += 1
         if self.depth == 1:
             self.since = time.perf_counter()
@@ -108,7 +113,11 @@ def main() -> None:
     holds = timed.holds.get("MainThread", [])
     print(f"torch {torch.__version__}, {args.layers} live layers, {args.samples} samples")
     print(f"sample wall time (median): {statistics.median(walls) * 1e3:.1f} ms")
-    print(f"lock holds per sample: {len(holds) / args.samples:.0f}; longest hold: {max(holds) * 1e6:.0f} us")
+    holds.sort()
+    print(
+        f"lock holds per sample: {len(holds) / args.samples:.0f}; longest hold: {holds[-1] * 1e6:.0f} us, "
+        f"99th percentile {holds[int(len(holds) * 0.99) - 1] * 1e6:.0f} us, median {statistics.median(holds) * 1e6:.0f} us"
+    )
 
     reused = DynamicCache()
     reused.update(one, one, 0)
@@ -137,7 +146,11 @@ def main() -> None:
                 time.sleep(0.01)
         stop.set()
         model.join()
-        print(f"longest model-thread update, {label}: {worst[0] * 1e3:.1f} ms")
+        waits = timed.waits.pop("model", [0.0])
+        print(
+            f"{label}: longest model-thread update {worst[0] * 1e3:.1f} ms (with waiting for the GIL), "
+            f"longest wait for the hooks' lock {max(waits) * 1e3:.2f} ms over {len(waits)} acquisitions"
+        )
     hooks.lock = timed.inner
     observer.uninstall()
 

@@ -202,6 +202,11 @@ def _storage_bytes(tensor: Any) -> int:
 def pair_bytes(keys: Any, values: Any) -> int:
     """Storage bytes of a keys and values pair; the same object twice counts once (a sample's recount
     de-duplicates by storage)."""
+    if type(keys) is _Tensor and type(values) is _Tensor and not _modes_on():
+        size: int = 0 if keys.is_meta else keys.untyped_storage().nbytes()
+        if values is not keys:
+            size += 0 if values.is_meta else values.untyped_storage().nbytes()
+        return size
     with _no_dispatch():
         size = _storage_bytes(keys)
         return size if values is keys else size + _storage_bytes(values)

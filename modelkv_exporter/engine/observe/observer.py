@@ -28,7 +28,7 @@ from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 
 OFF = "observation is turned off (MODELKV_OBSERVE=0)"
 NO_CALL = "no call of this owner has been observed yet"
-CHUNK = 128
+CHUNK = 64
 """Layers a sample re-weighs per hold of ``hooks.lock`` (a few microseconds each)."""
 
 _installed: Observer | None = None
