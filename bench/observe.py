@@ -1,7 +1,8 @@
 """What observing model-local KV costs on the model's hot path: with and without, side by side, in one run.
 
-Per call: a cache update of each layer kind, an outermost call into an owner, a deep copy of a
-sliding-window cache (layer creations), and one forward of the smallest demo owner. The demo
+Per call: a cache update of each layer kind, the first update of a new cache (a new layer registered
+with the running owner), an outermost call into an owner, a deep copy of a sliding-window cache
+(layer creations), and one forward of the smallest demo owner. The demo
 owners have no forward of their own; each gets one here: one decode step of a transformers
 ``Qwen2Model`` with the owner's attention geometry, dtype and cache (its own ``build_cache``).
 A *host-bound proxy* of the smallest owner keeps its layers and cache kind but shrinks every
@@ -169,6 +170,7 @@ def per_call_cases() -> dict[str, Callable[[], Any]]:
         return static.update(one, one, 0)
 
     return {
+        "first update of a new DynamicCache (a new layer)": lambda: DynamicCache().update(one, one, 0),
         "DynamicLayer.update (64 -> 65 positions)": dynamic_update,
         "DynamicSlidingWindowLayer.update (71 + 1)": lambda: window.update(one, one, 0),
         "StaticLayer.update (1 position)": static_update,

@@ -22,7 +22,7 @@ from modelkv_exporter.contract.snapshot import (
     Snapshot,
 )
 from modelkv_exporter.contract.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
-from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.log import flush, get_logger
 from modelkv_exporter.engine.samplers import Sampler
 
 logger = get_logger("heartbeat")
@@ -69,6 +69,8 @@ class SnapshotPublisher:
     ``start_heartbeat`` runs a daemon thread that samples memory (and, when given,
     the observed caches) and rewrites the file every ``interval`` seconds; a failing
     write is logged once and retried at the next beat, keeping the last good file in place.
+    The heartbeat thread is where the engine side logs: what was ``report``ed since the last
+    beat is logged at the end of each beat, holding no lock.
     """
 
     def __init__(self, spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> None:
@@ -136,23 +138,25 @@ class SnapshotPublisher:
             return _with_figures(snapshot, sampler() if sampler else None, observations, discovered)
 
         while not self._stop.wait(interval):
+            failure = None
             try:
                 if discovery is not None:
                     discovery.census()
                 self.update(change)
             except Exception as error:
-                if not self._failing:
-                    logger.warning("modelkv: cannot refresh snapshot in %s: %s", self.spool_dir, error)
-                self._failing = True
-            else:
-                self._failing = False
+                failure = error
+            flush()
+            if failure is not None and not self._failing:
+                logger.warning("modelkv: cannot refresh snapshot in %s: %s", self.spool_dir, failure)
+            self._failing = failure is not None
 
     def stop(self) -> None:
-        """Stop the heartbeat thread (the file stays as last written)."""
+        """Stop the heartbeat thread (the file stays as last written), and log what it had not logged yet."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        flush()
 
     def end(self) -> Path:
         """Stop beating and mark the snapshot ended, so the sidecar stops exporting it. Idempotent."""

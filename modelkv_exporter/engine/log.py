@@ -16,7 +16,7 @@ ROOT = "vllm.modelkv_exporter"
 PENDING_LIMIT = 64
 """Reports kept at most before the heartbeat logs them (the oldest are dropped beyond)."""
 
-Report = tuple[logging.Logger, int, str, tuple[object, ...], "BaseException | None"]
+Report = tuple[logging.Logger, int, str, tuple[object, ...], "str | None"]
 _pending: collections.deque[Report] = collections.deque(maxlen=PENDING_LIMIT)
 
 
@@ -26,17 +26,26 @@ def get_logger(part: str) -> logging.Logger:
 
 
 def report(
-    logger: logging.Logger, message: str, *args: object, error: BaseException | None = None, level: int = logging.WARNING
+    logger: logging.Logger,
+    message: str,
+    *args: object,
+    error: BaseException | None = None,
+    level: int = logging.WARNING,
 ) -> None:
     """Queue one line for ``flush`` to log later; safe on any thread, under any lock, at any depth. Never raises.
 
-    ``error``'s traceback is dropped here (it would keep the frames, and the tensors in their locals, alive);
-    its type and message are logged.
+    Only ``error``'s type and message are kept, as text: the exception itself would keep its traceback (and
+    those of the exceptions it chains), the frames in them and the tensors in their locals alive.
     """
     try:
+        detail = None
         if error is not None:
-            error.__traceback__ = None
-        _pending.append((logger, level, message, args, error))
+            detail = type(error).__name__
+            detail = f"{detail}: {error}"
+    except BaseException:  # noqa: BLE001 - the message could not be formatted (at the recursion limit): its type
+        pass
+    try:
+        _pending.append((logger, level, message, args, detail))
     except BaseException:  # noqa: BLE001 - nothing may leave the failure path, not even at the recursion limit
         pass
 
@@ -45,13 +54,13 @@ def flush() -> None:
     """Log every queued report (on a thread that holds no lock of ours). Never raises."""
     while True:
         try:
-            logger, level, message, args, error = _pending.popleft()
+            logger, level, message, args, detail = _pending.popleft()
         except IndexError:
             return
         try:
-            if error is not None:
-                message += ": %s: %s"
-                args = (*args, type(error).__name__, error)
+            if detail is not None:
+                message += ": %s"
+                args = (*args, detail)
             logger.log(level, message, *args)
         except Exception:  # noqa: BLE001 - a broken handler loses the line, never the engine
             pass

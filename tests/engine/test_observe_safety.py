@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache, cache_utils
 
+from modelkv_exporter.engine.log import flush
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed, probe
 from modelkv_exporter.engine.observe import observer as observer_module
 from modelkv_exporter.engine.observe.layers import HOOKED_METHODS
@@ -143,6 +144,8 @@ def test_a_failure_inside_observation_is_logged_once_and_never_reaches_the_model
 
     with caplog.at_level(logging.WARNING, logger="vllm.modelkv_exporter.observe"):
         results = [owner(run) for _ in range(4)]
+        assert not [r for r in caplog.records if "observation failed" in r.getMessage()], "never inline"
+        flush()
     assert all(torch.equal(r, expected) for r in results)
     assert len([r for r in caplog.records if "observation failed" in r.getMessage()]) == 1
     f = figures(observer, owner)
@@ -216,7 +219,7 @@ def test_modelkv_observe_0_installs_nothing_and_reports_every_owner_absent(
     observer = install([("o", owner)])
     assert not observer.enabled and installed() is None
     assert hook_sites() == before, "no class was touched"
-    assert "forward" not in owner.__dict__ and "side_entry" not in owner.__dict__
+    assert not any(hasattr(wrapper, hooks.ENTRY) for wrapper in owner_sites().values())
     owner(lambda self: DynamicCache().update(kv(1, 1), kv(1, 1), 0))
     (f,) = observer.sample()
     assert not f.available and f.reason == OFF and f.peak_bytes is None and f.calls is None
@@ -232,13 +235,20 @@ def test_an_unreadable_switch_keeps_observation_on(monkeypatch: pytest.MonkeyPat
         observer.uninstall()
 
 
+def owner_sites() -> dict[str, object]:
+    return {name: vars(Owner).get(name) for name in ("forward", "side_entry", "_inner")}
+
+
 def test_uninstall_restores_every_class_and_owner() -> None:
-    before = hook_sites()
+    before, owners_before = hook_sites(), owner_sites()
     owner = Owner()
     observer = install([("o", owner)], enabled=True)
-    assert hook_sites() != before and "forward" in owner.__dict__
+    assert hook_sites() != before and owner_sites() != owners_before
+    assert all(hasattr(wrapper, hooks.ENTRY) for wrapper in owner_sites().values())
+    assert "forward" not in owner.__dict__, "the owner object itself is never changed"
     observer.uninstall()
-    assert hook_sites() == before and "forward" not in owner.__dict__ and installed() is None
+    assert hook_sites() == before and owner_sites() == owners_before and installed() is None
+    assert not hooks.owners
     DynamicCache().update(kv(1, 1), kv(1, 1), 0)
     static = StaticCache(config=full_config(), max_cache_len=4)
     static.update(kv(1, 1), kv(1, 1), 0)
@@ -254,7 +264,7 @@ def test_a_transformers_that_fails_the_probe_is_not_hooked_and_every_figure_is_a
     observer = install([("o", owner)], enabled=True)
     try:
         assert "unknown way" in (observer.unavailable or "")
-        assert hook_sites() == before and "forward" not in owner.__dict__
+        assert hook_sites() == before and not any(hasattr(w, hooks.ENTRY) for w in owner_sites().values())
         owner(lambda self: DynamicCache().update(kv(1, 1), kv(1, 1), 0))
         (f,) = observer.sample()
         assert not f.available and f.live_bytes is None and "unknown way" in (f.reason or "")
@@ -265,7 +275,7 @@ def test_a_transformers_that_fails_the_probe_is_not_hooked_and_every_figure_is_a
 def test_a_self_test_that_disagrees_removes_the_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe is a real check: break the weighing and the observer refuses to report."""
     before = hook_sites()
-    monkeypatch.setattr(hooks, "kv_bytes", lambda layer: 1)
+    monkeypatch.setattr(hooks, "fresh_bytes", lambda keys, values: 1)
     observer = install([("o", Owner())], enabled=True)
     try:
         assert "where the caches held" in (observer.unavailable or "")
@@ -334,8 +344,8 @@ def test_a_sample_on_the_heartbeat_thread_never_corrupts_the_counts(
     read, resume = threading.Event(), threading.Event()
     real_storages = observer_module.storages
 
-    def pausing_storages(layer: object, attributes: tuple[str, ...]) -> Any:
-        found = real_storages(layer, attributes)
+    def pausing_storages(layer: object, *args: Any) -> Any:
+        found = real_storages(layer, *args)
         if threading.current_thread().name == "sampler" and not read.is_set():
             read.set()
             resume.wait(10)

@@ -2,30 +2,42 @@
 
 An owner's wrapped methods set "this owner is running" (a ``ContextVar``); the wrapped cache
 layer methods attribute the layer they ran on to that owner and re-measure it. Every hook calls
-the wrapped function exactly once and returns its result or raises its exception unchanged;
-whatever fails inside observation is logged once per site, turns observation off (figures
-become absent), and never reaches the model. Module globals, not attributes, because each
-hook runs for every cache update.
+the wrapped function exactly once and returns its result or raises its exception unchanged.
+Whatever fails inside observation turns observation off (figures become absent) and never
+reaches the model, not even when the failure path itself fails (at the recursion limit, out of
+memory): it only sets flags and ``report``s a line the heartbeat logs later, holding no lock.
+Module globals, not attributes, because each hook runs for every cache update.
 
 The counters change under ``lock`` (reentrant: a layer may die, and its finaliser run, while
 the lock is held), which the heartbeat thread's sample takes too: without it, a sample that
 corrects a layer's bytes while the model thread re-measures the same layer counts the change
-twice and reports a peak that never was.
+twice and reports a peak that never was. The finaliser of a dead layer takes no lock (the
+collector runs it on any thread, maybe one holding a logging handler's lock): it queues the
+record in ``dead``, which whoever takes ``lock`` next drains.
 """
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from modelkv_exporter.engine.log import get_logger
-from modelkv_exporter.engine.observe.layers import kv_bytes, measure, plan_for, storages, structure_problem
+from modelkv_exporter.engine.log import get_logger, report
+from modelkv_exporter.engine.observe.layers import (
+    Unweighable,
+    fresh_bytes,
+    measure,
+    pair_bytes,
+    plan_for,
+    same_tensors,
+    structure_problem,
+    tensors,
+)
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 
 logger = get_logger("observe")
@@ -34,17 +46,27 @@ ORIGINAL = "__modelkv_original__"
 """Attribute of a wrapper holding the function it wraps."""
 ENTRY = "__modelkv_entry__"
 """Attribute marking an owner method wrapper."""
+FAILED_SILENTLY = "observation failed in {site} ({error}), and so did its failure path (recursion limit?)"
 
 running: contextvars.ContextVar[OwnerState | None] = contextvars.ContextVar("modelkv_owner", default=None)
 records: dict[int, LayerRecord] = {}
-"""Every observed layer by ``id``; a record leaves when its layer dies."""
+"""Every observed layer by ``id``; a record leaves when its layer dies (at the next ``drain``)."""
+states: dict[int, LayerRecord] = {}
+"""Every observed layer by the ``id`` of its instance dict: ``copy.copy`` hands a layer's own dict to the copy."""
+owners: dict[int, OwnerState] = {}
+"""Every observed owner object's state, by ``id`` (checked against its weak reference: ids are reused)."""
 lock = threading.RLock()
 """Held while counters change: by the hooks on the model's threads and by a sample on the heartbeat thread."""
+dead: collections.deque[LayerRecord] = collections.deque()
+"""Records of layers that died and whose bytes still count: appended lock-free, drained under ``lock``."""
 _active = False
 _broken: str | None = None
+_late: tuple[str, type] | None = None
+"""A failure whose failure path could not run: (site, error type), reported by the next ``broken()``."""
 _graph_depth = 0
 _logged_sites: set[str] = set()
 _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+_get = dict.get
 discover: Callable[[object], tuple[OwnerState, int] | None] | None = None
 """Set by discovery: the owner of a layer first seen while no declaring owner runs, and the ``id`` of the
 cache it belongs to (0: unknown); None: leave the layer alone."""
@@ -56,14 +78,19 @@ def active() -> bool:
 
 
 def broken() -> str | None:
-    """What failed inside observation, if anything did."""
+    """What failed inside observation, if anything did (on the heartbeat thread, holding no lock)."""
+    global _broken
+    late = _late
+    if _broken is None and late is not None:
+        _broken = FAILED_SILENTLY.format(site=late[0], error=late[1].__name__)
+        report(logger, "modelkv: model-local KV %s; it is now off", _broken)
     return _broken
 
 
 def activate() -> None:
     """Start observing (after the hooks are installed)."""
-    global _active, _broken
-    _broken = None
+    global _active, _broken, _late
+    _broken = _late = None
     _active = True
 
 
@@ -74,37 +101,58 @@ def deactivate() -> None:
 
 
 def reset() -> None:
-    """Forget every layer record, failure and logged site (when the observer is removed)."""
-    global _active, _broken, _graph_depth, discover
+    """Forget every layer record, owner, failure and logged site (when the observer is removed)."""
+    global _active, _broken, _late, _graph_depth, discover
     _active = False
-    _broken = None
+    _broken = _late = None
     _graph_depth = 0
     discover = None
     records.clear()
+    states.clear()
+    owners.clear()
+    dead.clear()
     _logged_sites.clear()
 
 
 def fail(site: str, error: BaseException) -> None:
-    """Observation failed at ``site``: turn it off, keep the first cause, log each site once."""
+    """Observation failed at ``site``: turn it off, keep the first cause, report each site once. Never raises
+    (but may not even start at the recursion limit: its callers turn observation off inline then)."""
     global _active, _broken
     _active = False
-    if _broken is None:
-        _broken = f"observation failed in {site}: {type(error).__name__}: {error}"
-    if site not in _logged_sites:
-        _logged_sites.add(site)
-        logger.warning("modelkv: model-local KV observation failed in %s; it is now off", site, exc_info=error)
+    try:
+        if _broken is None:
+            _broken = f"observation failed in {site}: {type(error).__name__}"
+            _broken = f"{_broken}: {error}"
+        if site not in _logged_sites:
+            _logged_sites.add(site)
+            report(logger, "modelkv: model-local KV observation failed in %s; it is now off", site, error=error)
+    except Exception:  # noqa: BLE001 - the flags are set; the line is lost
+        pass
 
 
 def _on_dead(record: LayerRecord) -> None:
-    """A layer died: its bytes leave its owner's live total."""
-    with lock:
+    """A layer died (weakref callback, any thread, any lock held): queue it for ``drain``."""
+    global _active, _late
+    try:
+        dead.append(record)
+    except Exception as error:
         try:
-            record.owner.live -= record.bytes
-            record.bytes = 0
-            if records.get(record.key) is record:
-                del records[record.key]
-        except Exception as error:  # pragma: no cover - defensive
             fail("layer finaliser", error)
+        except Exception:
+            _active = False
+            _late = "layer finaliser", type(error)
+
+
+def drain() -> None:
+    """Take the layers that died out of their owners' live totals (holding ``lock``)."""
+    while dead:
+        record = dead.popleft()
+        record.owner.live -= record.bytes
+        record.bytes = 0
+        if records.get(record.key) is record:
+            del records[record.key]
+        if states.get(record.state_key) is record:
+            del states[record.state_key]
 
 
 def register(layer: object, owner: OwnerState) -> LayerRecord:
@@ -116,12 +164,58 @@ def register(layer: object, owner: OwnerState) -> LayerRecord:
     record.plan = plan
     record.key = key = id(layer)
     record.key_ref = None
+    record.twin = record.copies = None
     records[key] = record
     if plan.unknown is not None:
+        record.state_key = 0
         owner.unknown = plan.unknown
-    elif not plan.vetted:
+        return record
+    record.state_key = state_key = id(plan.state(layer))
+    states[state_key] = record
+    if not plan.vetted:
         owner.pending.append(record)
     return record
+
+
+def shallow_copy(record: LayerRecord, state: object) -> None:
+    """``record``'s layer was made by ``copy.copy`` from ``state``, a layer's own dict: link the two records."""
+    source = states.get(id(state))
+    if source is None or source is record:
+        return
+    layer = source()
+    if layer is None or source.plan.state(layer) is not state:
+        return
+    record.twin = source
+    if source.copies is None:
+        source.copies = []
+    source.copies.append(record)
+
+
+def shared(record: LayerRecord) -> tuple[Any, ...]:
+    """The tensors ``record``'s layer shares with the layer it is a shallow copy of (they count there)."""
+    twin = record.twin
+    if twin is None:
+        return ()
+    layer = twin()
+    if layer is None:
+        record.twin = None
+        return ()
+    return tensors(layer, twin.plan)
+
+
+def remeasure(records: list[LayerRecord]) -> None:
+    """Re-weigh the shallow copies of a layer that changed: tensors it no longer holds count for them now."""
+    for record in records:
+        layer = record()
+        if layer is None or record.plan.unknown is not None:
+            continue
+        size = measure(layer, record.plan, shared(record))
+        delta = size - record.bytes
+        if delta:
+            record.bytes = size
+            record.owner.add(delta)
+        if record.copies:
+            remeasure(record.copies)
 
 
 def settle(owner: OwnerState) -> None:
@@ -140,7 +234,11 @@ def settle(owner: OwnerState) -> None:
             if problem is not None:
                 plan.unknown = record.owner.unknown = problem
                 continue
-        size = measure(layer, plan)
+        try:
+            size = measure(layer, plan, shared(record) if record.twin is not None else ())
+        except Unweighable as problem:
+            record.owner.unknown = str(problem)
+            continue
         delta = size - record.bytes
         if delta:
             record.bytes = size
@@ -152,8 +250,9 @@ def capturing() -> bool:
     return _graph_depth > 0
 
 
-def discovered(layer: object) -> LayerRecord | None:
-    """A layer first seen while no declaring owner runs: register it with the owner discovery finds, if any."""
+def discovered(layer: object, state: object = None) -> LayerRecord | None:
+    """A layer first seen while no declaring owner runs: register it with the owner discovery finds, if any
+    (``state``: the dict it was shallow-copied from, if it was)."""
     find = discover
     if find is None:
         return None
@@ -163,6 +262,8 @@ def discovered(layer: object) -> LayerRecord | None:
     target, record_group = found
     record = register(layer, target)
     record.group = record_group
+    if state is not None:
+        shallow_copy(record, state)
     if _graph_depth:
         target.graph = "a cache was used during a CUDA graph capture; replays are not observable"
     if record.plan.vetted:
@@ -172,7 +273,9 @@ def discovered(layer: object) -> LayerRecord | None:
 
 
 def touch(layer: Any) -> None:
-    """After a layer was initialised or updated: attribute it, count the call, re-measure it."""
+    """After a layer was initialised or updated: attribute it, count the call, re-measure it (holding ``lock``)."""
+    if dead:
+        drain()
     owner = running.get()
     record = records.get(id(layer))
     if record is None:
@@ -193,33 +296,26 @@ def touch(layer: Any) -> None:
     plan = record.plan
     if plan.unknown is not None:
         return
-    if plan.static:
-        state = layer.__dict__
-        keys = state.get("keys")
-        values = state.get("values")
-        key_ref = record.key_ref
-        if key_ref is not None and key_ref() is keys and record.value_ref() is values:
-            return
-        size = kv_bytes(layer)
-        if keys is not None and values is not None:
-            record.key_ref, record.value_ref = weakref.ref(keys), weakref.ref(values)
+    try:
+        if record.twin is not None:
+            size = measure(layer, plan, shared(record))
+        elif plan.static:
+            state = plan.state(layer)
+            keys = _get(state, "keys")
+            values = _get(state, "values")
+            key_ref = record.key_ref
+            if key_ref is not None and key_ref() is keys and record.value_ref() is values:
+                return
+            size = pair_bytes(keys, values)
+            record.key_ref, record.value_ref = same_tensors(keys, values)
+        elif plan.fresh:  # tensors the update just made, or window views into them: their (base's) own size
+            state = plan.state(layer)
+            size = fresh_bytes(_get(state, "keys"), _get(state, "values"))
         else:
-            record.key_ref = None
-    elif plan.fresh:  # tensors the update just made, or window views into them: their (base's) own size
-        state = layer.__dict__
-        keys = state.get("keys")
-        values = state.get("values")
-        size = 0
-        if keys is not None:
-            base = keys._base
-            size = (keys if base is None else base).nbytes
-        if values is not None and values is not keys:
-            base = values._base
-            size += (values if base is None else base).nbytes
-    elif plan.keys_and_values:
-        size = kv_bytes(layer)
-    else:
-        size = sum(storages(layer, plan.attributes).values())
+            size = measure(layer, plan)
+    except Unweighable as problem:
+        record.owner.unknown = str(problem)
+        return
     delta = size - record.bytes
     if delta:
         record.bytes = size
@@ -232,15 +328,22 @@ def touch(layer: Any) -> None:
                 target.high_water = live
         if target.on_change is not None:
             target.on_change(target)
+    if record.copies:
+        remeasure(record.copies)
 
 
-def created(layer: object) -> None:
-    """A layer was constructed or deep-copied while an owner runs: attribute it now, measure it later."""
+def created(layer: object, state: object = None) -> None:
+    """A layer was constructed or copied (from ``state``) while an owner runs: attribute it now, measure it later
+    (holding ``lock``)."""
+    if dead:
+        drain()
     owner = running.get()
     if owner is None:
-        discovered(layer)
+        discovered(layer, state)
         return
     record = register(layer, owner)
+    if state is not None:
+        shallow_copy(record, state)
     if record.plan.vetted:
         owner.pending.append(record)
     owner.count_cache_call()
@@ -248,18 +351,23 @@ def created(layer: object) -> None:
 
 def wrap_layer_method(function: Callable[..., Any]) -> Callable[..., Any]:
     """``update`` and the like: run, then re-measure the layer."""
+    site = function.__qualname__
 
     @functools.wraps(function)
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _active, _late
         result = function(self, *args, **kwargs)
-        if _active and not _is_compiling():
-            lock.acquire()
+        if _active:
             try:
-                touch(self)
+                if not _is_compiling():
+                    with lock:
+                        touch(self)
             except Exception as error:
-                fail(f"{type(self).__name__}.{function.__name__}", error)
-            finally:
-                lock.release()
+                try:
+                    fail(site, error)
+                except Exception:
+                    _active = False
+                    _late = site, type(error)
         return result
 
     setattr(hooked, ORIGINAL, function)
@@ -271,37 +379,51 @@ def wrap_layer_init(init: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        global _active, _late
         init(self, *args, **kwargs)
-        if _active and not _is_compiling():
-            with lock:
+        if _active:
+            try:
+                if not _is_compiling():
+                    with lock:
+                        created(self)
+            except Exception as error:
                 try:
-                    created(self)
-                except Exception as error:
                     fail("cache layer creation", error)
+                except Exception:
+                    _active = False
+                    _late = "cache layer creation", type(error)
 
     setattr(__init__, ORIGINAL, init)
     return __init__
 
 
 def layer_setstate(self: Any, state: Any) -> None:
-    """An added ``CacheLayerMixin.__setstate__``: ``copy.deepcopy`` and unpickling build layers through it.
+    """An added ``CacheLayerMixin.__setstate__``: ``copy.copy``, ``copy.deepcopy`` and unpickling build layers
+    through it.
 
     Restores the state as ``copy`` and ``pickle`` do without it, then attributes the layer.
     """
+    global _active, _late
     slots = None
-    if isinstance(state, tuple) and len(state) == 2:
+    if type(state) is tuple and len(state) == 2:
         state, slots = state
+    source = state if type(state) is dict else None
     if state:
         self.__dict__.update(state)
     if slots:
         for key, value in slots.items():
             setattr(self, key, value)
-    if _active and not _is_compiling():
-        with lock:
+    if _active:
+        try:
+            if not _is_compiling():
+                with lock:
+                    created(self, source)
+        except Exception as error:
             try:
-                created(self)
-            except Exception as error:
                 fail("cache layer copy", error)
+            except Exception:
+                _active = False
+                _late = "cache layer copy", type(error)
 
 
 def enter(owner: OwnerState) -> contextvars.Token[OwnerState | None]:
@@ -318,30 +440,59 @@ def leave(owner: OwnerState, token: contextvars.Token[OwnerState | None]) -> Non
     running.reset(token)
     if owner.pending and _active:
         with lock:
+            if dead:
+                drain()
             settle(owner)
 
 
-def wrap_owner_method(bound: Callable[..., Any], owner: OwnerState) -> Callable[..., Any]:
-    """One of an owner's methods, as an instance attribute: marks the owner running while it runs."""
+def wrap_owner_method(function: Callable[..., Any]) -> Callable[..., Any]:
+    """One of an owner class's methods, wrapped on the class: marks an observed owner running while it runs.
 
-    @functools.wraps(bound)
-    def entered(*args: Any, **kwargs: Any) -> Any:
-        if not _active or _is_compiling() or running.get() is owner:
-            return bound(*args, **kwargs)
+    Any other instance of the class (an unobserved one, a deep copy, an unpickled one) passes straight
+    through, so copies run their own code on their own state and pickle as if nothing were wrapped.
+    """
+    site = f"owner entry ({function.__qualname__})"
+
+    @functools.wraps(function)
+    def entered(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _active, _late
+        if not _active:
+            return function(self, *args, **kwargs)
+        owner = token = None
         try:
-            token = enter(owner)
+            if not _is_compiling():
+                owner = owners.get(id(self))
+                if owner is not None and (owner.owner_ref() is not self or running.get() is owner):
+                    owner = None
+                if owner is not None:
+                    token = enter(owner)
         except Exception as error:
-            fail("owner entry", error)
-            return bound(*args, **kwargs)
+            owner = None
+            try:
+                fail(site, error)
+            except Exception:
+                _active = False
+                _late = site, type(error)
+        if owner is None or token is None:
+            return function(self, *args, **kwargs)
         try:
-            return bound(*args, **kwargs)
+            return function(self, *args, **kwargs)
         finally:
             try:
                 leave(owner, token)
             except Exception as error:
-                fail("owner exit", error)
+                try:
+                    running.reset(token)
+                except Exception:  # noqa: BLE001 - already reset by leave
+                    pass
+                try:
+                    fail("owner exit", error)
+                except Exception:
+                    _active = False
+                    _late = "owner exit", type(error)
 
     setattr(entered, ENTRY, True)
+    setattr(entered, ORIGINAL, function)
     return entered
 
 
@@ -374,11 +525,16 @@ def wrap_graph_method(
 
     @functools.wraps(function)
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _active, _late
         if before is not None and _active:
             try:
                 before()
             except Exception as error:
-                fail("CUDA graph hook", error)
+                try:
+                    fail("CUDA graph hook", error)
+                except Exception:
+                    _active = False
+                    _late = "CUDA graph hook", type(error)
         try:
             return function(self, *args, **kwargs)
         finally:
@@ -386,7 +542,11 @@ def wrap_graph_method(
                 try:
                     after()
                 except Exception as error:
-                    fail("CUDA graph hook", error)
+                    try:
+                        fail("CUDA graph hook", error)
+                    except Exception:
+                        _active = False
+                        _late = "CUDA graph hook", type(error)
 
     setattr(hooked, ORIGINAL, function)
     return hooked

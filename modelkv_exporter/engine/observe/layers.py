@@ -8,10 +8,19 @@ whole storages too.
 Classes are recognised by name within ``transformers.cache_utils`` and checked by behaviour when
 the observer installs (``probe``), not by a version pin. A subclass from elsewhere is read the way
 its vetted base is read, but checked for tensors in attributes that base does not have.
+
+Reading runs none of the model's code: a layer's state through the instance-dict descriptor of the
+first class that has one (not ``layer.__dict__``, which a subclass may make a property), tensor sizes
+through ``torch._C.TensorBase``'s own getters with ``__torch_function__`` turned off (a subclass's or a
+mode's), types with ``type()`` and ``issubclass`` (``isinstance`` may read ``__class__``). A meta tensor
+is no memory: it weighs 0.
 """
 
 from __future__ import annotations
 
+import types
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,12 +62,20 @@ StorageKey = tuple[str, int]
 class Plan:
     """How to weigh one layer class: which attributes hold KV, or why it cannot be weighed."""
 
-    __slots__ = ("attributes", "keys_and_values", "vetted", "unknown", "static", "fresh")
+    __slots__ = ("attributes", "keys_and_values", "vetted", "unknown", "static", "fresh", "state")
 
     def __init__(
-        self, attributes: tuple[str, ...], vetted: bool, unknown: str | None, static: bool = False, fresh: bool = False
+        self,
+        attributes: tuple[str, ...],
+        vetted: bool,
+        unknown: str | None,
+        static: bool = False,
+        fresh: bool = False,
+        state: Callable[[Any], dict[str, Any]] = vars,
     ) -> None:
         self.attributes = attributes
+        self.state = state
+        """A layer's instance dict, read through the real descriptor (never a property of the layer's class)."""
         self.keys_and_values = attributes == ("keys", "values")
         self.vetted = vetted
         self.unknown = unknown
@@ -94,64 +111,187 @@ def plan_for(cls: type) -> Plan:
             break
     else:
         plan = Plan((), False, f"cache layer class {cls.__module__}.{cls.__qualname__} is not understood")
+    state = instance_dict(cls)
+    if state is None:
+        plan.unknown = plan.unknown or f"{cls.__qualname__} keeps no instance __dict__"
+    else:
+        plan.state = state
     _plans[cls] = plan
     return plan
 
 
-def kv_bytes(layer: Any) -> int:
-    """Storage bytes of ``layer.keys`` plus ``layer.values``: the hot path for vetted classes.
+def instance_dict(cls: type) -> Callable[[Any], dict[str, Any]] | None:
+    """The getter of the real instance dict of ``cls``'s objects: the ``__dict__`` slot descriptor of the first class
+    in its MRO that has one, skipping whatever a class put in its place. None: its objects have no dict."""
+    for klass in type.__dict__["__mro__"].__get__(cls):
+        descriptor = type.__dict__["__dict__"].__get__(klass).get("__dict__")
+        if type(descriptor) is types.GetSetDescriptorType and descriptor.__objclass__ is klass:
+            return descriptor.__get__  # type: ignore[no-any-return]
+    return None
 
-    Vetted layers allocate keys and values separately, so only the same object twice is
-    de-duplicated here; a sample's recount de-duplicates by storage.
+
+_Tensor = torch.Tensor
+_TensorBase = torch._C.TensorBase
+_storage_of = _TensorBase.untyped_storage
+_nbytes_of: Callable[[Any], int] = vars(_TensorBase)["nbytes"].__get__
+_base_of: Callable[[Any], Any] = vars(_TensorBase)["_base"].__get__
+_is_meta: Callable[[Any], bool] = vars(_TensorBase)["is_meta"].__get__
+_dim_of = _TensorBase.dim
+_no_dispatch = torch._C.DisableTorchFunction
+_modes_on = torch._C._is_torch_function_mode_enabled
+_get = dict.get
+
+
+class Unweighable(Exception):
+    """A layer holds something in a KV attribute whose bytes cannot be read (not a tensor, no storage)."""
+
+
+def is_tensor(value: object) -> bool:
+    """Whether ``value`` is a tensor, by its real type (``isinstance`` may read a ``__class__`` property)."""
+    return issubclass(type(value), _Tensor)
+
+
+def _own_bytes(tensor: Any) -> int:
+    """The size of ``tensor``, or of the tensor it is a view of (``torch.cat``'s result); with dispatch off."""
+    if tensor is None:
+        return 0
+    if not is_tensor(tensor):
+        raise Unweighable(f"a cache layer holds a {type(tensor).__name__} where a tensor belongs")
+    if _is_meta(tensor):
+        return 0
+    base = _base_of(tensor)
+    return _nbytes_of(tensor if base is None else base)  # type: ignore[no-any-return]
+
+
+def fresh_bytes(keys: Any, values: Any) -> int:
+    """Bytes of keys and values that an update just made (or window views into them), without storage objects.
+
+    Plain tensors with no ``__torch_function__`` mode on are read directly (the hot path); anything else with
+    dispatch turned off, through the base class's getters.
     """
-    attributes = layer.__dict__
-    keys = attributes.get("keys")
-    values = attributes.get("values")
-    size: int = 0 if keys is None else keys.untyped_storage().nbytes()
-    if values is None or values is keys:
+    if type(keys) is _Tensor and type(values) is _Tensor and not _modes_on():
+        base = keys._base
+        size: int = 0 if keys.is_meta else (keys if base is None else base).nbytes
+        if values is not keys:
+            base = values._base
+            size += 0 if values.is_meta else (values if base is None else base).nbytes
         return size
-    return size + values.untyped_storage().nbytes()
+    with _no_dispatch():
+        size = _own_bytes(keys)
+        return size if values is keys else size + _own_bytes(values)
 
 
-def storages(layer: Any, attributes: tuple[str, ...]) -> dict[StorageKey, int]:
-    """``{(device, data pointer): nbytes}`` of the storages behind ``attributes`` (an empty storage keyed by id)."""
+def _storage(tensor: Any) -> Any:
+    """``tensor``'s untyped storage; with dispatch off."""
+    if not is_tensor(tensor):
+        raise Unweighable(f"a cache layer holds a {type(tensor).__name__} where a tensor belongs")
+    try:
+        return _storage_of(tensor)
+    except Exception as error:
+        raise Unweighable(f"a cache tensor of type {type(tensor).__name__} has no readable storage: {error}") from None
+
+
+def _storage_bytes(tensor: Any) -> int:
+    """The bytes of ``tensor``'s storage (0 for a meta tensor); with dispatch off."""
+    if tensor is None:
+        return 0
+    storage = _storage(tensor)
+    return 0 if _is_meta(tensor) else storage.nbytes()  # type: ignore[no-any-return]
+
+
+def pair_bytes(keys: Any, values: Any) -> int:
+    """Storage bytes of a keys and values pair; the same object twice counts once (a sample's recount
+    de-duplicates by storage)."""
+    if type(keys) is _Tensor and type(values) is _Tensor and not _modes_on():
+        size: int = 0 if keys.is_meta else keys.untyped_storage().nbytes()
+        if values is not keys:
+            size += 0 if values.is_meta else values.untyped_storage().nbytes()
+        return size
+    with _no_dispatch():
+        size = _storage_bytes(keys)
+        return size if values is keys else size + _storage_bytes(values)
+
+
+def same_tensors(keys: Any, values: Any) -> tuple[Callable[[], Any] | None, Callable[[], Any]]:
+    """Weak references to the tensors just measured (a static layer is re-measured only when they change)."""
+    if keys is None or values is None:
+        return None, _nothing
+    return weakref.ref(keys), weakref.ref(values)
+
+
+def _nothing() -> None:
+    return None
+
+
+def storages(
+    layer: Any, attributes: tuple[str, ...], state: Callable[[Any], dict[str, Any]] = vars
+) -> dict[StorageKey, int]:
+    """``{(device, data pointer): nbytes}`` of the storages behind ``attributes`` (an empty or meta storage keyed by
+    the tensor's id; a meta storage weighs 0). ``state`` reads the layer's instance dict (its plan's)."""
     found: dict[StorageKey, int] = {}
-    state = layer.__dict__
-    for name in attributes:
-        tensor = state.get(name)
-        if tensor is None:
-            continue
-        storage = tensor.untyped_storage()
-        pointer = storage.data_ptr()
-        found[(str(storage.device), pointer if pointer else -id(tensor))] = int(storage.nbytes())
+    values = state(layer)
+    with _no_dispatch():
+        for name in attributes:
+            tensor = _get(values, name)
+            if tensor is None:
+                continue
+            storage = _storage(tensor)
+            pointer = storage.data_ptr()
+            found[(str(storage.device), pointer if pointer else -id(tensor))] = (
+                0 if _is_meta(tensor) else storage.nbytes()
+            )
     return found
 
 
-def measure(layer: Any, plan: Plan) -> int:
-    """Bytes of one layer by its plan."""
+def tensors(layer: Any, plan: Plan) -> tuple[Any, ...]:
+    """The objects in ``layer``'s KV attributes."""
+    state = plan.state(layer)
+    return tuple(_get(state, name) for name in plan.attributes)
+
+
+def measure(layer: Any, plan: Plan, shared: tuple[Any, ...] = ()) -> int:
+    """Bytes of one layer by its plan, leaving out the tensor objects in ``shared`` (counted elsewhere)."""
+    state = plan.state(layer)
+    if shared:
+        with _no_dispatch():
+            size, seen = 0, list(shared)
+            for name in plan.attributes:
+                tensor = _get(state, name)
+                if tensor is not None and not any(tensor is other for other in seen):
+                    seen.append(tensor)
+                    size += _storage_bytes(tensor)
+            return size
     if plan.keys_and_values:
-        return kv_bytes(layer)
-    return sum(storages(layer, plan.attributes).values())
+        return pair_bytes(_get(state, "keys"), _get(state, "values"))
+    return sum(storages(layer, plan.attributes, plan.state).values())
+
+
+def kv_bytes(layer: Any) -> int:
+    """Storage bytes of a vetted layer's keys plus values (the same object twice counts once)."""
+    return measure(layer, plan_for(type(layer)))
 
 
 def _holds_tensor(value: object) -> bool:
-    if isinstance(value, torch.Tensor):
+    kind = type(value)
+    if issubclass(kind, _Tensor):
         return True
-    if isinstance(value, dict):
-        return any(isinstance(item, torch.Tensor) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(isinstance(item, torch.Tensor) for item in value)
+    if kind is dict:
+        return any(is_tensor(item) for item in dict.values(value))  # type: ignore[arg-type,var-annotated]
+    if kind is list or kind is tuple:
+        return any(is_tensor(item) for item in value)  # type: ignore[attr-defined]
     return False
 
 
 def unexpected_tensors(layer: Any, plan: Plan) -> list[str]:
     """Attributes of ``layer`` holding tensors that are neither its plan's KV nor known bookkeeping."""
     found = []
-    for name, value in vars(layer).items():
+    for name, value in dict.items(plan.state(layer)):
         if name in plan.attributes or name in BOOKKEEPING_ATTRIBUTES:
             continue
-        if isinstance(value, torch.Tensor) and value.dim() == 0:
-            continue
+        if is_tensor(value):
+            with _no_dispatch():
+                if _dim_of(value) == 0:
+                    continue
         if _holds_tensor(value):
             found.append(name)
     return found

@@ -1,4 +1,9 @@
-"""The process-wide observer: install it once after load, add the owners, sample it at every heartbeat."""
+"""The process-wide observer: install it once after load, add the owners, sample it at every heartbeat.
+
+A sample runs on the heartbeat thread beside the model: it holds ``hooks.lock`` (which every cache
+update takes) for at most ``CHUNK`` layers at a time, so an update never waits long, whatever the
+number of live layers.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,23 @@ from collections.abc import Iterable, Mapping
 
 from modelkv_exporter.contract.snapshot import Observation
 from modelkv_exporter.engine.config import TABLE
+from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import hooks, probe
-from modelkv_exporter.engine.observe.layers import StorageKey, forget_plans, storages, structure_problem
-from modelkv_exporter.engine.observe.patches import ClassPatches, unwrap_owner, wrap_owner
+from modelkv_exporter.engine.observe.layers import (
+    StorageKey,
+    Unweighable,
+    forget_plans,
+    measure,
+    storages,
+    structure_problem,
+)
+from modelkv_exporter.engine.observe.patches import ClassPatches
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 
 OFF = "observation is turned off (MODELKV_OBSERVE=0)"
 NO_CALL = "no call of this owner has been observed yet"
+CHUNK = 64
+"""Layers a sample re-weighs per hold of ``hooks.lock`` (a few microseconds each)."""
 
 _installed: Observer | None = None
 _lock = threading.Lock()
@@ -46,7 +61,7 @@ class Observer:
             state = OwnerState(path, owner)
             self._owners[id(owner)] = state
             if self.unavailable is None:
-                wrap_owner(owner, state)
+                self.patches.hook_owner(owner, state)
 
     def state_of(self, owner: object) -> OwnerState | None:
         """The state of ``owner`` when it is observed."""
@@ -58,13 +73,13 @@ class Observer:
         return {state.path: state for state in self._owners.values()}
 
     def sample(self) -> tuple[Observation, ...]:
-        """Every owner's figures now, and the start of the next interval. Never raises."""
+        """Every owner's figures now, and the start of the next interval. Never raises; takes ``hooks.lock``
+        only briefly (``CHUNK`` layers at a time)."""
         try:
-            with hooks.lock:
-                return self._sample()
+            return self._sample()
         except Exception as error:
             hooks.fail("sample", error)
-            return tuple(self._absent(state, hooks.broken()) for state in self._owners.values())
+            return tuple(self._absent(state, hooks.broken()) for state in list(self._owners.values()))
 
     def _absent(self, state: OwnerState, reason: str | None) -> Observation:
         calls = state.calls if self.unavailable is None else None
@@ -77,33 +92,36 @@ class Observer:
         for key, state in list(self._owners.items()):
             if state.owner_ref() is None:  # the model was released (a reload): its owners are gone
                 del self._owners[key]
+                if hooks.owners.get(key) is state:
+                    del hooks.owners[key]
                 continue
             live, failure = self._recount(state, by_owner.get(id(state), []), observing)
-            reason = (
-                self.unavailable
-                or hooks.broken()
-                or (None if observing else "observation is not active")
-                or failure
-                or state.unknown
-                or state.graph
-                or (None if state.calls else NO_CALL)
-            )
-            if reason is not None:
-                out.append(self._absent(state, reason))
-            else:
-                out.append(
-                    Observation(
-                        owner=state.path,
-                        owner_class=state.class_name,
-                        available=True,
-                        peak_bytes=state.high_water,
-                        recent_peak_bytes=state.interval_high_water,
-                        live_bytes=live,
-                        calls=state.calls,
-                        cache_calls=state.cache_calls,
-                    )
+            with hooks.lock:
+                reason = (
+                    self.unavailable
+                    or hooks.broken()
+                    or (None if observing else "observation is not active")
+                    or failure
+                    or state.unknown
+                    or state.graph
+                    or (None if state.calls else NO_CALL)
                 )
-            state.interval_high_water = live
+                if reason is not None:
+                    out.append(self._absent(state, reason))
+                else:
+                    out.append(
+                        Observation(
+                            owner=state.path,
+                            owner_class=state.class_name,
+                            available=True,
+                            peak_bytes=state.high_water,
+                            recent_peak_bytes=state.interval_high_water,
+                            live_bytes=live,
+                            calls=state.calls,
+                            cache_calls=state.cache_calls,
+                        )
+                    )
+                next_interval(state, live, observing)
         return tuple(out)
 
     def _recount(self, state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
@@ -114,8 +132,6 @@ class Observer:
         global _installed
         with _lock:
             hooks.deactivate()
-            for state in self._owners.values():
-                unwrap_owner(state)
             self.patches.remove()
             hooks.reset()
             forget_plans()
@@ -127,50 +143,74 @@ class Observer:
 def recount(state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
     """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected.
 
-    Returns the bytes live now and why they cannot be trusted, if they cannot.
+    Takes ``hooks.lock`` for ``CHUNK`` layers at a time (reentrant: a caller may hold it already, and then
+    holds it throughout). Each layer is re-weighed and its change counted under the lock, as an update does,
+    so a layer the model updates between two chunks is counted once. Returns the bytes live now
+    (de-duplicated by storage) and why they cannot be trusted, if they cannot.
     """
     found: dict[StorageKey, int] = {}
-    per_layer = 0
     failure = None
-    for record in records:
-        layer = record()
-        if layer is None:
-            continue
-        plan = record.plan
-        if plan.unknown is not None:
-            state.unknown = plan.unknown
-            continue
-        try:
-            problem = None if plan.vetted else structure_problem(layer, plan)
-            if problem is not None:
-                plan.unknown = state.unknown = problem
-                continue
-            mine = storages(layer, plan.attributes)
-        except Exception as error:
-            failure = f"a cache layer could not be read: {type(error).__name__}: {error}"
-            continue
-        found.update(mine)
-        size = sum(mine.values())
-        per_layer += size
-        delta = size - record.bytes
-        if observing and delta:
-            record.bytes = size
-            state.add(delta)
+    for start in range(0, len(records), CHUNK):
+        with hooks.lock:
+            if hooks.dead:
+                hooks.drain()
+            for record in records[start : start + CHUNK]:
+                problem = _reweigh(state, record, found, observing)
+                if problem is not None:
+                    failure = failure or problem
     live = sum(found.values())
     devices = sorted({device for device, _ in found})
     if len(devices) > 1:
         failure = failure or f"cache tensors on several devices {devices}: offloaded caches are not observed"
     if observing:
-        state.live = per_layer
-        state.high_water = max(state.high_water, live)
-        state.interval_high_water = max(state.interval_high_water, live)
+        with hooks.lock:
+            state.high_water = max(state.high_water, live)
+            state.interval_high_water = max(state.interval_high_water, live)
     return live, failure
 
 
+def _reweigh(state: OwnerState, record: LayerRecord, found: dict[StorageKey, int], observing: bool) -> str | None:
+    """Weigh one layer into ``found`` and correct its counted bytes (holding ``hooks.lock``); a failure's text."""
+    layer = record()
+    if layer is None:
+        return None
+    plan = record.plan
+    if plan.unknown is not None:
+        state.unknown = plan.unknown
+        return None
+    try:
+        problem = None if plan.vetted else structure_problem(layer, plan)
+        if problem is not None:
+            plan.unknown = state.unknown = problem
+            return None
+        mine = storages(layer, plan.attributes, plan.state)
+    except Unweighable as error:
+        state.unknown = str(error)
+        return None
+    except Exception as error:
+        return f"a cache layer could not be read: {type(error).__name__}: {error}"
+    found.update(mine)
+    size = sum(mine.values()) if record.twin is None else measure(layer, plan, hooks.shared(record))
+    delta = size - record.bytes
+    if observing and delta:
+        record.bytes = size
+        state.add(delta)
+    return None
+
+
+def next_interval(state: OwnerState, live: int, observing: bool) -> None:
+    """Start the owner's next sample interval (holding ``hooks.lock``): its high-water starts at what is live now."""
+    state.interval_high_water = max(live, state.live) if observing else live
+
+
 def records_by_owner() -> dict[int, list[LayerRecord]]:
-    """Every live layer record, by the ``id`` of its owner's state."""
+    """Every live layer record, by the ``id`` of its owner's state (a copy of the index taken under ``hooks.lock``)."""
+    with hooks.lock:
+        if hooks.dead:
+            hooks.drain()
+        everything = list(hooks.records.values())
     by_owner: dict[int, list[LayerRecord]] = {}
-    for record in list(hooks.records.values()):
+    for record in everything:
         by_owner.setdefault(id(record.owner), []).append(record)
     return by_owner
 
@@ -195,7 +235,7 @@ def _new_observer() -> Observer:
             hooks.records.clear()
     if reason is not None:
         observer.unavailable = f"transformers {observer.transformers_version} keeps caches in an unknown way: {reason}"
-        hooks.logger.warning("modelkv: model-local KV observation unavailable: %s", observer.unavailable)
+        report(hooks.logger, "modelkv: model-local KV observation unavailable: %s", observer.unavailable)
     return observer
 
 
@@ -212,14 +252,17 @@ def install(owners: Iterable[tuple[str, object]], *, enabled: bool | None = None
         observer = Observer(False)
         observer.add_owners(owners)
         return observer
-    with _lock:
-        try:
-            if _installed is None:
-                _installed = _new_observer()
-            _installed.add_owners(owners)
-            return _installed
-        except Exception as error:
-            hooks.fail("install", error)
-            fallback = _installed or Observer(True)
-            fallback.unavailable = fallback.unavailable or hooks.broken()
-            return fallback
+    try:
+        with _lock:
+            try:
+                if _installed is None:
+                    _installed = _new_observer()
+                _installed.add_owners(owners)
+                return _installed
+            except Exception as error:
+                hooks.fail("install", error)
+                fallback = _installed or Observer(True)
+                fallback.unavailable = fallback.unavailable or hooks.broken()
+                return fallback
+    finally:
+        flush()  # at load, on the loading thread, holding no lock

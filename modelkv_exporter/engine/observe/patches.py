@@ -1,7 +1,9 @@
-"""Where the observer hooks in: the cache layer classes, ``torch.cuda.CUDAGraph``, and each owner's methods.
+"""Where the observer hooks in: the cache layer classes, ``torch.cuda.CUDAGraph``, and each owner's class.
 
-Class attributes are patched (and restored by ``ClassPatches.remove``); an owner's methods are
-wrapped as instance attributes, so only the observed owner objects change.
+Only class attributes are patched (and restored by ``ClassPatches.remove``). An owner's entry methods
+are wrapped once on its class, where they resolve; the wrapper looks its ``self`` up among the observed
+owners (``hooks.owners``) and passes any other instance straight through. No owner object is changed:
+a deep copy runs its own methods on its own state, and pickling sees nothing of the observer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from modelkv_exporter.engine.observe.records import OwnerState
 
 SPECS_METHOD = "model_local_kv_specs"
 _FOREIGN_MODULES = ("torch.", "transformers.", "vllm.", "builtins")
+_ABSENT = object()
 _GRAPH_CALLBACKS = (
     ("capture_begin", hooks.on_capture_begin, None),
     ("capture_end", None, hooks.on_capture_end),
@@ -35,8 +38,22 @@ class ClassPatches:
         self._init_subclass: Any = None
 
     def _set(self, cls: type, name: str, value: Any) -> None:
-        self._replaced.append((cls, name, cls.__dict__[name]))
+        self._replaced.append((cls, name, cls.__dict__.get(name, _ABSENT)))
         setattr(cls, name, value)
+
+    def hook_owner(self, owner: object, state: OwnerState) -> None:
+        """Observe ``owner``: wrap its class's entry methods where they resolve (once), and register it."""
+        cls = type(owner)
+        for name in owner_method_names(owner):
+            site, function = _resolve(cls, name)
+            if function is None or getattr(function, hooks.ENTRY, False):
+                continue
+            target = cls if _foreign(site) else site
+            try:
+                self._set(target, name, hooks.wrap_owner_method(function))
+            except (TypeError, AttributeError) as error:
+                state.unknown = f"cannot wrap {cls.__qualname__}.{name}: {error}"
+        hooks.owners[id(owner)] = state
 
     def hook_layer_class(self, cls: type) -> None:
         """Wrap the measured methods ``cls`` itself defines."""
@@ -83,9 +100,12 @@ class ClassPatches:
                     self._set(graph, name, hooks.wrap_graph_method(function, before, after))
 
     def remove(self) -> None:
-        """Put back every replaced attribute."""
+        """Put back every replaced attribute (and remove the ones added)."""
         for cls, name, value in reversed(self._replaced):
-            setattr(cls, name, value)
+            if value is _ABSENT:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, value)
         self._replaced.clear()
         mixin = self._mixin
         if mixin is None:
@@ -108,8 +128,7 @@ def owner_method_names(owner: object) -> list[str]:
     """
     names: dict[str, None] = {}
     for klass in type(owner).__mro__:
-        module = getattr(klass, "__module__", "") or ""
-        if klass is object or module == "torch" or module.startswith(_FOREIGN_MODULES):
+        if _foreign(klass):
             continue
         for name, attribute in vars(klass).items():
             if name.startswith("__") or name == SPECS_METHOD or name in names:
@@ -125,25 +144,15 @@ def owner_method_names(owner: object) -> list[str]:
     return list(names)
 
 
-def wrap_owner(owner: object, state: OwnerState) -> None:
-    """Wrap ``owner``'s entry methods as instance attributes that mark it running."""
-    instance = getattr(owner, "__dict__", None)
-    if instance is None:
-        state.unknown = "the owner has no instance __dict__ to wrap its methods in"
-        return
-    for name in owner_method_names(owner):
-        method = getattr(owner, name, None)
-        if not callable(method) or getattr(method, hooks.ENTRY, False):
-            continue
-        instance[name] = hooks.wrap_owner_method(method, state)
-        state.wrapped.append(name)
+def _foreign(klass: type) -> bool:
+    module = getattr(klass, "__module__", "") or ""
+    return klass is object or module == "torch" or module.startswith(_FOREIGN_MODULES)
 
 
-def unwrap_owner(state: OwnerState) -> None:
-    """Remove the wrappers ``wrap_owner`` put on the owner, if it is still alive."""
-    owner = state.owner_ref()
-    if owner is not None:
-        for name in state.wrapped:
-            if getattr(owner.__dict__.get(name), hooks.ENTRY, False):
-                del owner.__dict__[name]
-    state.wrapped.clear()
+def _resolve(cls: type, name: str) -> tuple[type, types.FunctionType | None]:
+    """The class in ``cls``'s MRO that defines ``name``, and the plain function it defines (None if not one)."""
+    for klass in cls.__mro__:
+        attribute = klass.__dict__.get(name, _ABSENT)
+        if attribute is not _ABSENT:
+            return klass, attribute if isinstance(attribute, types.FunctionType) else None
+    return cls, None

@@ -26,7 +26,6 @@ class OwnerState:
         "pending",
         "unknown",
         "graph",
-        "wrapped",
         "on_change",
     )
 
@@ -50,7 +49,6 @@ class OwnerState:
         """Layers created in this call that no update has measured yet (deep copies, built caches)."""
         self.unknown: str | None = None
         self.graph: str | None = None
-        self.wrapped: list[str] = []
         self.on_change: Callable[[OwnerState], None] | None = None
         """Called (under the observer's lock) after the live bytes changed; None in an engine. For
         ``modelkv_exporter.testing``, which records what the owner's layers held at each call's peak."""
@@ -78,10 +76,12 @@ class LayerRecord(weakref.ref):  # type: ignore[type-arg]
 
     Built by ``weakref.ref``'s own constructor, attributes set after, which keeps registering cheap.
     ``key_ref``/``value_ref`` point at the tensors last measured (static plans only); ``group`` is set
-    by discovery only: the ``id`` of the cache the layer belongs to, where it could be told.
+    by discovery only: the ``id`` of the cache the layer belongs to, where it could be told. ``twin`` is
+    the record of the layer this one is a shallow copy of (``copy.copy``: the same tensor objects, which
+    count there, not here), ``copies`` the records of its own shallow copies.
     """
 
-    __slots__ = ("owner", "bytes", "plan", "key", "key_ref", "value_ref", "group")
+    __slots__ = ("owner", "bytes", "plan", "key", "key_ref", "value_ref", "group", "state_key", "twin", "copies")
     owner: OwnerState
     bytes: int
     plan: Plan
@@ -89,3 +89,6 @@ class LayerRecord(weakref.ref):  # type: ignore[type-arg]
     key_ref: Callable[[], Any] | None
     value_ref: Callable[[], Any]
     group: int
+    state_key: int
+    twin: LayerRecord | None
+    copies: list[LayerRecord] | None
