@@ -25,6 +25,7 @@ from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.config import TABLE, HookConfig
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census, discover, discovery
 from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine import log
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.publish import build_snapshot
@@ -368,6 +369,7 @@ def test_a_failing_census_is_logged_once_turns_discovery_off_and_never_reaches_t
             DiscoveryStatus(enabled=False, reason="discovery failed in census: RuntimeError: census broke"),
         )
         found.beat()
+        log.flush()
     assert sum("discovery failed in census" in r.getMessage() for r in caplog.records) == 1
     assert hooks.discover is None
     model.attn(5)
