@@ -47,7 +47,7 @@ OUTSIDE = "<outside the model>"
 """Where layers go that no module of the model built: held, weighed, never published."""
 OFF = "discovery is turned off (MODELKV_DISCOVER=0)"
 OBSERVE_OFF = "discovery is turned off with observation (MODELKV_OBSERVE=0)"
-CHUNK = 32
+CHUNK = 16
 """Layer records re-weighed under one hold of ``hooks.lock`` by a sample (the lock the model's threads take)."""
 
 PagedKV = Callable[[], Iterable[torch.Tensor]]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import gc
 import functools
 import types
 import weakref
@@ -163,7 +164,7 @@ def getters(cls: type) -> tuple[Any, tuple[Any, ...]]:
 
 
 def instance_dict(obj: Any) -> dict[str, Any] | None:
-    """``obj``'s own attribute dict, never through a ``__dict__`` property."""
+    """``obj``'s own attribute dict, never through a ``__dict__`` property (None: it has none, or its class hides it)."""
     dict_getter, _ = getters(type(obj))
     if dict_getter is None:
         return None
@@ -175,8 +176,11 @@ def instance_dict(obj: Any) -> dict[str, Any] | None:
 
 
 def slot_values(obj: Any) -> tuple[Any, ...]:
-    """The values of ``obj``'s ``__slots__`` that are set."""
-    _, slots = getters(type(obj))
+    """The values of ``obj``'s ``__slots__`` that are set; where its class hides its ``__dict__`` behind a property of its
+    own, everything the object refers to (``gc.get_referents``: the collector's C traversal, which runs no Python)."""
+    dict_getter, slots = getters(type(obj))
+    if dict_getter is None and "__dict__" in _hidden_dict(type(obj)):
+        return tuple(gc.get_referents(obj))
     values = []
     for slot in slots:
         try:
@@ -184,6 +188,11 @@ def slot_values(obj: Any) -> tuple[Any, ...]:
         except Exception:
             continue
     return tuple(values)
+
+
+def _hidden_dict(cls: type) -> dict[str, Any]:
+    """The class-level ``__dict__`` entries of ``cls``'s MRO that are not the real descriptor (a property, say)."""
+    return {"__dict__": True} if any("__dict__" in class_dict(klass) for klass in mro(cls)[:-1]) else {}
 
 
 def weigh(tensor: Any, out: dict[StorageKey, int]) -> bool:
