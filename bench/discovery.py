@@ -478,7 +478,9 @@ def report_attribution(cpu: dict[str, Any], ir: dict[str, float] | str) -> None:
     print("\nA SAMPLE WITH 10,000 LIVE DISCOVERED LAYERS")
     print(f"  one sample, wall                        {locks['sample s'] * 1e3:9.2f} ms")
     print(f"  longest hold of hooks.lock               {locks['longest hold s'] * 1e6:9.0f} us")
-    print(f"  a model thread's longest cache update   {locks['longest update s'] * 1e3:9.2f} ms (GIL switches included)")
+    print(
+        f"  a model thread's longest cache update   {locks['longest update s'] * 1e3:9.2f} ms (GIL switches included)"
+    )
     print("\nA CENSUS OVER ONE HUGE CONTAINER")
     for name, r in cpu["huge"].items():
         print(

@@ -22,10 +22,10 @@ from transformers import DynamicCache
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus
 from modelkv_exporter.contract.spool import snapshot_file_name
+from modelkv_exporter.engine import log
 from modelkv_exporter.engine.config import TABLE, HookConfig
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census, discover, discovery
 from modelkv_exporter.engine.discover.modules import ModuleMap
-from modelkv_exporter.engine import log
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.publish import build_snapshot

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census
+from modelkv_exporter.engine.discover import Discovery, census
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.log import ROOT
 from modelkv_exporter.engine.observe import Observer, hooks

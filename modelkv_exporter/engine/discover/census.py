@@ -116,6 +116,10 @@ def census(
     countdown = CHECK_EVERY
     max_depth = budget.depth
     stack: list[list[Any]] = []
+    names: Any
+    attributes: Any
+    frame: Any
+    slots: Any
     entries = modules.modules
     for index in range(len(entries) - 1, -1, -1):
         module = entries[index][1]()

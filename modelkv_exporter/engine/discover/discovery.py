@@ -32,6 +32,7 @@ import torch
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Observation
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
 from modelkv_exporter.engine.discover import census, safe
+from modelkv_exporter.engine.discover.census import CensusResult
 from modelkv_exporter.engine.discover.layout import seen_layout, widest
 from modelkv_exporter.engine.discover.modules import MAX_FRAMES, ModuleMap
 from modelkv_exporter.engine.log import get_logger, report
@@ -348,7 +349,7 @@ class Discovery:
         self.census_at = time.time()
         self.census_seconds = time.perf_counter() - began
 
-    def _place_layers(self, result: census.CensusResult) -> None:
+    def _place_layers(self, result: CensusResult) -> None:
         """What the census learnt of the cache layers it reached: the cache each belongs to (its group), and, for a
         layer no module was found for when it was first seen, the innermost module that holds it (its owner from now
         on). Under ``hooks.lock`` a few records at a time."""

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import collections
 import enum
-import gc
 import functools
+import gc
 import types
 import weakref
 from collections.abc import Callable
