@@ -9,6 +9,7 @@ broken on purpose in a test of its own, which shows the figure going wrong.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Iterator
@@ -426,3 +427,70 @@ def test_the_heartbeat_publishes_discovered_owners_and_the_status(started, obser
     ]
     assert data["discovery"]["enabled"] and data["discovery"]["census_at"] is not None
     assert data["discovery"]["modules"] == sum(1 for _ in model.modules())
+
+
+# -- attribution by code: shared code, shallow copies -----------------------------------------------------
+
+
+class KeepingAttention(nn.Module):
+    """Several instances (so its code names none of them); each builds and keeps a cache of its own."""
+
+    def forward(self, positions: int) -> None:
+        cache = DynamicCache()
+        cache.update(torch.ones(1, 2, positions, 8), torch.ones(1, 2, positions, 8), 0)
+        self.kept = cache
+
+
+class Layers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.ModuleList(KeepingAttention() for _ in range(3))
+
+    def forward(self, positions: int) -> None:
+        for attention in self.attention:
+            attention(positions)
+
+
+def test_caches_kept_by_modules_that_share_code_go_to_the_module_around_them_then_to_each_holder(
+    observer: Observer,
+) -> None:
+    """When built, the attention layers' shared code names none of them: the stack module around them is found; the
+    census then finds each layer's holder and moves it there."""
+    root = nn.Module()
+    root.stack = Layers()
+    found = Discovery(root, EVERYTHING, observer=observer)
+    found.start()
+    try:
+        root.stack(5)
+        before = found.sample()[0]
+        after = beat(found)
+    finally:
+        found.uninstall()
+    layer = 2 * (2 * 5 * 8 * 4)
+    assert [(o.owner, o.live_bytes) for o in before] == [("stack", 3 * layer)]
+    assert {key: o.live_bytes for key, o in after.items()} == {
+        (f"stack.attention.{index}", "cache_layer"): layer for index in range(3)
+    } | {("stack", "cache_layer"): 0}
+
+
+class Snapshotting(nn.Module):
+    """Builds and keeps a cache, and keeps shallow copies of its layers (sharing their tensors)."""
+
+    def forward(self, positions: int) -> None:
+        cache = DynamicCache()
+        cache.update(torch.ones(1, 2, positions, 8), torch.ones(1, 2, positions, 8), 0)
+        self.kept = cache
+        self.copies = [copy.copy(layer) for layer in cache.layers]
+
+
+def test_a_shallow_copy_of_a_layer_does_not_double_its_owners_peak(observer: Observer) -> None:
+    root = nn.Module()
+    root.snap = Snapshotting()
+    found = Discovery(root, EVERYTHING, observer=observer)
+    found.start()
+    try:
+        root.snap(5)
+        owner = beat(found)[("snap", "cache_layer")]
+    finally:
+        found.uninstall()
+    assert (owner.peak_bytes, owner.live_bytes) == (2 * 2 * 5 * 8 * 4, 2 * 2 * 5 * 8 * 4)

@@ -98,6 +98,14 @@ def _storage_count(records: Iterable[Any]) -> int:
     return len(found)
 
 
+def _below(path: str, of: str) -> bool:
+    """Whether module ``path`` lies inside module ``of``."""
+    return path != of and (of == "" or path.startswith(of + "."))
+
+
+SHALLOW_COPY = copy.copy.__code__
+
+
 def _cache_classes() -> tuple[type | None, type | None, frozenset[str]]:
     """``transformers``' ``CacheLayerMixin`` and ``Cache``, and the files whose frames build caches (the cache module's
     and ``copy``'s)."""
@@ -215,7 +223,7 @@ class Discovery:
                 self.reason = self.reason or "discovery failed in cache layer attribution"
             return None
 
-    def _attribute(self, layer: object) -> tuple[OwnerState, int]:
+    def _attribute(self, layer: object) -> tuple[OwnerState, int] | None:
         """Walk the stack outward, by code alone, to the innermost module that is not only handed the cache.
 
         A frame names a module when its code is a method of a class only that module has (``ModuleMap.codes``).
@@ -223,6 +231,9 @@ class Discovery:
         return it), so the walk goes on outward to the module that made or keeps it; when every module found
         takes one, the innermost of them. Without any, the layer is held ``OUTSIDE`` and a census gives it to
         the innermost module that holds it. At most ``MAX_FRAMES`` frames, whatever the caller's depth.
+
+        A layer ``copy.copy`` makes shares every tensor with the layer it copies: it is left alone (None), so that its
+        original's bytes are not counted twice.
 
         The group (layers of one cache, for the layout) is the run of layers built within one outermost frame
         of the cache module or ``copy`` (a cache's ``__init__``, ``update``, or a ``deepcopy``); a census that
@@ -248,6 +259,8 @@ class Discovery:
                     break
                 handed = handed or entry
             elif code.co_filename in builders and found is None and handed is None:
+                if code is SHALLOW_COPY:
+                    return None
                 builder = id(frame)
             frame = frame.f_back
         frame = None
@@ -350,9 +363,11 @@ class Discovery:
         self.census_seconds = time.perf_counter() - began
 
     def _place_layers(self, result: CensusResult) -> None:
-        """What the census learnt of the cache layers it reached: the cache each belongs to (its group), and, for a
-        layer no module was found for when it was first seen, the innermost module that holds it (its owner from now
-        on). Under ``hooks.lock`` a few records at a time."""
+        """What the census learnt of the cache layers it reached: the cache each belongs to (its group), and the
+        innermost module that holds it, which becomes its owner where no module was found for it when it was first
+        seen, or where it lies below the module found then (a cache each of several attention layers keeps is
+        attributed, when built, to the module around them: their code is shared). Under ``hooks.lock`` a few records
+        at a time."""
         if not result.layers or not self._observing:
             return
         with hooks.lock:
@@ -365,17 +380,18 @@ class Discovery:
             index, group = placed
             if group:
                 record.group = group
-            if record.owner is self._outside:
-                path, reference = self.modules.modules[index]  # type: ignore[union-attr]
+            owner = record.owner
+            path, reference = self.modules.modules[index]  # type: ignore[union-attr]
+            if owner is self._outside or (owner is self.layer_owners.get(owner.path) and _below(path, owner.path)):
                 module = reference()
                 if module is not None:
-                    moves.append((record, self._owner(path, module)))
+                    moves.append((record, owner, self._owner(path, module)))
         for start in range(0, len(moves), CHUNK):
             with hooks.lock:
-                for record, state in moves[start : start + CHUNK]:
-                    if record.owner is self._outside and record() is not None:
+                for record, owner, state in moves[start : start + CHUNK]:
+                    if record.owner is owner and record() is not None:
                         size = record.bytes
-                        self._outside.live -= size
+                        owner.live -= size
                         record.owner = state
                         state.add(size)
 
