@@ -162,7 +162,7 @@ class Hostile(nn.Module):
 
 
 class HiddenDict(nn.Module):
-    """A module with a ``__dict__`` property of its own."""
+    """A module with a ``__dict__`` property and a ``__getattribute__`` of its own."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -172,6 +172,10 @@ class HiddenDict(nn.Module):
     def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
         CALLS["module.__dict__"] += 1
         return object.__getattribute__(self, "_modules")
+
+    def __getattribute__(self, name: str) -> Any:
+        CALLS["module.__getattribute__"] += 1
+        return super().__getattribute__(name)
 
 
 HOSTILE_BYTES = 4 * (100 + 200 + 300 + 400 + 500 + 600 + 700 + 800)
