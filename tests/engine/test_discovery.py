@@ -494,3 +494,45 @@ def test_a_shallow_copy_of_a_layer_does_not_double_its_owners_peak(observer: Obs
     finally:
         found.uninstall()
     assert (owner.peak_bytes, owner.live_bytes) == (2 * 2 * 5 * 8 * 4, 2 * 2 * 5 * 8 * 4)
+
+
+class Filler(nn.Module):
+    """Handed a cache under a name other than ``past_key_values``, and fills its first layer."""
+
+    def forward(self, cache: DynamicCache) -> None:
+        cache.update(torch.ones(1, 2, 3, 8), torch.ones(1, 2, 3, 8), 0)
+
+
+class Maker(nn.Module):
+    """Builds a cache, hands it to its child to fill, and keeps it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.filler = Filler()
+
+    def forward(self) -> None:
+        cache = DynamicCache()
+        self.filler(cache)
+        self.kept = cache
+
+
+@pytest.mark.parametrize(("read_locals", "owner"), [(False, "maker.filler"), (True, "maker")])
+def test_a_cache_handed_under_another_name_is_followed_outward_only_when_reading_locals_is_opted_into(
+    observer: Observer, read_locals: bool, owner: str
+) -> None:
+    """What the code-only walk loses, and the opt-in walk (``MODELKV_DISCOVER_READ_LOCALS=1``) keeps."""
+    root = nn.Module()
+    root.maker = Maker()
+    found = Discovery(root, replace(EVERYTHING, read_locals=read_locals), observer=observer)
+    found.start()
+    try:
+        root.maker()
+        got = beat(found)
+    finally:
+        found.uninstall()
+    assert [key[0] for key in got] == [owner]
+
+
+def test_reading_locals_is_opted_into_by_its_setting() -> None:
+    assert DiscoverySettings.of(config(MODELKV_DISCOVER_READ_LOCALS="1")).read_locals
+    assert not DiscoverySettings.of(config()).read_locals

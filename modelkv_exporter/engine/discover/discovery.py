@@ -31,7 +31,7 @@ import torch
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Observation
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
-from modelkv_exporter.engine.discover import census, safe
+from modelkv_exporter.engine.discover import census, locals_walk, safe
 from modelkv_exporter.engine.discover.census import CensusResult
 from modelkv_exporter.engine.discover.layout import seen_layout, widest
 from modelkv_exporter.engine.discover.modules import MAX_FRAMES, ModuleMap
@@ -63,6 +63,8 @@ class DiscoverySettings:
     floor_bytes: int = 1 << 20
     max_owners: int = 32
     budget: census.Budget = census.Budget(modules=100_000, objects=500_000, depth=8)
+    read_locals: bool = False
+    """Attribute by the frames' locals (``locals_walk``), not by their code alone."""
 
     @classmethod
     def of(cls, config: Any) -> DiscoverySettings:
@@ -72,6 +74,7 @@ class DiscoverySettings:
             floor_bytes=config.discover_floor_bytes,
             max_owners=config.discover_max_owners,
             budget=census.Budget(config.census_max_modules, config.census_max_objects, config.census_max_depth),
+            read_locals=config.discover_read_locals,
         )
 
 
@@ -241,6 +244,11 @@ class Discovery:
         """
         modules = self.modules
         assert modules is not None
+        if self.settings.read_locals:
+            found_by_locals, cache = locals_walk.find(modules, self._cache_class, sys._getframe(2))
+            if found_by_locals is None:
+                return self._outside, cache
+            return self._owner(*found_by_locals), cache
         codes = modules.codes
         passing = modules.passing
         builders = self._builder_files
