@@ -260,9 +260,9 @@ class Discovery:
             if frame is None:
                 break
             code = frame.f_code
-            entry = codes.get(code)
+            entry = codes.get(id(code))
             if entry is not None:
-                if code not in passing:
+                if id(code) not in passing:
                     found = entry
                     break
                 handed = handed or entry

@@ -117,12 +117,17 @@ class ModuleMap:
         for cls, entries in by_class.items():
             for code in class_codes(cls):
                 runners.setdefault(code, []).extend(entries)
-        self.codes: dict[types.CodeType, ModuleEntry] = {
-            code: entries[0] for code, entries in runners.items() if len(entries) == 1
+        self._code_objects = list(runners)
+        """Kept alive, so that their ids stay theirs."""
+        self.codes: dict[int, ModuleEntry] = {
+            id(code): entries[0] for code, entries in runners.items() if len(entries) == 1
         }
-        """Code -> the one module of the model that runs it."""
-        self.passing: frozenset[types.CodeType] = frozenset(code for code in self.codes if takes_cache(code))
-        """Codes of ``codes`` that are handed a cache (``CACHE_SLOTS``)."""
+        """``id`` of a code object -> the one module of the model that runs it (by id: hashing a code object hashes
+        its whole body, each time)."""
+        self.passing: frozenset[int] = frozenset(
+            id(code) for code, entries in runners.items() if len(entries) == 1 and takes_cache(code)
+        )
+        """Ids in ``codes`` of code that is handed a cache (``CACHE_SLOTS``)."""
 
     def __len__(self) -> int:
         return len(self.modules)
