@@ -14,16 +14,26 @@ Two measures, as in ``bench/observe.py``: CPU time (``time.process_time``, minim
 and instructions (``valgrind --tool=callgrind``: the script runs itself under callgrind with
 instrumentation off and a small C helper zeroes and dumps the counters around each region).
 
+- **Attribution by stack depth** (``--attribution``): a new cache layer attributed at caller stack depths
+  0, 50 and 150, for a cache built inside a module, a cache handed into the model from outside
+  (``past_key_values``), and a cache built outside the model; per layer, discovery off then on.
+- **Lock holds and slices** (``--attribution``): the longest time a sample holds ``hooks.lock`` with
+  10,000 live discovered layers, and the longest census slice (thread CPU) over a module holding a
+  1,000,000-element list and one holding a 100,000-key dict.
+
     .venv/bin/python bench/discovery.py                 # both (a few minutes under valgrind)
     .venv/bin/python bench/discovery.py --no-callgrind
+    .venv/bin/python bench/discovery.py --attribution [--no-callgrind]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +49,7 @@ from transformers import DynamicCache, Qwen2Config, Qwen2Model  # noqa: E402
 from bench.regions import load_helper, region_totals  # noqa: E402
 from modelkv_exporter.engine.config import HookConfig  # noqa: E402
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census  # noqa: E402
+from modelkv_exporter.engine.discover.modules import ModuleMap  # noqa: E402
 from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
 
 torch.set_num_threads(1)
@@ -266,13 +277,257 @@ def report(cpu: dict[str, Any], ir: dict[str, float] | str) -> None:
         print(f"{name:44s} {off:12,.0f} {on:12,.0f} {on - off:12,.0f}")
 
 
+# -- attribution by stack depth, lock holds, slices over huge containers ---------------------------------
+
+DEPTHS = (0, 50, 150)
+PART = "MODELKV_BENCH_PART"
+
+
+class Keeper(nn.Module):
+    """Builds a fresh 2-layer cache in its forward; one instance in the model."""
+
+    def forward(self) -> DynamicCache:
+        return build_cache()
+
+
+class Stack(nn.Module):
+    """Handed a cache in ``past_key_values`` and fills 2 layers of it, as a transformers model does; one instance."""
+
+    def forward(self, past_key_values: DynamicCache) -> DynamicCache:
+        for layer in range(2):
+            past_key_values.update(STATES, STATES, layer)
+        return past_key_values
+
+
+def at_depth(depth: int, body: Callable[[], Any]) -> Any:
+    """``body()`` called ``depth`` frames below the caller."""
+    return at_depth(depth - 1, body) if depth else body()
+
+
+def small_model() -> nn.Module:
+    root = nn.Module()
+    root.keeper = Keeper()
+    root.stack = Stack()
+    root.blocks = nn.ModuleList(Block() for _ in range(50))
+    return root
+
+
+def depth_cases(root: nn.Module) -> dict[str, Callable[[], Any]]:
+    cases: dict[str, Callable[[], Any]] = {}
+    for depth in DEPTHS:
+        cases[f"built in a module, {depth} frames down"] = lambda d=depth: at_depth(d, root.keeper)
+        cases[f"handed into the model, {depth} frames down"] = lambda d=depth: at_depth(
+            d, lambda: root.stack(DynamicCache())
+        )
+        cases[f"built outside the model, {depth} frames down"] = lambda d=depth: at_depth(d, build_cache)
+    return cases
+
+
+class TimedLock:
+    """``hooks.lock`` with the longest hold recorded (reentrant; holds by one thread at a time)."""
+
+    def __init__(self) -> None:
+        self.inner = threading.RLock()
+        self.depth = 0
+        self.since = 0.0
+        self.cpu_since = 0.0
+        self.longest = 0.0
+        self.longest_cpu = 0.0
+        self.holds = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self.inner.acquire(blocking, timeout)
+        if got:
+            self.depth += 1
+            if self.depth == 1:
+                self.since = time.perf_counter()
+                self.cpu_since = time.thread_time()
+        return got
+
+    def release(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.longest = max(self.longest, time.perf_counter() - self.since)
+            self.longest_cpu = max(self.longest_cpu, time.thread_time() - self.cpu_since)
+            self.holds += 1
+        self.inner.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_holds(layers: int = 10_000) -> dict[str, float]:
+    """A sample with ``layers`` live discovered layers: the longest ``hooks.lock`` hold, and a model thread's
+    longest wait for one cache update meanwhile."""
+    root = small_model()
+    observer = install([], enabled=True)
+    found = Discovery(root, DiscoverySettings(census_interval=3600), observer=observer)
+    found.start()
+    kept = [root.keeper() for _ in range(layers // 2)]
+    quiet = TimedLock()
+    hooks.lock = quiet  # type: ignore[assignment]
+    began = time.thread_time()
+    found.sample()
+    alone = time.thread_time() - began
+    timed, original = TimedLock(), hooks.lock
+    hooks.lock = timed  # type: ignore[assignment]
+    stop = threading.Event()
+    waits: list[float] = []
+    layer = kept[0].layers[0]
+
+    def model_thread() -> None:
+        while not stop.is_set():
+            began = time.perf_counter()
+            layer.update(STATES, STATES)
+            waits.append(time.perf_counter() - began)
+            layer.keys, layer.values = STATES, STATES
+
+    thread = threading.Thread(target=model_thread)
+    try:
+        thread.start()
+        began = time.perf_counter()
+        for _ in range(5):
+            found.sample()
+        sample = (time.perf_counter() - began) / 5
+    finally:
+        stop.set()
+        thread.join()
+        hooks.lock = original  # type: ignore[assignment]
+    found.uninstall()
+    observer.uninstall()
+    del kept
+    return {
+        "sample s": sample,
+        "sample alone cpu s": alone,
+        "longest hold alone s": quiet.longest,
+        "longest hold alone cpu s": quiet.longest_cpu,
+        "holds": quiet.holds,
+        "longest hold s": timed.longest,
+        "longest update s": max(waits),
+    }
+
+
+def huge_slices() -> dict[str, dict[str, float]]:
+    """The longest census slice (thread CPU) and full collections over one module holding a huge container."""
+    out: dict[str, dict[str, float]] = {}
+    for name, make in (
+        ("a 1,000,000-element list", lambda: [[item] for item in range(1_000_000)]),
+        ("a 100,000-key dict", lambda: {item: [item] for item in range(100_000)}),
+    ):
+        root = nn.Module()
+        root.huge = make()
+        modules = ModuleMap(root)
+        gc.collect()
+        longest, full = 0.0, gc.get_stats()[2]["collections"]
+        walk = census.census(modules, census.Budget(modules=100_000, objects=500_000, depth=8))
+        began = time.thread_time()
+        wall = time.perf_counter()
+        try:
+            while True:
+                next(walk)
+                longest = max(longest, time.thread_time() - began)
+                began = time.thread_time()
+        except StopIteration:
+            longest = max(longest, time.thread_time() - began)
+        out[name] = {
+            "longest slice s": longest,
+            "census wall s": time.perf_counter() - wall,
+            "full collections": gc.get_stats()[2]["collections"] - full,
+        }
+        del root, modules
+    return out
+
+
+def measure_attribution() -> dict[str, Any]:
+    root = small_model()
+    observer = install([], enabled=True)
+    found = Discovery(root, DiscoverySettings(census_interval=3600), observer=observer)
+    found.start()
+    timings: dict[str, dict[str, float]] = {}
+    for phase in ("off", "on"):
+        hooks.discover = found.attribute if phase == "on" else None
+        for name, body in depth_cases(root).items():
+            timings.setdefault(name, {})[phase] = cpu_seconds(body, 200) / 2
+    found.uninstall()
+    observer.uninstall()
+    return {"attribution": timings, "locks": lock_holds(), "huge": huge_slices()}
+
+
+def callgrind_attribution(library: str) -> None:
+    helper = load_helper(library)
+    root = small_model()
+    observer = install([], enabled=True)
+    found = Discovery(root, DiscoverySettings(census_interval=3600), observer=observer)
+    found.start()
+    cases = depth_cases(root)
+    helper.mkv_start()
+    for phase in ("off", "on"):
+        hooks.discover = found.attribute if phase == "on" else None
+        for name, body in cases.items():
+            body()
+            gc.collect()
+            helper.mkv_zero()
+            for _ in range(10):
+                body()
+            helper.mkv_dump(f"{phase} {name}|20".encode())
+    found.uninstall()
+    observer.uninstall()
+
+
+def report_attribution(cpu: dict[str, Any], ir: dict[str, float] | str) -> None:
+    print(f"torch {torch.__version__}, transformers {__import__('transformers').__version__}, 1 torch thread")
+    print("\nATTRIBUTION OF A NEW LAYER, CPU per layer (observation on; discovery off, then on)")
+    print(f"{'case':44s} {'off us':>9s} {'on us':>9s} {'added us':>9s}")
+    for name, r in cpu["attribution"].items():
+        print(f"{name:44s} {r['off'] * 1e6:9.1f} {r['on'] * 1e6:9.1f} {(r['on'] - r['off']) * 1e6:9.1f}")
+    if isinstance(ir, str):
+        print(f"\nINSTRUCTIONS: not counted ({ir})")
+    else:
+        print("\nINSTRUCTIONS (callgrind) per layer")
+        print(f"{'case':44s} {'off':>12s} {'on':>12s} {'added':>12s}")
+        for name in cpu["attribution"]:
+            off, on = ir[f"off {name}"], ir[f"on {name}"]
+            print(f"{name:44s} {off:12,.0f} {on:12,.0f} {on - off:12,.0f}")
+    locks = cpu["locks"]
+    print("\nA SAMPLE WITH 10,000 LIVE DISCOVERED LAYERS")
+    print(f"  one sample alone, thread CPU            {locks['sample alone cpu s'] * 1e3:9.2f} ms")
+    print(f"  holds of hooks.lock in it               {locks['holds']:9.0f}")
+    print(
+        f"  its longest hold, wall / thread CPU     {locks['longest hold alone s'] * 1e6:9.0f} us / {locks['longest hold alone cpu s'] * 1e6:.0f} us"
+    )
+    print("  beside a model thread updating a cache without pause:")
+    print(f"  one sample, wall                        {locks['sample s'] * 1e3:9.2f} ms")
+    print(f"  longest hold of hooks.lock, wall         {locks['longest hold s'] * 1e6:9.0f} us")
+    print(
+        f"  a model thread's longest cache update   {locks['longest update s'] * 1e3:9.2f} ms (GIL switches included)"
+    )
+    print("\nA CENSUS OVER ONE HUGE CONTAINER")
+    for name, r in cpu["huge"].items():
+        print(
+            f"  {name:26s} longest slice {r['longest slice s'] * 1e3:8.2f} ms CPU, census {r['census wall s'] * 1e3:8.1f} ms"
+            f" wall, {r['full collections']:.0f} full collections"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-callgrind", action="store_true", help="CPU time only")
+    parser.add_argument("--attribution", action="store_true", help="attribution by depth, lock holds, huge containers")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        callgrind_regions(args.child)
+        if os.environ.get(PART) == "attribution":
+            callgrind_attribution(args.child)
+        else:
+            callgrind_regions(args.child)
+        return
+    if args.attribution:
+        cpu = measure_attribution()
+        os.environ[PART] = "attribution"
+        report_attribution(cpu, "skipped (--no-callgrind)" if args.no_callgrind else instructions())
         return
     cpu = measure()
     report(cpu, "skipped (--no-callgrind)" if args.no_callgrind else instructions())

@@ -9,6 +9,7 @@ broken on purpose in a test of its own, which shows the figure going wrong.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from transformers import DynamicCache
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus
 from modelkv_exporter.contract.spool import snapshot_file_name
+from modelkv_exporter.engine import log
 from modelkv_exporter.engine.config import TABLE, HookConfig
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census, discover, discovery
 from modelkv_exporter.engine.discover.modules import ModuleMap
@@ -368,6 +370,7 @@ def test_a_failing_census_is_logged_once_turns_discovery_off_and_never_reaches_t
             DiscoveryStatus(enabled=False, reason="discovery failed in census: RuntimeError: census broke"),
         )
         found.beat()
+        log.flush()
     assert sum("discovery failed in census" in r.getMessage() for r in caplog.records) == 1
     assert hooks.discover is None
     model.attn(5)
@@ -424,3 +427,112 @@ def test_the_heartbeat_publishes_discovered_owners_and_the_status(started, obser
     ]
     assert data["discovery"]["enabled"] and data["discovery"]["census_at"] is not None
     assert data["discovery"]["modules"] == sum(1 for _ in model.modules())
+
+
+# -- attribution by code: shared code, shallow copies -----------------------------------------------------
+
+
+class KeepingAttention(nn.Module):
+    """Several instances (so its code names none of them); each builds and keeps a cache of its own."""
+
+    def forward(self, positions: int) -> None:
+        cache = DynamicCache()
+        cache.update(torch.ones(1, 2, positions, 8), torch.ones(1, 2, positions, 8), 0)
+        self.kept = cache
+
+
+class Layers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.ModuleList(KeepingAttention() for _ in range(3))
+
+    def forward(self, positions: int) -> None:
+        for attention in self.attention:
+            attention(positions)
+
+
+def test_caches_kept_by_modules_that_share_code_go_to_the_module_around_them_then_to_each_holder(
+    observer: Observer,
+) -> None:
+    """When built, the attention layers' shared code names none of them: the stack module around them is found; the
+    census then finds each layer's holder and moves it there."""
+    root = nn.Module()
+    root.stack = Layers()
+    found = Discovery(root, EVERYTHING, observer=observer)
+    found.start()
+    try:
+        root.stack(5)
+        before = found.sample()[0]
+        after = beat(found)
+    finally:
+        found.uninstall()
+    layer = 2 * (2 * 5 * 8 * 4)
+    assert [(o.owner, o.live_bytes) for o in before] == [("stack", 3 * layer)]
+    assert {key: o.live_bytes for key, o in after.items()} == {
+        (f"stack.attention.{index}", "cache_layer"): layer for index in range(3)
+    } | {("stack", "cache_layer"): 0}
+
+
+class Snapshotting(nn.Module):
+    """Builds and keeps a cache, and keeps shallow copies of its layers (sharing their tensors)."""
+
+    def forward(self, positions: int) -> None:
+        cache = DynamicCache()
+        cache.update(torch.ones(1, 2, positions, 8), torch.ones(1, 2, positions, 8), 0)
+        self.kept = cache
+        self.copies = [copy.copy(layer) for layer in cache.layers]
+
+
+def test_a_shallow_copy_of_a_layer_does_not_double_its_owners_peak(observer: Observer) -> None:
+    root = nn.Module()
+    root.snap = Snapshotting()
+    found = Discovery(root, EVERYTHING, observer=observer)
+    found.start()
+    try:
+        root.snap(5)
+        owner = beat(found)[("snap", "cache_layer")]
+    finally:
+        found.uninstall()
+    assert (owner.peak_bytes, owner.live_bytes) == (2 * 2 * 5 * 8 * 4, 2 * 2 * 5 * 8 * 4)
+
+
+class Filler(nn.Module):
+    """Handed a cache under a name other than ``past_key_values``, and fills its first layer."""
+
+    def forward(self, cache: DynamicCache) -> None:
+        cache.update(torch.ones(1, 2, 3, 8), torch.ones(1, 2, 3, 8), 0)
+
+
+class Maker(nn.Module):
+    """Builds a cache, hands it to its child to fill, and keeps it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.filler = Filler()
+
+    def forward(self) -> None:
+        cache = DynamicCache()
+        self.filler(cache)
+        self.kept = cache
+
+
+@pytest.mark.parametrize(("read_locals", "owner"), [(False, "maker.filler"), (True, "maker")])
+def test_a_cache_handed_under_another_name_is_followed_outward_only_when_reading_locals_is_opted_into(
+    observer: Observer, read_locals: bool, owner: str
+) -> None:
+    """What the code-only walk loses, and the opt-in walk (``MODELKV_DISCOVER_READ_LOCALS=1``) keeps."""
+    root = nn.Module()
+    root.maker = Maker()
+    found = Discovery(root, replace(EVERYTHING, read_locals=read_locals), observer=observer)
+    found.start()
+    try:
+        root.maker()
+        got = beat(found)
+    finally:
+        found.uninstall()
+    assert [key[0] for key in got] == [owner]
+
+
+def test_reading_locals_is_opted_into_by_its_setting() -> None:
+    assert DiscoverySettings.of(config(MODELKV_DISCOVER_READ_LOCALS="1")).read_locals
+    assert not DiscoverySettings.of(config()).read_locals

@@ -3,38 +3,42 @@
 Two ways of finding them (``contract.vocabulary.DiscoveryMethod``):
 
 - ``cache_layer``: a ``transformers`` cache layer created, copied or first used while no declaring
-  owner runs belongs to the innermost module of the model on the call stack, looked up once, when
-  the layer is first seen (``hooks.discover``). From then on it is weighed exactly as a declaring
-  owner's layers are (``observe``'s records, re-weighed at every sample).
+  owner runs belongs to the innermost module of the model on the call stack whose code names it
+  (``ModuleMap.codes``: frames are matched by ``f_code`` alone, never by their locals), looked up
+  once, when the layer is first seen (``hooks.discover``). A layer no module was found for is held
+  ``OUTSIDE`` until a census finds the innermost module that holds it. From then on it is weighed
+  exactly as a declaring owner's layers are (``observe``'s records, re-weighed at every sample).
 - ``census``: at load, the storages reachable from the modules are the baseline; every
   ``census_interval`` the heartbeat thread walks them again (``census``), and storages that are
   not parameters, not in the baseline, not the paged KV cache and not behind an observed cache
   layer belong to the innermost module that holds them.
 
-Whatever fails inside discovery is logged once and turns discovery off; the model never sees it.
+Whatever fails inside discovery is reported once (``log.report``: queued, logged later by the heartbeat
+thread) and turns discovery off; the model never sees it, not even at the recursion limit.
 """
 
 from __future__ import annotations
 
-import inspect
+import copy
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 import torch
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Observation
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
-from modelkv_exporter.engine.discover import census
+from modelkv_exporter.engine.discover import census, locals_walk, safe
+from modelkv_exporter.engine.discover.census import CensusResult
 from modelkv_exporter.engine.discover.layout import seen_layout, widest
 from modelkv_exporter.engine.discover.modules import MAX_FRAMES, ModuleMap
-from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, storages
-from modelkv_exporter.engine.observe.observer import records_by_owner, recount
+from modelkv_exporter.engine.observe.observer import recount
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 from modelkv_exporter.engine.protocol import unwrap_model
 
@@ -44,6 +48,8 @@ OUTSIDE = "<outside the model>"
 """Where layers go that no module of the model built: held, weighed, never published."""
 OFF = "discovery is turned off (MODELKV_DISCOVER=0)"
 OBSERVE_OFF = "discovery is turned off with observation (MODELKV_OBSERVE=0)"
+CHUNK = 16
+"""Layer records re-weighed under one hold of ``hooks.lock`` by a sample (the lock the model's threads take)."""
 
 PagedKV = Callable[[], Iterable[torch.Tensor]]
 """The paged KV cache's tensors now (their storages are never discovered)."""
@@ -57,6 +63,8 @@ class DiscoverySettings:
     floor_bytes: int = 1 << 20
     max_owners: int = 32
     budget: census.Budget = census.Budget(modules=100_000, objects=500_000, depth=8)
+    read_locals: bool = False
+    """Attribute by the frames' locals (``locals_walk``), not by their code alone."""
 
     @classmethod
     def of(cls, config: Any) -> DiscoverySettings:
@@ -66,6 +74,7 @@ class DiscoverySettings:
             floor_bytes=config.discover_floor_bytes,
             max_owners=config.discover_max_owners,
             budget=census.Budget(config.census_max_modules, config.census_max_objects, config.census_max_depth),
+            read_locals=config.discover_read_locals,
         )
 
 
@@ -83,17 +92,6 @@ class CensusOwner:
         self.interval_high_water = 0
 
 
-def _cache_class() -> type | None:
-    try:
-        from transformers.cache_utils import Cache
-    except Exception:
-        return None
-    return Cache
-
-
-_RECONSTRUCT = getattr(getattr(sys.modules.get("copy"), "_reconstruct", None), "__code__", None)
-
-
 def _storage_count(records: Iterable[Any]) -> int:
     found: set[StorageKey] = set()
     for record in records:
@@ -103,31 +101,23 @@ def _storage_count(records: Iterable[Any]) -> int:
     return len(found)
 
 
-CACHE_SLOTS = frozenset({"past_key_values", "past_key_value"})
-"""Argument names through which ``transformers`` models are handed a cache, or build one and return it when empty."""
+def _below(path: str, of: str) -> bool:
+    """Whether module ``path`` lies inside module ``of``."""
+    return path != of and (of == "" or path.startswith(of + "."))
 
 
-def _handed(code: CodeType, local: Mapping[str, Any], cache: object) -> bool:
-    """Whether a frame was handed ``cache`` in one of its arguments (``*args`` and ``**kwargs`` one level in), or an
-    empty cache slot (``past_key_values=None``) that it fills with a cache it returns to its caller."""
-    count = code.co_argcount + code.co_kwonlyargcount
-    names = code.co_varnames
-    for name in names[1:count]:
-        value = local.get(name)
-        if value is cache or (value is None and name in CACHE_SLOTS):
-            return True
-    extra = count
-    if code.co_flags & inspect.CO_VARARGS:
-        if any(item is cache for item in local.get(names[extra], ())):
-            return True
-        extra += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        keywords = local.get(names[extra])
-        if isinstance(keywords, dict):
-            for name, value in keywords.items():
-                if value is cache or (value is None and name in CACHE_SLOTS):
-                    return True
-    return False
+SHALLOW_COPY = copy.copy.__code__
+
+
+def _cache_classes() -> tuple[type | None, type | None, frozenset[str]]:
+    """``transformers``' ``CacheLayerMixin`` and ``Cache``, and the files whose frames build caches (the cache module's
+    and ``copy``'s)."""
+    try:
+        from transformers import cache_utils
+    except Exception:
+        return None, None, frozenset({copy.__file__})
+    files = frozenset({copy.__file__, cache_utils.__file__})
+    return getattr(cache_utils, "CacheLayerMixin", None), getattr(cache_utils, "Cache", None), files
 
 
 class Discovery:
@@ -159,7 +149,9 @@ class Discovery:
         self.observer = observer
         self._observing = observer is not None and observer.enabled and observer.unavailable is None
         self._outside = OwnerState(OUTSIDE, object())
-        self._cache = _cache_class()
+        self._layer_class, self._cache_class, self._builder_files = _cache_classes()
+        self._burst = 0
+        self._burst_frame = 0
         self._logged: set[str] = set()
         if reason is not None:
             return
@@ -182,14 +174,22 @@ class Discovery:
         return self.reason is None
 
     def fail(self, site: str, error: BaseException) -> None:
-        """Something failed inside discovery: turn it off for good, keep the first cause, log it once."""
-        if self.reason is None:
-            self.reason = f"discovery failed in {site}: {type(error).__name__}: {error}"
-        if hooks.discover == self.attribute:
-            hooks.discover = None
-        if site not in self._logged:
-            self._logged.add(site)
-            logger.warning("modelkv: discovery failed in %s; it is now off", site, exc_info=error)
+        """Something failed inside discovery: turn it off for good, keep the first cause, report it once.
+
+        Safe on a model thread, under any lock, near the recursion limit: it logs nothing itself (``report``
+        queues the line for the heartbeat thread). Never raises.
+        """
+        try:
+            if getattr(hooks.discover, "__self__", None) is self:
+                hooks.discover = None
+            if self.reason is None:
+                self.reason = f"discovery failed in {site}: {type(error).__name__}"
+                self.reason = f"discovery failed in {site}: {type(error).__name__}: {error}"
+            if site not in self._logged:
+                self._logged.add(site)
+                report(logger, "modelkv: discovery failed in %s; it is now off", site, error=error)
+        except Exception:  # noqa: BLE001 - at the recursion limit even this path cannot call; discovery is off already
+            self.reason = self.reason or "discovery failed"
 
     def take_baseline(self) -> None:
         """What the modules hold now (after load), parameters included: never discovered."""
@@ -205,59 +205,84 @@ class Discovery:
 
     def uninstall(self) -> None:
         """Stop attributing layers (the records already made stay with the observer)."""
-        if hooks.discover == self.attribute:
+        if getattr(hooks.discover, "__self__", None) is self:
             hooks.discover = None
 
     # -- cache layers --------------------------------------------------------------------------
 
     def attribute(self, layer: object) -> tuple[OwnerState, int] | None:
-        """The owner of a layer first seen while no declaring owner runs, and the ``id`` of its cache (0: unknown).
+        """The owner of a layer first seen while no declaring owner runs, and the group of its cache (0: unknown).
 
-        Called by the hooks, once a layer.
+        Called by the hooks, once a layer, on the model's thread. Never raises: at the recursion limit, or when
+        anything else fails, it returns None and discovery is off.
         """
         try:
             return self._attribute(layer)
         except Exception as error:
-            self.fail("cache layer attribution", error)
+            try:
+                self.fail("cache layer attribution", error)
+            except Exception:  # noqa: BLE001 - no call is possible here; assignments are
+                hooks.discover = None
+                self.reason = self.reason or "discovery failed in cache layer attribution"
             return None
 
-    def _attribute(self, layer: object) -> tuple[OwnerState, int]:
-        """Walk the stack outward: the cache the layer belongs to, then the module that built or holds it.
+    def _attribute(self, layer: object) -> tuple[OwnerState, int] | None:
+        """Walk the stack outward, by code alone, to the innermost module that is not only handed the cache.
 
-        That module is the innermost one on the stack that was not handed the cache as an argument:
-        attention layers, decoder layers and transformer stacks that only pass the cache along (and
-        build its layers lazily as they do), or build it in an empty ``past_key_values`` slot and
-        return it, lead outward to the module that made it or keeps it. Without a cache to follow, or
-        when every module was handed it, the innermost module.
+        A frame names a module when its code is a method of a class only that module has (``ModuleMap.codes``).
+        Modules whose method takes ``past_key_values`` only pass the cache along (or fill an empty slot and
+        return it), so the walk goes on outward to the module that made or keeps it; when every module found
+        takes one, the innermost of them. Without any, the layer is held ``OUTSIDE`` and a census gives it to
+        the innermost module that holds it. At most ``MAX_FRAMES`` frames, whatever the caller's depth.
+
+        A layer ``copy.copy`` makes shares every tensor with the layer it copies: it is left alone (None), so that its
+        original's bytes are not counted twice.
+
+        The group (layers of one cache, for the layout) is the run of layers built within one outermost frame
+        of the cache module or ``copy`` (a cache's ``__init__``, ``update``, or a ``deepcopy``); a census that
+        reaches the cache object sets it exactly.
         """
         modules = self.modules
         assert modules is not None
+        if self.settings.read_locals:
+            found_by_locals, cache = locals_walk.find(modules, self._cache_class, sys._getframe(2))
+            if found_by_locals is None:
+                return self._outside, cache
+            return self._owner(*found_by_locals), cache
+        codes = modules.codes
+        passing = modules.passing
+        builders = self._builder_files
         frame: FrameType | None = sys._getframe(2)
-        cache_type = self._cache
-        cache: object = None
-        innermost: tuple[str, object] | None = None
+        builder = 0
+        handed: tuple[str, Any] | None = None
+        found: tuple[str, Any] | None = None
         for _ in range(MAX_FRAMES):
             if frame is None:
                 break
             code = frame.f_code
-            if code is _RECONSTRUCT:
-                built = frame.f_locals.get("y")
-                if cache is None and cache_type is not None and isinstance(built, cache_type):
-                    cache = built
-            elif code.co_argcount and code.co_varnames[0] == "self":
-                local = frame.f_locals
-                obj = local.get("self")
-                path = modules.path_of(obj)
-                if path is not None:
-                    if cache is None or not _handed(code, local, cache):
-                        return self._owner(path, obj), id(cache) if cache is not None else 0
-                    innermost = innermost or (path, obj)
-                elif cache is None and cache_type is not None and isinstance(obj, cache_type):
-                    cache = obj
+            entry = codes.get(id(code))
+            if entry is not None:
+                if id(code) not in passing:
+                    found = entry
+                    break
+                handed = handed or entry
+            elif code.co_filename in builders and found is None and handed is None:
+                if code is SHALLOW_COPY:
+                    return None
+                builder = id(frame)
             frame = frame.f_back
-        group = id(cache) if cache is not None else 0
-        if innermost is not None:
-            return self._owner(*innermost), group
+        frame = None
+        group = 0
+        if builder:
+            if builder != self._burst_frame:
+                self._burst += 1
+                self._burst_frame = builder
+            group = self._burst
+        entry = found or handed
+        if entry is not None:
+            module = entry[1]()
+            if module is not None:
+                return self._owner(entry[0], module), group
         return self._outside, group
 
     def _owner(self, path: str, module: object) -> OwnerState:
@@ -317,7 +342,12 @@ class Discovery:
     def _census(self) -> None:
         assert self.modules is not None
         began = time.perf_counter()
-        result = census.run(census.census(self.modules, self.settings.budget))
+        result = census.run(
+            census.census(
+                self.modules, self.settings.budget, layer_class=self._layer_class, cache_class=self._cache_class
+            )
+        )
+        self._place_layers(result)
         excluded = self.baseline | self._paged_storages() | self._layer_storages()
         sizes: dict[int, int] = {}
         counts: dict[int, int] = {}
@@ -340,13 +370,44 @@ class Discovery:
         self.census_at = time.time()
         self.census_seconds = time.perf_counter() - began
 
+    def _place_layers(self, result: CensusResult) -> None:
+        """What the census learnt of the cache layers it reached: the cache each belongs to (its group), and the
+        innermost module that holds it, which becomes its owner where no module was found for it when it was first
+        seen, or where it lies below the module found then (a cache each of several attention layers keeps is
+        attributed, when built, to the module around them: their code is shared). Under ``hooks.lock`` a few records
+        at a time."""
+        if not result.layers or not self._observing:
+            return
+        with hooks.lock:
+            records = list(hooks.records.values())
+        moves = []
+        for record in records:
+            placed = result.layers.get(record.key)
+            if placed is None or record() is None:
+                continue
+            index, group = placed
+            if group:
+                record.group = group
+            owner = record.owner
+            path, reference = self.modules.modules[index]  # type: ignore[union-attr]
+            if owner is self._outside or (owner is self.layer_owners.get(owner.path) and _below(path, owner.path)):
+                module = reference()
+                if module is not None:
+                    moves.append((record, owner, self._owner(path, module)))
+        for start in range(0, len(moves), CHUNK):
+            with hooks.lock:
+                for record, owner, state in moves[start : start + CHUNK]:
+                    if record.owner is owner and record() is not None:
+                        size = record.bytes
+                        owner.live -= size
+                        record.owner = state
+                        state.add(size)
+
     def _paged_storages(self) -> set[StorageKey]:
-        found: set[StorageKey] = set()
+        weighed: dict[StorageKey, int] = {}
         for tensor in self.paged() if self.paged is not None else ():
-            known = census.storage_key(tensor)
-            if known is not None:
-                found.add(known[0])
-        return found
+            safe.weigh(tensor, weighed)
+        return set(weighed)
 
     def _layer_storages(self) -> set[StorageKey]:
         found: set[StorageKey] = set()
@@ -362,23 +423,54 @@ class Discovery:
         owners: list[DiscoveredOwner] = []
         if self._observing and hooks.broken() is None:
             with hooks.lock:
-                by_owner = records_by_owner()
-                for path, state in list(self.layer_owners.items()):
-                    records = by_owner.get(id(state), [])
-                    live, failure = recount(state, records, hooks.active())
-                    problem = failure or state.unknown or state.graph
-                    if problem is None:
-                        self.layouts[path] = widest(self.layouts.get(path), seen_layout(records))
-                        held = _storage_count(records)
-                        owners.append(self._owner_figures(state, live, held, DiscoveryMethod.CACHE_LAYER))
-                    else:
-                        self._unpublished(path, problem)
-                    state.interval_high_water = live
-                owners += self._silent(observations, by_owner)
+                records = list(hooks.records.values())
+            by_owner: dict[int, list[LayerRecord]] = {}
+            for record in records:
+                by_owner.setdefault(id(record.owner), []).append(record)
+            records = []
+            for path, state in list(self.layer_owners.items()):
+                mine = by_owner.get(id(state), [])
+                live, failure, held = self._recount(state, mine)
+                problem = failure or state.unknown or state.graph
+                if problem is None:
+                    self.layouts[path] = widest(self.layouts.get(path), seen_layout(mine))
+                    owners.append(self._owner_figures(state, live, held, DiscoveryMethod.CACHE_LAYER))
+                else:
+                    self._unpublished(path, problem)
+                state.interval_high_water = live
+            owners += self._silent(observations, by_owner)
         for owner in self.census_owners.values():
             owners.append(self._owner_figures(owner, owner.live, owner.storages, DiscoveryMethod.CENSUS))
             owner.interval_high_water = owner.live
         return owners
+
+    @staticmethod
+    def _recount(state: OwnerState, records: list[LayerRecord]) -> tuple[int, str | None, int]:
+        """``recount`` of an owner's layers, ``CHUNK`` records under each hold of ``hooks.lock``.
+
+        Each chunk's drift is corrected under the lock, as ``recount`` does; ``recount``'s reset of the owner's live
+        bytes to its chunk's sum is undone (the live bytes move by the chunk's change only). The live figure
+        returned is de-duplicated by storage over all the owner's layers, read outside the lock, with the number of
+        those storages.
+        """
+        failure = None
+        for start in range(0, len(records), CHUNK):
+            chunk = records[start : start + CHUNK]
+            with hooks.lock:
+                live_before = state.live
+                bytes_before = sum(record.bytes for record in chunk)
+                _, problem = recount(state, chunk, hooks.active())
+                state.live = live_before + sum(record.bytes for record in chunk) - bytes_before
+            failure = failure or problem
+        found: dict[StorageKey, int] = {}
+        for record in records:
+            layer = record()
+            if layer is not None and record.plan.unknown is None:
+                try:
+                    found.update(storages(layer, record.plan.attributes))
+                except Exception as error:
+                    failure = failure or f"a cache layer could not be read: {type(error).__name__}: {error}"
+        return sum(found.values()), failure, len(found)
 
     def _silent(
         self, observations: Sequence[Observation], by_owner: Mapping[int, list[LayerRecord]]
@@ -428,7 +520,7 @@ class Discovery:
     def _unpublished(self, path: str, problem: str) -> None:
         if path not in self.unpublished:
             self.unpublished.add(path)
-            logger.warning("modelkv: the caches %s builds are not published: %s", path or "the root module", problem)
+            report(logger, "modelkv: the caches %s builds are not published: %s", path or "the root module", problem)
 
     def _publishable(self, owners: list[DiscoveredOwner]) -> tuple[tuple[DiscoveredOwner, ...], int, int]:
         above = [o for o in owners if o.peak_bytes >= self.settings.floor_bytes]

@@ -10,22 +10,33 @@ tensors of any other shape (a census finds tensors, not layers), there is no lay
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from modelkv_exporter.contract.snapshot import KVLayout
+from modelkv_exporter.engine.discover import safe
 from modelkv_exporter.engine.observe.records import LayerRecord
 
 
 def seen_layout(records: Iterable[LayerRecord]) -> KVLayout | None:
-    """The geometry of the live layers behind ``records`` now; None when there is none or it is mixed."""
+    """The geometry of the live layers behind ``records`` now; None when there is none or it is mixed.
+
+    Read through the layers' real ``__dict__`` and with ``__torch_function__`` off: no code of a tensor subclass runs.
+    """
+    with torch._C.DisableTorchFunctionSubclass():
+        return _seen_layout(records)
+
+
+def _seen_layout(records: Iterable[LayerRecord]) -> KVLayout | None:
     kinds: set[tuple[int, int, torch.dtype]] = set()
     groups: dict[int, list[int]] = {}
     positions = 0
     for record in records:
         layer = record()
-        keys = None if layer is None else layer.__dict__.get("keys")
-        if not isinstance(keys, torch.Tensor) or keys.dim() != 4:
+        attributes = None if layer is None else safe.instance_dict(layer)
+        keys: Any = None if attributes is None else attributes.get("keys")
+        if safe.kind(type(keys)) is not safe.Kind.TENSOR or keys.dim() != 4:
             continue
         rows, heads, held, head_dim = keys.shape
         if not heads or not head_dim:

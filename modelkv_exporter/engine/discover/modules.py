@@ -1,37 +1,58 @@
-"""The model's modules by path, and the innermost of them on the call stack.
+"""The model's modules by path, and the code that names one of them on the call stack.
 
 ``ModuleMap`` is built once, after load: every module of the model with its path (``""`` = the
-root), held weakly. ``innermost`` walks the caller's frames for the first ``self`` that is one of
-them; it runs only when a cache layer is first seen, never per update.
+root), held weakly, and ``codes``: every code object of the methods the model's module classes
+define (nested functions and comprehensions included, ``functools.wraps`` wrappers followed to the
+function they wrap), mapped to the one module whose class runs it, where only one module of the
+model has that class. Code shared by several modules (a decoder layer's, an attention's, or
+``nn.Module``'s own) names none. A frame is matched by its ``f_code`` alone: attribution reads no
+frame's locals (on CPython 3.11 reading ``f_locals`` stores a snapshot on the frame, keeping every
+tensor the frame deletes later alive until it returns).
 """
 
 from __future__ import annotations
 
-import sys
+import types
 import weakref
 from collections.abc import Iterator
-from types import FrameType
+from typing import Any
 
 import torch
 
-MAX_FRAMES = 200
-"""Frames ``innermost`` looks through at most."""
+from modelkv_exporter.engine.discover import safe
+
+MAX_FRAMES = 64
+"""Frames attribution looks through at most, whatever the depth of the caller's stack."""
+CACHE_SLOTS = frozenset({"past_key_values", "past_key_value"})
+"""Parameter names through which ``transformers`` modules are handed a cache, or an empty slot they fill with a
+cache they build and return: such a module only passes the cache along, and the walk goes on outward."""
+
+MODULE_DICT = torch.nn.Module.__dict__["__dict__"]
+"""The real ``__dict__`` of every module."""
+ModuleEntry = tuple[str, "weakref.ReferenceType[torch.nn.Module]"]
+
+
+def children_of(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
+    """``module._modules``, read through ``nn.Module``'s real ``__dict__`` (never a subclass's attribute hooks)."""
+    found = MODULE_DICT.__get__(module, type(module)).get("_modules")
+    return found if type(found) is dict else {}
 
 
 def walk_modules(root: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
     """``(path, module)`` for ``root`` and every module below it, each once, in ``named_modules()`` order."""
     yield "", root
     seen = {id(root)}
-    children = [iter(root._modules.items())]
+    children = [iter(list(children_of(root).items()))]
     names: list[str] = []
     while children:
         for name, child in children[-1]:
-            if child is None or id(child) in seen:
+            if child is None or id(child) in seen or safe.kind(type(child)) is not safe.Kind.SKIP:
                 continue
             seen.add(id(child))
             yield ".".join([*names, name]), child
-            if child._modules:
-                children.append(iter(child._modules.items()))
+            below = children_of(child)
+            if below:
+                children.append(iter(list(below.items())))
                 names.append(name)
                 break
         else:
@@ -40,16 +61,73 @@ def walk_modules(root: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]
                 names.pop()
 
 
+def _function_codes(value: Any) -> Iterator[types.CodeType]:
+    """The code objects behind one entry of a class's dict, without running anything of it."""
+    kind = type(value)
+    if kind in (staticmethod, classmethod):
+        value = value.__func__
+    elif kind is property:
+        for part in (value.fget, value.fset, value.fdel):
+            yield from _function_codes(part)
+        return
+    seen = 0
+    while type(value) is types.FunctionType and seen < 16:
+        yield from _nested(value.__code__)
+        value = value.__dict__.get("__wrapped__")
+        seen += 1
+
+
+def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for constant in code.co_consts:
+        if type(constant) is types.CodeType:
+            yield from _nested(constant)
+
+
+def class_codes(cls: type) -> set[types.CodeType]:
+    """Every code object a method of ``cls`` (or of a base below ``nn.Module``) may run."""
+    found: set[types.CodeType] = set()
+    for klass in safe.mro(cls):
+        if klass is torch.nn.Module or klass is object:
+            continue
+        for value in list(safe.class_dict(klass).values()):
+            found.update(_function_codes(value))
+    return found
+
+
+def takes_cache(code: types.CodeType) -> bool:
+    """Whether a function with ``code`` has a ``past_key_values`` (or ``past_key_value``) parameter."""
+    count = code.co_argcount + code.co_kwonlyargcount
+    return not CACHE_SLOTS.isdisjoint(code.co_varnames[:count])
+
+
 class ModuleMap:
     """Every module of one model: path by ``id``, checked against a weak reference (ids are reused)."""
 
     def __init__(self, root: torch.nn.Module) -> None:
-        self.modules: list[tuple[str, weakref.ReferenceType[torch.nn.Module]]] = []
-        self._by_id: dict[int, tuple[str, weakref.ReferenceType[torch.nn.Module]]] = {}
+        self.modules: list[ModuleEntry] = []
+        self._by_id: dict[int, ModuleEntry] = {}
+        by_class: dict[type, list[ModuleEntry]] = {}
         for path, module in walk_modules(root):
             entry = (path, weakref.ref(module))
             self.modules.append(entry)
             self._by_id[id(module)] = entry
+            by_class.setdefault(type(module), []).append(entry)
+        runners: dict[types.CodeType, list[ModuleEntry]] = {}
+        for cls, entries in by_class.items():
+            for code in class_codes(cls):
+                runners.setdefault(code, []).extend(entries)
+        self._code_objects = list(runners)
+        """Kept alive, so that their ids stay theirs."""
+        self.codes: dict[int, ModuleEntry] = {
+            id(code): entries[0] for code, entries in runners.items() if len(entries) == 1
+        }
+        """``id`` of a code object -> the one module of the model that runs it (by id: hashing a code object hashes
+        its whole body, each time)."""
+        self.passing: frozenset[int] = frozenset(
+            id(code) for code, entries in runners.items() if len(entries) == 1 and takes_cache(code)
+        )
+        """Ids in ``codes`` of code that is handed a cache (``CACHE_SLOTS``)."""
 
     def __len__(self) -> int:
         return len(self.modules)
@@ -60,19 +138,3 @@ class ModuleMap:
         if entry is None or entry[1]() is not obj:
             return None
         return entry[0]
-
-    def innermost(self, frame: FrameType | None = None) -> tuple[str, torch.nn.Module] | None:
-        """The innermost module of the model running on the stack above ``frame`` (the caller's by default)."""
-        frame = sys._getframe(1) if frame is None else frame
-        by_id = self._by_id
-        for _ in range(MAX_FRAMES):
-            if frame is None:
-                return None
-            code = frame.f_code
-            if code.co_argcount and code.co_varnames[0] == "self":
-                obj = frame.f_locals.get("self")
-                entry = by_id.get(id(obj))
-                if entry is not None and entry[1]() is obj:
-                    return entry[0], obj  # type: ignore[return-value]
-            frame = frame.f_back
-        return None
