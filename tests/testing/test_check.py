@@ -99,7 +99,8 @@ def test_rows_and_capacity_are_not_guessed_from_too_little() -> None:
     assert owner.verdict.kind is VerdictKind.UNDECLARED
     (suggestion,) = owner.suggestions
     assert set(suggestion.missing) == {"physical_capacity_positions", "capacity_source", "scope", "rows"}
-    assert "rows=...,  # not inferred: the calls held 3 rows and no batch sizes were given" in suggestion.code
+    assert "# rows: not inferred: the calls held 3 rows and no batch sizes were given" in suggestion.code
+    assert "..." not in suggestion.code and "rows=" not in suggestion.code
     assert "at least 8 a row" in suggestion.code and "reached in one call only" in suggestion.code
     assert f"layers={LAYERS}," in suggestion.code and f"kv_heads={HEADS}," in suggestion.code
     assert f"head_dim={HEAD_DIM}," in suggestion.code and "dtype=torch.float32," in suggestion.code
@@ -111,7 +112,7 @@ def test_a_fixed_count_is_inferred_when_rows_stay_over_batch_sizes() -> None:
     report = check(Generator([]), lambda model, size: model(1), max_num_seqs=4, batches=(1, 4))
     (suggestion,) = report.owner("").suggestions
     assert "rows=RowDriver.FIXED," in suggestion.code and "rows_fixed=1," in suggestion.code
-    assert "rows_reason=...,  # not inferred" in suggestion.code
+    assert "# rows_reason: not inferred" in suggestion.code and "rows_reason=" not in suggestion.code
 
 
 def test_a_discovered_owner_from_a_source_is_reported_with_its_layout() -> None:
