@@ -190,3 +190,16 @@ def test_a_module_that_declares_nothing_is_discovered_without_being_named() -> N
         report.assert_ok()
     off = check(model, both, max_num_seqs=2, batches=(1, 2), discover=False)
     assert [o.owner for o in off.owners] == ["generator"] and off.ok
+
+
+@pytest.mark.parametrize(
+    "field,value", [("scope", ...), ("scope", "forever"), ("layers", "6"), ("kv_heads", 2.5), ("head_dim", -4)]
+)
+def test_a_declaration_an_engine_would_drop_fails_the_check_naming_its_field(field: str, value: object) -> None:
+    """Before: it passed the check and publish(), and the sidecar rejected the engine's whole snapshot."""
+    report = check(Generator([spec(**{field: value})]), drive, max_num_seqs=2, batches=(1, 2))
+    assert not report.ok and report.dropped[0].count == 1
+    (headline,) = report.failures[:1]
+    assert f"invalid field {field}:" in headline
+    with pytest.raises(AssertionError, match=f"declaration\\(s\\) dropped, unresolvable_spec: .*invalid field {field}"):
+        report.assert_ok()
