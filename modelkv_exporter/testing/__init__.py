@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from modelkv_exporter.contract.verdicts import Verdict, VerdictKind
-    from modelkv_exporter.testing.diagnosis import FieldProblem
-    from modelkv_exporter.testing.layout import CallPeak, LayerGroup
+    from modelkv_exporter.testing.diagnosis import FieldProblem as FieldProblem
+    from modelkv_exporter.testing.layout import CallPeak as CallPeak
+    from modelkv_exporter.testing.layout import LayerGroup as LayerGroup
     from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
-    from modelkv_exporter.testing.run import CacheCheck, CheckSettings, check, observe
+    from modelkv_exporter.testing.run import CacheCheck as CacheCheck
+    from modelkv_exporter.testing.run import CheckSettings, check, observe
 
 _HOMES = {
     "CacheCheck": "run",

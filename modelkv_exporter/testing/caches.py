@@ -18,6 +18,7 @@ import functools
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
 from typing import Any
 
 PARTS = ("self_attention_cache", "cross_attention_cache")
@@ -123,7 +124,7 @@ class CacheTracker:
         cache_type = self._cache_type
         if cache_type is None:
             return
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         for _ in range(STACK_FRAMES):
             if frame is None:
                 return

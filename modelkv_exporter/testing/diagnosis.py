@@ -54,7 +54,11 @@ def geometry_problems(declarations: Sequence[Declaration], shapes: Sequence[Shap
     if problems:
         return problems
     for shape in shapes:
-        same = [d for d in declarations if (d.kv_heads, d.head_dim, d.dtype) == (shape.kv_heads, shape.head_dim, shape.dtype)]
+        same = [
+            d
+            for d in declarations
+            if (d.kv_heads, d.head_dim, d.dtype) == (shape.kv_heads, shape.head_dim, shape.dtype)
+        ]
         declared_layers = [d.layers for d in same or declarations]
         if all(layers == shape.layers for layers in declared_layers) or sum(declared_layers) == shape.layers:
             continue

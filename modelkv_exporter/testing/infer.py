@@ -71,7 +71,9 @@ def infer_rows(peaks: Sequence[CallPeak]) -> Rows:
             f"the calls held {_listing(seen) or 'no'} rows and no batch sizes were given: drive two batch sizes "
             "under run.batch(n) to tell one row per sequence from a fixed count",
         )
-    pairs = _listing(f"{_held_text(rows, caches)} at batch {batch}" for batch, (rows, caches) in sorted(by_batch.items()))
+    pairs = _listing(
+        f"{_held_text(rows, caches)} at batch {batch}" for batch, (rows, caches) in sorted(by_batch.items())
+    )
     multiples = {rows // batch if rows % batch == 0 else 0 for batch, (rows, _) in by_batch.items()}
     if len(multiples) == 1 and 0 not in multiples:
         (copies,) = multiples
@@ -115,9 +117,7 @@ def infer_capacity(peaks: Sequence[CallPeak], shape: Shape, copies: int = 1) -> 
     reaching = [call for call, positions in per_call if positions == shape.positions]
     groups = f"{shape.layers} layers x {shape.rows} rows: {shape.groups_text}"
     if len(reaching) >= 2 and not any(reaching):  # a discovered owner: no calls of its own, only batches
-        batches = _listing(
-            peak.batch for peak in peaks if per_row_positions(peak, geometry, copies) == shape.positions
-        )
+        batches = _listing(peak.batch for peak in peaks if per_row_positions(peak, geometry, copies) == shape.positions)
         return Capacity(
             shape.positions,
             True,
@@ -143,9 +143,7 @@ def infer_capacity(peaks: Sequence[CallPeak], shape: Shape, copies: int = 1) -> 
     )
 
 
-def reached_bound(
-    peaks: Sequence[CallPeak], declarations: Sequence[Declaration], copies: int = 1
-) -> tuple[bool, str]:
+def reached_bound(peaks: Sequence[CallPeak], declarations: Sequence[Declaration], copies: int = 1) -> tuple[bool, str]:
     """Whether the run reached what the declarations are made for: their rows at max_num_seqs and their longest
     positions, in some call. Only then can holding less be called over-reporting; otherwise which bound was
     missed and what the run reached."""

@@ -9,12 +9,12 @@ layers from the layers of one cache (``testing/caches.py`` says which cache a la
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from modelkv_exporter.testing.caches import Where
+
 
 @dataclass(frozen=True)
 class LayerGroup:
@@ -114,7 +114,7 @@ class CallPeak:
     @property
     def groups(self) -> tuple[LayerGroup, ...]:
         """The layers by geometry, rows and positions, whatever cache holds them; the largest first."""
-        merged: dict[tuple[Any, ...], tuple[int, int, set[int]]] = {}
+        merged: dict[tuple[int, int, int, str, int, int], tuple[int, int, set[int]]] = {}
         for item in self.held:
             g = item.group
             key = (g.rows, g.kv_heads, g.head_dim, g.dtype, g.element_size, g.positions)
@@ -122,7 +122,8 @@ class CallPeak:
             caches.add(item.cache)
             merged[key] = (layers + g.layers, size + g.bytes, caches)
         groups = [
-            LayerGroup(*key, layers, size, len(caches)) for key, (layers, size, caches) in merged.items()
+            LayerGroup(rows, heads, head_dim, dtype, element, positions, layers, size, len(caches))
+            for (rows, heads, head_dim, dtype, element, positions), (layers, size, caches) in merged.items()
         ]
         return tuple(sorted(groups, key=lambda g: (-g.bytes, g.positions)))
 

@@ -82,11 +82,7 @@ class OwnerRecorder:
 
     def call_peaks(self) -> tuple[CallPeak, ...]:
         """Every call that held cache memory, in call order."""
-        return tuple(
-            CallPeak(c.call, c.batch, c.bytes, c.held, c.other)
-            for c in self.peaks.values()
-            if c.bytes > 0
-        )
+        return tuple(CallPeak(c.call, c.batch, c.bytes, c.held, c.other) for c in self.peaks.values() if c.bytes > 0)
 
 
 def attach(state: OwnerState, batch: list[int | None], tracker: CacheTracker | None = None) -> OwnerRecorder:

@@ -50,8 +50,12 @@ def test_the_decoder_under_reports_and_its_resized_declaration_is_printed(spool:
     out = result.stdout
     assert "FAIL tokenizer.decoder (Owner): under-reports by 2.18x: declares 9,306,112 B, held 20,316,160 B" in out
     assert "physical_capacity_positions=310," in out and "rows=RowDriver.MAX_NUM_SEQS," in out
-    assert "# scope: not inferred: how long one allocation lives" in out and "from modelkv_exporter.protocol import" in out
-    assert "..." not in out.split("suggested declaration:")[1].split("evidence:")[0], "no placeholder a spec would build"
+    assert (
+        "# scope: not inferred: how long one allocation lives" in out and "from modelkv_exporter.protocol import" in out
+    )
+    assert "..." not in out.split("suggested declaration:")[1].split("evidence:")[0], (
+        "no placeholder a spec would build"
+    )
     assert "a running engine reports bytes, not the geometry" in out
 
 
