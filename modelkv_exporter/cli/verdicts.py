@@ -91,12 +91,36 @@ def _suggestion(item: OwnerVerdict, width: int) -> list[str]:
     return lines
 
 
+def rejected_lines(scan: SpoolScan, width: int) -> list[str]:
+    """Every spool file that could not be judged, with its reason, and how many were not read."""
+    lines = [
+        _wrapped(f"  FAIL {entry.file_name}: rejected, {entry.error.reason.value}: {entry.error.detail}", width, "")
+        for entry in scan.entries
+        if entry.error is not None
+    ]
+    if scan.skipped:
+        lines.append(
+            _wrapped(
+                f"  FAIL {scan.skipped} more files not read: over the spool's file or byte budget "
+                "(--max-spool-files, --max-spool-bytes)",
+                width,
+                "",
+            )
+        )
+    return ["rejected files (their engines are not judged):", *lines, ""] if lines else []
+
+
 def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
-    """The verdicts of every engine in the spool (ended ones too), and whether every one passes."""
+    """The verdicts of every engine in the spool (ended ones too), and whether every one passes.
+
+    Rejected files are listed with their reason and fail the check; so does a spool in which nothing
+    was judged (no snapshot, or no owner in any).
+    """
     if not scan.ok:
         return _wrapped(f"cannot read the spool: {scan.error}", width, "") + "\n", False
     parts: list[str] = []
     passing = True
+    judged = 0
     suggested = False
     for _, snapshot in scan.snapshots:
         engine = snapshot.engine
@@ -110,6 +134,7 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
         items = owner_verdicts(snapshot)
         if not items:
             parts.append("  no owner declares a cache or was discovered")
+        judged += len(items) + len(snapshot.dropped_declarations or ())
         for item in items:
             passing = passing and item.verdict.ok
             mark = "ok  " if item.verdict.ok else "FAIL"
@@ -123,8 +148,19 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
             text = f"  FAIL {dropped.owner or ROOT_OWNER} ({dropped.owner_class}): {dropped.count} declaration(s) "
             parts.append(_wrapped(text + f"dropped, {dropped.reason}: {dropped.error}", width, ""))
         parts.append("")
-    if not scan.snapshots:
-        parts.append("no snapshots in the spool")
+    rejected = rejected_lines(scan, width)
+    parts += rejected
+    if rejected:
+        passing = False
+    if not judged:
+        passing = False
+        if scan.snapshots:
+            found = "no engine has an owner that declares a cache or was discovered"
+        elif scan.entries or scan.skipped:
+            found = "no snapshot in the spool could be read"
+        else:
+            found = "no snapshots in the spool"
+        parts.append(f"FAIL judged nothing: {found}")
     if suggested:
         parts += ["the suggestions need:", IMPORTS, ""]
     text = "\n".join(visible(line) for line in "\n".join(parts).split("\n"))

@@ -2,8 +2,10 @@
 
 Both the model author's check (``modelkv_exporter.testing``) and ``modelkv-exporter check`` (a
 spool) write suggestions; this is the one way they are written. A figure that could not be
-inferred is written as ``...`` with the reason beside it, never guessed: the pasted code then
-says, in the author's own file, what is still theirs to decide.
+inferred is a comment with the reason, never guessed and never a placeholder value: pasted as it
+is, the spec is missing that argument and fails where it is built (a placeholder such as ``...``
+would build, and an engine would drop the declaration), so the author's own file says what is
+still theirs to decide.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass
 from modelkv_exporter.contract.snapshot import Declaration, KVLayout
 from modelkv_exporter.contract.vocabulary import RowDriver
 
-NOT_INFERRED = "..."
-"""How a figure that could not be inferred is written."""
+NOT_INFERRED = "# {field}: not inferred: {evidence}"
+"""How a figure that could not be inferred is written: a comment line in place of its argument."""
 
 IMPORTS = (
     "import torch\n"
@@ -44,12 +46,13 @@ class Figure:
 
 
 def spec_code(figures: Sequence[Figure], indent: str = "") -> str:
-    """``ModelLocalKVSpec(`` one line per figure, a short note after each that is not inferred ``)``."""
+    """``ModelLocalKVSpec(`` one line per figure, a comment with the reason for each that is not inferred ``)``."""
     lines = [f"{indent}ModelLocalKVSpec("]
     for figure in figures:
-        value = figure.code if figure.code is not None else NOT_INFERRED
-        note = "" if figure.inferred else f"  # not inferred: {figure.evidence}"
-        lines.append(f"{indent}    {figure.field}={value},{note}")
+        if figure.code is None:
+            lines.append(f"{indent}    " + NOT_INFERRED.format(field=figure.field, evidence=figure.evidence))
+        else:
+            lines.append(f"{indent}    {figure.field}={figure.code},")
     lines.append(f"{indent})")
     return "\n".join(lines)
 

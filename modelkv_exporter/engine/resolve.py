@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from enum import Enum
 from typing import Any
 
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import Declaration, DroppedDeclaration
+from modelkv_exporter.contract.validity import declaration_problems, record_problems
 from modelkv_exporter.contract.vocabulary import DropReason, RowDriver
 from modelkv_exporter.engine.log import get_logger
-from modelkv_exporter.engine.protocol import DeclarerFailure, OwnedSpec, driver_value, element_size, error_text
+from modelkv_exporter.engine.protocol import DeclarerFailure, OwnedSpec, element_size, error_text
 
 logger = get_logger("resolve")
 
@@ -20,44 +22,67 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class InvalidDeclaration(ValueError):
+    """A spec with a field the snapshot cannot carry (``contract/validity.py``): dropped, never published."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid field {field}: {problem}")
+        self.field = field
+
+
+def _plain(value: Any) -> Any:
+    """An enum member's value (ours, vLLM-Omni's or any other), anything else as it is."""
+    member = getattr(value, "value", value)
+    return member if isinstance(value, Enum) else value
+
+
 def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_seqs: int | None) -> Declaration:
     """One spec, duck-typed, resolved at the engine's ``max_num_seqs``.
 
-    Without ``max_num_seqs`` (an engine that has none) a per-sequence spec has no peak: it
+    Every field is checked by the rules the sidecar's reader applies (``contract/validity.py``), before
+    any arithmetic: a value of the wrong type (``layers='6'``, ``kv_heads=2.5``, ``scope=...``) or out of
+    bounds (``scope="forever"``, negative positions) raises ``InvalidDeclaration`` naming the field, and is
+    never coerced. Without ``max_num_seqs`` (an engine that has none) a per-sequence spec has no peak: it
     raises rather than being published at a made-up row count.
     """
-    driver = driver_value(spec.rows)
+    values: dict[str, Any] = {
+        "owner": owner_path,
+        "owner_class": owner_class,
+        "name": spec.name,
+        "layers": spec.layers,
+        "kv_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "dtype": dtype_name(spec.dtype),
+        "element_size": element_size(spec.dtype),
+        "physical_capacity_positions": spec.physical_capacity_positions,
+        "capacity_source": spec.capacity_source,
+        "scope": _plain(spec.scope),
+        "rows": _plain(spec.rows),
+        "rows_fixed": spec.rows_fixed,
+        "rows_reason": "" if spec.rows_reason is None else spec.rows_reason,
+        "allocation_note": spec.allocation_note,
+    }
+    for field, problem in record_problems(Declaration, values):
+        raise InvalidDeclaration(field, problem)
+    driver = values["rows"]
     if max_num_seqs is None and driver != RowDriver.FIXED.value:
         raise ValueError(f"{spec.name!r} has rows per sequence, but this engine has no max_num_seqs")
-    size = element_size(spec.dtype)
     per_row = arithmetic.bytes_per_row(
-        layers=int(spec.layers),
-        kv_heads=int(spec.kv_heads),
-        head_dim=int(spec.head_dim),
-        positions=int(spec.physical_capacity_positions),
-        element_size=size,
+        layers=values["layers"],
+        kv_heads=values["kv_heads"],
+        head_dim=values["head_dim"],
+        positions=values["physical_capacity_positions"],
+        element_size=values["element_size"],
     )
-    rows = arithmetic.row_count(driver, int(spec.rows_fixed), max_num_seqs or 1)
-    return Declaration(
-        owner=owner_path,
-        owner_class=owner_class,
-        name=str(spec.name),
-        layers=int(spec.layers),
-        kv_heads=int(spec.kv_heads),
-        head_dim=int(spec.head_dim),
-        dtype=dtype_name(spec.dtype),
-        element_size=size,
-        physical_capacity_positions=int(spec.physical_capacity_positions),
-        capacity_source=str(spec.capacity_source),
-        scope=str(getattr(spec.scope, "value", spec.scope)),
-        rows=driver,
-        rows_fixed=int(spec.rows_fixed),
-        rows_reason=str(spec.rows_reason or ""),
-        allocation_note=None if spec.allocation_note is None else str(spec.allocation_note),
-        bytes_per_row=per_row,
-        row_count=rows,
-        peak_bytes=per_row * rows,
-    )
+    rows = arithmetic.row_count(driver, values["rows_fixed"], max_num_seqs or 1)
+    integers = ("layers", "kv_heads", "head_dim", "element_size", "physical_capacity_positions", "rows_fixed")
+    values.update({name: int(values[name]) for name in integers})
+    declaration = Declaration(**values, bytes_per_row=per_row, row_count=rows, peak_bytes=per_row * rows)
+    for field, problem in record_problems(Declaration, vars(declaration)) + declaration_problems(
+        declaration, max_num_seqs
+    ):
+        raise InvalidDeclaration(field, problem)
+    return declaration
 
 
 def resolve_declarations(owned: Iterable[OwnedSpec], max_num_seqs: int | None) -> tuple[Declaration, ...]:
@@ -79,6 +104,16 @@ def resolve_owned(
     for item in owned:
         try:
             declaration = declaration_from_spec(item.owner_path, item.owner_class, item.spec, max_num_seqs)
+        except InvalidDeclaration as error:
+            logger.warning(
+                "modelkv: dropping a declaration of %s (%r): %s; the rest is published",
+                item.owner_class,
+                item.owner_path,
+                error,
+            )
+            count, first = unresolved.get((item.owner_path, item.owner_class), (0, error_text(error)))
+            unresolved[(item.owner_path, item.owner_class)] = (count + 1, first)
+            continue
         except Exception as error:
             logger.warning("cannot resolve a spec of %s; skipping it", item.owner_class, exc_info=True)
             count, first = unresolved.get((item.owner_path, item.owner_class), (0, error_text(error)))

@@ -10,10 +10,11 @@ Wrap a model, drive it with your own code, read the report::
                 drive(model, size)
     run.report.assert_ok()   # AssertionError naming each wrong owner and field, with a declaration to paste
 
-``check(model, drive, max_num_seqs=2, batches=(1, 2))`` does the same in one call, and the pytest
-fixture ``model_local_kv`` (``pytest_plugins = ["modelkv_exporter.testing.pytest_plugin"]``)
-asserts it. Engine side: needs torch and transformers (``pip install '.[torch]'``), no GPU.
-See docs/declaring-caches.md.
+Three ways in, one list of keywords (``CheckSettings``): ``check(model, drive, max_num_seqs=2,
+batches=(1, 2))`` does it in one call, ``observe(model, ...)`` is its context-manager form (above),
+and the pytest fixture ``model_local_kv`` (registered by the ``pytest11`` entry point) asserts it.
+Engine side: needs torch and transformers (``pip install '.[torch]'``), no GPU. See
+docs/declaring-caches.md.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from modelkv_exporter.contract.verdicts import Verdict, VerdictKind
-    from modelkv_exporter.testing.diagnosis import FieldProblem
-    from modelkv_exporter.testing.layout import CallPeak, LayerGroup
+    from modelkv_exporter.testing.diagnosis import FieldProblem as FieldProblem
+    from modelkv_exporter.testing.layout import CallPeak as CallPeak
+    from modelkv_exporter.testing.layout import LayerGroup as LayerGroup
     from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
-    from modelkv_exporter.testing.run import CacheCheck, check, observe
+    from modelkv_exporter.testing.run import CacheCheck as CacheCheck
+    from modelkv_exporter.testing.run import CheckSettings, check, observe
 
 _HOMES = {
     "CacheCheck": "run",
+    "CheckSettings": "run",
     "check": "run",
     "observe": "run",
     "OwnerReport": "report",
@@ -42,10 +46,7 @@ _HOMES = {
 """Where each public name lives; imported on first use, so that loading the pytest plugin imports no torch."""
 
 __all__ = [
-    "CacheCheck",
-    "CallPeak",
-    "FieldProblem",
-    "LayerGroup",
+    "CheckSettings",
     "OwnerReport",
     "Report",
     "Suggestion",
@@ -54,6 +55,8 @@ __all__ = [
     "check",
     "observe",
 ]
+"""The surface: ``CacheCheck``, ``CallPeak``, ``FieldProblem`` and ``LayerGroup`` still import from here (what
+a report holds), but are not part of it."""
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,9 @@
 Compared with the layers held at the owner's peak: the dtype, kv heads and head dim its layers
 have, the layer count they share, the row driver the batches showed, and last (only when all of
 those agree) the positions a row. A dtype of the same width, or heads and head dim swapped, hold
-the same bytes: only these comparisons catch them.
+the same bytes: only these comparisons catch them. The layers are those of one cache (separate cache
+objects live at once are rows, not layers); a geometry's declarations hold its layers when one of them
+declares that many or they add up to it (one spec per group of layers).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def _values(values: Collection[object]) -> str:
 
 
 def geometry_problems(declarations: Sequence[Declaration], shapes: Sequence[Shape]) -> list[FieldProblem]:
-    """dtype, kv_heads, head_dim and layers: each a value the caches held that no declaration has."""
+    """dtype, kv_heads and head_dim: a value the caches held that no declaration has, or one declared that no
+    cache held; when those agree, the layers of one cache against the declarations of its geometry."""
     problems = []
     compared: tuple[tuple[str, Collection[object], Collection[object]], ...] = (
         ("dtype", {s.dtype for s in shapes}, {d.dtype for d in declarations}),
@@ -42,24 +45,28 @@ def geometry_problems(declarations: Sequence[Declaration], shapes: Sequence[Shap
         ("head_dim", {s.head_dim for s in shapes}, {d.head_dim for d in declarations}),
     )
     for field, seen, declared in compared:
-        missing = {value for value in seen if value not in declared}
-        if missing:
+        wrong = {value for value in seen if value not in declared} | {value for value in declared if value not in seen}
+        if wrong:
+            names = _names([d for d in declarations if getattr(d, field) in wrong] or declarations)
             problems.append(
-                FieldProblem(
-                    field,
-                    f"{field}: {_names(declarations)} declares {_values(declared)}; its caches hold {_values(missing)}",
-                )
+                FieldProblem(field, f"{field}: {names} declares {_values(declared)}; its caches hold {_values(seen)}")
             )
-    declared_layers = {d.layers for d in declarations}
+    if problems:
+        return problems
     for shape in shapes:
-        total = sum(g.layers for g in shape.groups)
-        if shape.layers in declared_layers or any(total % layers == 0 for layers in declared_layers):
+        same = [
+            d
+            for d in declarations
+            if (d.kv_heads, d.head_dim, d.dtype) == (shape.kv_heads, shape.head_dim, shape.dtype)
+        ]
+        declared_layers = [d.layers for d in same or declarations]
+        if all(layers == shape.layers for layers in declared_layers) or sum(declared_layers) == shape.layers:
             continue
         problems.append(
             FieldProblem(
                 "layers",
-                f"layers: {_names(declarations)} declares {_values(set(declared_layers))}; its caches have "
-                f"{shape.layers} layers ({shape.groups_text} at the peak)",
+                f"layers: {_names(same or declarations)} declares {_values(set(declared_layers))}; its caches have "
+                f"{shape.layers} layers each ({shape.groups_text} at the peak)",
             )
         )
     return problems

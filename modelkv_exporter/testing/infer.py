@@ -31,28 +31,39 @@ class Rows:
     driver: RowDriver | None
     fixed: int
     evidence: str
+    copies: int = 1
+    """The caches each sequence has a row in (a retained cache and a working copy: 2); rows are divided by it."""
+
+    def held(self, peak: CallPeak) -> int:
+        """The rows a call's peak held, in the declaration's terms."""
+        return peak.rows // self.copies if self.copies > 1 else peak.rows
 
 
 def _listing(values: Iterable[object]) -> str:
     return ", ".join(str(v) for v in values)
 
 
+def _held_text(rows: int, caches: int) -> str:
+    return f"{rows} rows" + (f" in {caches} caches" if caches > 1 else "")
+
+
 def infer_rows(peaks: Sequence[CallPeak]) -> Rows:
-    """One row per sequence when every labelled batch held as many rows as its size (two sizes at least);
-    a fixed count when the rows stayed the same over two batch sizes or more."""
-    by_batch: dict[int, int] = {}
+    """One row per sequence when every labelled batch held as many rows as its size (or the same multiple of
+    it: a row in each of several caches), over two batch sizes at least; a fixed count when the rows stayed
+    the same over two batch sizes or more. Rows are every live cache object's rows added."""
+    by_batch: dict[int, tuple[int, int]] = {}
     for peak in peaks:
         if peak.batch is not None:
-            by_batch[peak.batch] = max(by_batch.get(peak.batch, 0), peak.rows)
+            by_batch[peak.batch] = max(by_batch.get(peak.batch, (0, 0)), (peak.rows, peak.caches))
     seen = sorted({peak.rows for peak in peaks})
     if len(by_batch) < 2:
         if by_batch:
-            ((batch, rows),) = by_batch.items()
+            ((batch, (rows, caches)),) = by_batch.items()
             return Rows(
                 None,
                 rows,
-                f"the run held {rows} rows at one batch size ({batch}): drive two batch sizes (run.batch(n)) to tell "
-                "one row per sequence from a fixed count",
+                f"the run held {_held_text(rows, caches)} at one batch size ({batch}): drive two batch sizes "
+                "(run.batch(n)) to tell one row per sequence from a fixed count",
             )
         return Rows(
             None,
@@ -60,13 +71,26 @@ def infer_rows(peaks: Sequence[CallPeak]) -> Rows:
             f"the calls held {_listing(seen) or 'no'} rows and no batch sizes were given: drive two batch sizes "
             "under run.batch(n) to tell one row per sequence from a fixed count",
         )
-    pairs = _listing(f"{rows} at batch {batch}" for batch, rows in sorted(by_batch.items()))
-    if all(rows == batch for batch, rows in by_batch.items()):
-        return Rows(RowDriver.MAX_NUM_SEQS, 1, f"one row per sequence: {pairs}")
-    if len(set(by_batch.values())) == 1:
-        (rows,) = set(by_batch.values())
-        return Rows(RowDriver.FIXED, rows, f"{rows} whatever the batch: {pairs}")
-    return Rows(None, max(by_batch.values()), f"neither one row per sequence nor a fixed count: {pairs}")
+    pairs = _listing(
+        f"{_held_text(rows, caches)} at batch {batch}" for batch, (rows, caches) in sorted(by_batch.items())
+    )
+    multiples = {rows // batch if rows % batch == 0 else 0 for batch, (rows, _) in by_batch.items()}
+    if len(multiples) == 1 and 0 not in multiples:
+        (copies,) = multiples
+        if copies == 1:
+            return Rows(RowDriver.MAX_NUM_SEQS, 1, f"one row per sequence: {pairs}")
+        return Rows(
+            RowDriver.MAX_NUM_SEQS,
+            1,
+            f"a row per sequence in each of {copies} caches: {pairs} (their positions a row are added up)",
+            copies,
+        )
+    if len({rows for rows, _ in by_batch.values()}) == 1:
+        ((rows, caches), *_) = by_batch.values()
+        return Rows(RowDriver.FIXED, rows, f"{_held_text(rows, caches)} whatever the batch: {pairs}")
+    return Rows(
+        None, max(rows for rows, _ in by_batch.values()), f"neither one row per sequence nor a fixed count: {pairs}"
+    )
 
 
 @dataclass(frozen=True)
@@ -78,22 +102,22 @@ class Capacity:
     evidence: str
 
 
-def per_row_positions(peak: CallPeak, geometry: tuple[int, int, str, int]) -> int | None:
-    """Positions a row of the call's peak, folded at its own shared layer count, for one geometry."""
-    for shape in peak.shapes():
+def per_row_positions(peak: CallPeak, geometry: tuple[int, int, str, int], copies: int = 1) -> int | None:
+    """Positions a row of the call's peak, folded over its layers of one cache, for one geometry."""
+    for shape in peak.shapes(copies):
         if (shape.kv_heads, shape.head_dim, shape.dtype, shape.element_size) == geometry:
             return shape.positions
     return None
 
 
-def infer_capacity(peaks: Sequence[CallPeak], shape: Shape) -> Capacity:
+def infer_capacity(peaks: Sequence[CallPeak], shape: Shape, copies: int = 1) -> Capacity:
     """The peak's positions a row are a bound when two calls or more reached them."""
     geometry = (shape.kv_heads, shape.head_dim, shape.dtype, shape.element_size)
-    per_call = [(peak.call, per_row_positions(peak, geometry)) for peak in peaks]
+    per_call = [(peak.call, per_row_positions(peak, geometry, copies)) for peak in peaks]
     reaching = [call for call, positions in per_call if positions == shape.positions]
     groups = f"{shape.layers} layers x {shape.rows} rows: {shape.groups_text}"
     if len(reaching) >= 2 and not any(reaching):  # a discovered owner: no calls of its own, only batches
-        batches = _listing(peak.batch for peak in peaks if per_row_positions(peak, geometry) == shape.positions)
+        batches = _listing(peak.batch for peak in peaks if per_row_positions(peak, geometry, copies) == shape.positions)
         return Capacity(
             shape.positions,
             True,
@@ -119,12 +143,13 @@ def infer_capacity(peaks: Sequence[CallPeak], shape: Shape) -> Capacity:
     )
 
 
-def reached_bound(peaks: Sequence[CallPeak], declarations: Sequence[Declaration]) -> tuple[bool, str]:
+def reached_bound(peaks: Sequence[CallPeak], declarations: Sequence[Declaration], copies: int = 1) -> tuple[bool, str]:
     """Whether the run reached what the declarations are made for: their rows at max_num_seqs and their longest
-    positions, in some call. Only then can holding less be called over-reporting."""
+    positions, in some call. Only then can holding less be called over-reporting; otherwise which bound was
+    missed and what the run reached."""
     if not declarations:
         return False, ""
-    rows = max((peak.rows for peak in peaks), default=0)
+    rows = max((peak.rows // max(1, copies) for peak in peaks), default=0)
     longest = max((peak.longest for peak in peaks), default=0)
     want_rows = max(d.row_count for d in declarations)
     want_positions = max(d.physical_capacity_positions for d in declarations)
@@ -140,10 +165,9 @@ def suggest(owner: str, shape: Shape, rows: Rows, capacity: Capacity, live_after
     """The figures of a declaration that would hold what one geometry's layers held at the peak."""
     name = spec_name(owner)
     layer_note = (
-        f"{sum(g.layers for g in shape.groups)} layers held at the peak, in groups of {_listing(g.layers for g in shape.groups)}"
-        f"; {shape.layers} is the count they share"
-        if len(shape.groups) > 1
-        else f"{shape.layers} layers held at the peak"
+        f"{shape.layers} layers in one cache at the peak"
+        + (f", {shape.caches} caches live at once (rows, not layers)" if shape.caches > 1 else "")
+        + (f"; held as {shape.groups_text}, positions a row added up" if len(shape.groups) > 1 else "")
     )
     row_figures: tuple[Figure, ...]
     if rows.driver is RowDriver.MAX_NUM_SEQS:

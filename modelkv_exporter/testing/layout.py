@@ -1,16 +1,19 @@
-"""What an owner's cache layers held at the peak of each call: their geometry, grouped.
+"""What an owner's cache layers held at the peak of each call: their geometry, per cache object, grouped.
 
 A layer's keys are ``[rows, kv_heads, positions, head_dim]``; its positions are counted from the
 bytes the observer weighed (the storage behind keys and values), not from the tensor's shape: a
-sliding-window layer's 71-position view into a 168-position tensor holds 168.
+sliding-window layer's 71-position view into a 168-position tensor holds 168. Rows come from the
+cache objects live at once (each cache's rows added: one cache per request holds one row each),
+layers from the layers of one cache (``testing/caches.py`` says which cache a layer belongs to).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
+
+from modelkv_exporter.testing.caches import Where
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class LayerGroup:
     """Positions one row of one layer held (storage, rounded up)."""
     layers: int
     bytes: int
+    caches: int = 1
+    """The distinct cache objects these layers belong to."""
 
     @property
     def geometry(self) -> tuple[int, int, str, int]:
@@ -34,8 +39,20 @@ class LayerGroup:
 
     @property
     def text(self) -> str:
-        """``8 layers x 2 rows x 168 positions``."""
-        return f"{self.layers} layers x {self.rows} rows x {self.positions} positions"
+        """``8 layers x 2 rows x 168 positions`` (``in 2 caches`` when they are spread over several)."""
+        spread = f" in {self.caches} caches" if self.caches > 1 else ""
+        return f"{self.layers} layers x {self.rows} rows x {self.positions} positions{spread}"
+
+
+@dataclass(frozen=True)
+class HeldLayers:
+    """Layers of one cache object (or part of one) with one geometry, row count and size, at one moment."""
+
+    cache: int
+    """The ``id`` of the outermost cache they belong to; 0: none is known (each such layer counts as one cache)."""
+    part: int
+    """The ``id`` of the cache holding them directly (an encoder-decoder cache's self- or cross-attention cache)."""
+    group: LayerGroup
 
 
 @dataclass(frozen=True)
@@ -47,12 +64,16 @@ class Shape:
     dtype: str
     element_size: int
     layers: int
-    """The layer count the groups share (their greatest common divisor)."""
+    """The layers of one cache (the most one cache, or one part of an encoder-decoder cache, held)."""
     rows: int
-    """The most rows any layer held."""
+    """Rows held: each cache's rows added (over the caches a sequence has, see ``per_sequence``)."""
     positions: int
-    """Positions a row across the ``layers``, every group added (rounded up)."""
+    """Positions a row across the ``layers``, every layer added (rounded up)."""
     groups: tuple[LayerGroup, ...]
+    caches: int = 1
+    """Distinct cache objects live at once."""
+    row_positions: int = 0
+    """Positions held, every row of every layer added: what ``positions`` is folded from."""
 
     @property
     def bytes(self) -> int:
@@ -64,6 +85,18 @@ class Shape:
         """The groups, largest first, for evidence."""
         return ", ".join(group.text for group in self.groups)
 
+    def per_sequence(self, copies: int) -> Shape:
+        """The shape when each sequence has a row in ``copies`` caches (a retained cache and a working copy):
+        rows divided, positions a row added up."""
+        if copies <= 1 or self.rows % copies:
+            return self
+        rows = self.rows // copies
+        return replace(self, rows=rows, positions=_ceil(self.row_positions, self.layers * rows))
+
+
+def _ceil(numerator: int, denominator: int) -> int:
+    return -(-numerator // max(1, denominator))
+
 
 @dataclass(frozen=True)
 class CallPeak:
@@ -74,38 +107,62 @@ class CallPeak:
     batch: int | None
     """The batch size the author said this call ran at (``run.batch(n)``), if any."""
     bytes: int
-    groups: tuple[LayerGroup, ...]
+    held: tuple[HeldLayers, ...]
     other_bytes: int = 0
     """Bytes in layers without a ``[rows, kv_heads, positions, head_dim]`` key tensor."""
 
     @property
+    def groups(self) -> tuple[LayerGroup, ...]:
+        """The layers by geometry, rows and positions, whatever cache holds them; the largest first."""
+        merged: dict[tuple[int, int, int, str, int, int], tuple[int, int, set[int]]] = {}
+        for item in self.held:
+            g = item.group
+            key = (g.rows, g.kv_heads, g.head_dim, g.dtype, g.element_size, g.positions)
+            layers, size, caches = merged.get(key, (0, 0, set()))
+            caches.add(item.cache)
+            merged[key] = (layers + g.layers, size + g.bytes, caches)
+        groups = [
+            LayerGroup(rows, heads, head_dim, dtype, element, positions, layers, size, len(caches))
+            for (rows, heads, head_dim, dtype, element, positions), (layers, size, caches) in merged.items()
+        ]
+        return tuple(sorted(groups, key=lambda g: (-g.bytes, g.positions)))
+
+    @property
     def rows(self) -> int:
-        """The most rows any layer held."""
-        return max((group.rows for group in self.groups), default=0)
+        """The most rows one geometry's caches held together."""
+        return max((shape.rows for shape in self.shapes()), default=0)
+
+    @property
+    def caches(self) -> int:
+        """Distinct cache objects live at the peak."""
+        return len({item.cache for item in self.held})
 
     @property
     def longest(self) -> int:
         """The most positions one row of one layer held."""
-        return max((group.positions for group in self.groups), default=0)
+        return max((item.group.positions for item in self.held), default=0)
 
-    def shapes(self) -> tuple[Shape, ...]:
-        """The groups folded per geometry, the largest first."""
-        by_geometry: dict[tuple[int, int, str, int], list[LayerGroup]] = {}
-        for group in self.groups:
-            by_geometry.setdefault(group.geometry, []).append(group)
-        shapes = [fold(groups) for groups in by_geometry.values()]
+    def shapes(self, copies: int = 1) -> tuple[Shape, ...]:
+        """The layers folded per geometry, the largest first (``copies``: the caches a sequence has a row in)."""
+        by_geometry: dict[tuple[int, int, str, int], list[HeldLayers]] = {}
+        for item in self.held:
+            by_geometry.setdefault(item.group.geometry, []).append(item)
+        shapes = [fold(items).per_sequence(copies) for items in by_geometry.values()]
         return tuple(sorted(shapes, key=lambda shape: -shape.bytes))
 
 
-def fold(groups: list[LayerGroup]) -> Shape:
-    """One geometry's groups as one declaration: shared layer count, the most rows, positions a row added up."""
-    layers = 0
-    for group in groups:
-        layers = math.gcd(layers, group.layers)
-    rows = max(group.rows for group in groups)
-    row_positions = sum(group.layers * group.rows * group.positions for group in groups)
-    first = groups[0]
-    ordered = tuple(sorted(groups, key=lambda g: (-g.bytes, g.positions)))
+def fold(items: list[HeldLayers]) -> Shape:
+    """One geometry's layers as one declaration: the layers of one cache, every cache's rows, positions a row."""
+    part_layers: dict[int, int] = {}
+    cache_rows: dict[int, int] = {}
+    for item in items:
+        part_layers[item.part] = part_layers.get(item.part, 0) + item.group.layers
+        cache_rows[item.cache] = max(cache_rows.get(item.cache, 0), item.group.rows)
+    layers = max(part_layers.values())
+    rows = sum(cache_rows.values())
+    row_positions = sum(i.group.layers * i.group.rows * i.group.positions for i in items)
+    first = items[0].group
+    groups = CallPeak(0, None, 0, tuple(items)).groups
     return Shape(
         first.kv_heads,
         first.head_dim,
@@ -113,8 +170,10 @@ def fold(groups: list[LayerGroup]) -> Shape:
         first.element_size,
         layers,
         rows,
-        -(-row_positions // (layers * rows)),
-        ordered,
+        _ceil(row_positions, layers * rows),
+        groups,
+        len(cache_rows),
+        row_positions,
     )
 
 
@@ -133,9 +192,13 @@ def layer_geometry(layer: Any, size: int) -> tuple[int, int, int, str, int, int]
     return rows, heads, head_dim, dtype, element, -(-size // per_position)
 
 
-def group_layers(layers: Iterable[tuple[Any, int]]) -> tuple[tuple[LayerGroup, ...], int]:
-    """``(layer, bytes)`` pairs grouped by geometry and positions; and the bytes of layers without a geometry."""
-    counts: dict[tuple[int, int, int, str, int, int], tuple[int, int]] = {}
+def group_layers(
+    layers: Iterable[tuple[Any, int]], where: Mapping[int, Where] | None = None
+) -> tuple[tuple[HeldLayers, ...], int]:
+    """``(layer, bytes)`` pairs grouped by the cache they belong to (``where``, by ``id``), geometry and positions;
+    and the bytes of layers without a geometry. A layer of no known cache is grouped with the others of none."""
+    where = where or {}
+    counts: dict[tuple[int, int, tuple[int, int, int, str, int, int]], tuple[int, int]] = {}
     other = 0
     for layer, size in layers:
         if size <= 0:
@@ -144,10 +207,11 @@ def group_layers(layers: Iterable[tuple[Any, int]]) -> tuple[tuple[LayerGroup, .
         if key is None:
             other += size
             continue
-        count, total = counts.get(key, (0, 0))
-        counts[key] = (count + 1, total + size)
-    groups = tuple(
-        LayerGroup(rows, heads, head_dim, dtype, element, positions, count, total)
-        for (rows, heads, head_dim, dtype, element, positions), (count, total) in counts.items()
+        cache, part = where.get(id(layer), (0, 0))
+        count, total = counts.get((cache, part, key), (0, 0))
+        counts[(cache, part, key)] = (count + 1, total + size)
+    held = tuple(
+        HeldLayers(cache, part, LayerGroup(rows, heads, head_dim, dtype, element, positions, count, total))
+        for (cache, part, (rows, heads, head_dim, dtype, element, positions)), (count, total) in counts.items()
     )
-    return groups, other
+    return held, other

@@ -27,7 +27,7 @@ class Suggestion:
 
     @property
     def code(self) -> str:
-        """``ModelLocalKVSpec(...)`` to paste, ``...`` where a figure was not inferred."""
+        """``ModelLocalKVSpec(...)`` to paste, a comment where a figure was not inferred."""
         return spec_code(self.figures)
 
     def spec(self, **given: Any) -> Any:
@@ -81,6 +81,19 @@ class OwnerReport:
         return self.verdict.observed_bytes
 
     @property
+    def headline(self) -> str:
+        """What is wrong first (the wrong fields, or the verdict when it fails), then the verdict."""
+        fields = ", ".join(dict.fromkeys(problem.field for problem in self.problems))
+        if not fields:
+            return self.verdict.text
+        if self.verdict.ok:
+            return f"wrong field {fields}; {self.verdict.text}"
+        return f"{self.verdict.text}; wrong field {fields}"
+
+    def __repr__(self) -> str:
+        return f"OwnerReport({self.label}: {self.headline})"
+
+    @property
     def label(self) -> str:
         """``'path' (Class)``."""
         found = f", found by {self.found_by}" if self.found_by else ""
@@ -88,7 +101,7 @@ class OwnerReport:
 
     def text(self) -> str:
         """The owner's part of the report: verdict, wrong fields, calls, the suggestion with its evidence."""
-        lines = [f"{'ok  ' if self.ok else 'FAIL'} {self.label}: {self.verdict.text}"]
+        lines = [f"{'ok  ' if self.ok else 'FAIL'} {self.label}: {self.headline}"]
         for declaration in self.declarations:
             lines.append(
                 f"       declares {declaration.name}: {declaration.layers} layers x {declaration.kv_heads} kv_heads x "
@@ -170,8 +183,29 @@ class Report:
     def __str__(self) -> str:
         return self.text()
 
+    def __repr__(self) -> str:
+        return f"Report(max_num_seqs={self.max_num_seqs}, {len(self.owners)} owners, {'ok' if self.ok else 'failing'})"
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per thing that fails: observation, a dropped declaration, an owner (its headline)."""
+        found = [f"observation unavailable: {self.unavailable}"] if self.unavailable else []
+        found += [
+            f"{d.owner or '(root)'!r} ({d.owner_class}): {d.count} declaration(s) dropped, {d.reason}: {d.error}"
+            for d in self.dropped
+        ]
+        found += [f"{owner.label}: {owner.headline}" for owner in self.owners if not owner.ok]
+        return found
+
     def assert_ok(self) -> Report:
-        """Raise ``AssertionError`` with the report when an owner fails; return the report when all pass."""
+        """Raise ``AssertionError`` when anything fails: what fails first, one line each, then the whole report;
+        return the report when all pass."""
+        __tracebackhide__ = True
         if not self.ok:
-            raise AssertionError("model-local KV declarations do not hold what their caches do\n" + self.text())
+            raise AssertionError(
+                f"model-local KV check at max_num_seqs={self.max_num_seqs} failed:\n"
+                + "".join(f"  {line}\n" for line in self.failures)
+                + "\n"
+                + self.text()
+            )
         return self

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from modelkv_exporter.contract.declaration_text import layout_figures
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
@@ -19,6 +21,7 @@ from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
 from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
+from modelkv_exporter.testing.caches import CacheTracker
 from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
 from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
 from modelkv_exporter.testing.layout import CallPeak
@@ -44,32 +47,44 @@ def _module_at(model: object, path: str) -> object:
     return current
 
 
+@dataclass(frozen=True)
+class CheckSettings:
+    """What ``check``, ``observe`` and the ``model_local_kv`` fixture take: the one list of their keywords."""
+
+    max_num_seqs: int
+    """The concurrency to resolve the declarations at (drive the model up to it to check for over-reporting)."""
+    owners: Sequence[str] = ()
+    """Module paths that declare nothing but should be observed too (a cache you suspect)."""
+    discover: bool = True
+    """Also find the modules that build caches without declaring them, as an engine does (cache layers built
+    while no declaring owner runs, and a census of the tensors modules hold when the run ends)."""
+    discovery: DiscoverySource | None = None
+    """Another source of discovered owners (their snapshot records), read when the run ends."""
+    census_floor_bytes: int = CENSUS_FLOOR
+    """Census finds below this are counted, not reported, as an engine leaves them out."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+
+
 class CacheCheck:
     """One observed run of a model; use ``observe()`` to make one and ``with`` to run it."""
 
-    def __init__(
-        self,
-        model: object,
-        *,
-        max_num_seqs: int,
-        owners: Sequence[str] = (),
-        discover: bool = True,
-        discovery: DiscoverySource | None = None,
-        census_floor_bytes: int = CENSUS_FLOOR,
-    ) -> None:
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+    def __init__(self, model: object, **options: Any) -> None:
+        settings = self.settings = CheckSettings(**options)
         self.model = model
-        self.max_num_seqs = max_num_seqs
-        self.named = tuple(owners)
-        self.discover = discover
-        self.census_floor_bytes = census_floor_bytes
+        self.max_num_seqs = settings.max_num_seqs
+        self.named = tuple(settings.owners)
+        self.discover = settings.discover
+        self.census_floor_bytes = settings.census_floor_bytes
         self.below_floor = 0
-        self.discovery = discovery
+        self.discovery = settings.discovery
         self._discovery: Discovery | None = None
         self.report: Report | None = None
         self._batch: list[int | None] = [None]
         self._observer: Observer | None = None
+        self._tracker = CacheTracker()
         self._recorders: dict[str, OwnerRecorder] = {}
         self._found: dict[str, OwnerRecorder] = {}
         self._declarations: tuple[Declaration, ...] = ()
@@ -82,10 +97,13 @@ class CacheCheck:
         if size < 1:
             raise ValueError(f"a batch holds at least 1 sequence, got {size}")
         before, self._batch[0] = self._batch[0], size
+        first = {path: recorder.state.call_number + 1 for path, recorder in self._recorders.items()}
         try:
             yield
         finally:
             self._batch[0] = before
+        for path, recorder in self._recorders.items():
+            recorder.held_through(first[path], size)
 
     def __enter__(self) -> CacheCheck:
         if installed() is not None:
@@ -100,11 +118,13 @@ class CacheCheck:
         known = {path for path, _ in owners}
         owners += [(path, _module_at(self.model, path)) for path in self.named if path not in known]
         self._owners = owners
+        self._tracker.install()
+        self._tracker.seed(owner for _, owner in owners)
         observer = self._observer = install(owners, enabled=True)
         for path, owner in owners:
             state = observer.state_of(owner)
             if state is not None:
-                self._recorders[path] = attach(state, self._batch)
+                self._recorders[path] = attach(state, self._batch, self._tracker)
         if self.discover:
             declaring = {d.owner for d in self._declarations}
             self._discovery = Discovery(self.model, DISCOVERY, observer=observer, declaring=declaring)
@@ -133,6 +153,7 @@ class CacheCheck:
                 detach(recorder)
             if installed() is observer:
                 observer.uninstall()
+            self._tracker.remove()
             self._observer = None
 
     def _record_discovered(self) -> None:
@@ -144,7 +165,7 @@ class CacheCheck:
         def recording(layer: object) -> tuple[OwnerState, int] | None:
             found = attribute(layer)
             if found is not None and found[0].path not in self._found:
-                self._found[found[0].path] = attach(found[0], self._batch)
+                self._found[found[0].path] = attach(found[0], self._batch, self._tracker)
             return found
 
         hooks.discover = recording
@@ -181,7 +202,7 @@ class CacheCheck:
         recorder = self._recorders.get(path)
         peaks = recorder.call_peaks() if recorder is not None else ()
         declared = sum(d.peak_bytes for d in declarations)
-        reached, missed = reached_bound(peaks, declarations)
+        reached, missed = reached_bound(peaks, declarations, infer_rows(peaks).copies)
         found_by = NAMED if path in self.named and not declarations else ""
         if observation is None or not observation.available:
             verdict = judge(
@@ -248,7 +269,8 @@ class CacheCheck:
         peak = self._peak(peaks)
         if peak is None:
             return []
-        return diagnose(declarations, peak.shapes(), infer_rows(peaks), peak.rows)
+        rows = infer_rows(peaks)
+        return diagnose(declarations, peak.shapes(rows.copies), rows, rows.held(peak))
 
     def _suggestions(self, path: str, peaks: Sequence[CallPeak], live_after: int | None) -> tuple[Suggestion, ...]:
         peak = self._peak(peaks)
@@ -256,28 +278,15 @@ class CacheCheck:
             return ()
         rows = infer_rows(peaks)
         return tuple(
-            Suggestion(suggest(path, shape, rows, infer_capacity(peaks, shape), live_after)) for shape in peak.shapes()
+            Suggestion(suggest(path, shape, rows, infer_capacity(peaks, shape, rows.copies), live_after))
+            for shape in peak.shapes(rows.copies)
         )
 
 
-def observe(
-    model: object,
-    *,
-    max_num_seqs: int,
-    owners: Sequence[str] = (),
-    discover: bool = True,
-    discovery: DiscoverySource | None = None,
-    census_floor_bytes: int = CENSUS_FLOOR,
-) -> CacheCheck:
-    """Check ``model``'s declarations against what its caches hold while the ``with`` block drives it.
+def observe(model: object, **options: Any) -> CacheCheck:
+    """``check``'s context-manager form: the ``with`` block drives the model, ``run.report`` holds the ``Report``.
 
-    ``max_num_seqs``: the concurrency to resolve the declarations at (drive the model up to it to
-    check for over-reporting). ``owners``: module paths that declare nothing but should be
-    observed too (a cache you suspect). ``discover``: also find the modules that build caches
-    without declaring them, as an engine does (cache layers built while no declaring owner runs,
-    and a census of the tensors modules hold when the block ends; census finds below
-    ``census_floor_bytes`` are left out, as an engine leaves them out). ``discovery``: another
-    source of discovered owners (their snapshot records), read when the block ends. ``run.report`` holds the ``Report`` afterwards::
+    The keywords are ``CheckSettings``'s (``max_num_seqs`` required)::
 
         with observe(model, max_num_seqs=2) as run:
             for size in (1, 2):
@@ -285,36 +294,15 @@ def observe(
                     drive(model, size)
         run.report.assert_ok()
     """
-    return CacheCheck(
-        model,
-        max_num_seqs=max_num_seqs,
-        owners=owners,
-        discover=discover,
-        discovery=discovery,
-        census_floor_bytes=census_floor_bytes,
-    )
+    return CacheCheck(model, **options)
 
 
-def check(
-    model: object,
-    drive: Callable[..., object],
-    *,
-    max_num_seqs: int,
-    batches: Sequence[int] = (),
-    owners: Sequence[str] = (),
-    discover: bool = True,
-    discovery: DiscoverySource | None = None,
-    census_floor_bytes: int = CENSUS_FLOOR,
-) -> Report:
-    """Observe ``model`` while ``drive(model)`` runs (or ``drive(model, size)`` for each of ``batches``); the report."""
-    with observe(
-        model,
-        max_num_seqs=max_num_seqs,
-        owners=owners,
-        discover=discover,
-        discovery=discovery,
-        census_floor_bytes=census_floor_bytes,
-    ) as run:
+def check(model: object, drive: Callable[..., object], *, batches: Sequence[int] = (), **options: Any) -> Report:
+    """Observe ``model`` while ``drive(model)`` runs (or ``drive(model, size)`` for each of ``batches``); the report.
+
+    The other keywords are ``CheckSettings``'s (``max_num_seqs`` required).
+    """
+    with observe(model, **options) as run:
         if batches:
             for size in batches:
                 with run.batch(size):

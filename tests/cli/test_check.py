@@ -50,7 +50,12 @@ def test_the_decoder_under_reports_and_its_resized_declaration_is_printed(spool:
     out = result.stdout
     assert "FAIL tokenizer.decoder (Owner): under-reports by 2.18x: declares 9,306,112 B, held 20,316,160 B" in out
     assert "physical_capacity_positions=310," in out and "rows=RowDriver.MAX_NUM_SEQS," in out
-    assert "scope=...,  # not inferred" in out and "from modelkv_exporter.protocol import" in out
+    assert (
+        "# scope: not inferred: how long one allocation lives" in out and "from modelkv_exporter.protocol import" in out
+    )
+    assert "..." not in out.split("suggested declaration:")[1].split("evidence:")[0], (
+        "no placeholder a spec would build"
+    )
     assert "a running engine reports bytes, not the geometry" in out
 
 
@@ -114,3 +119,29 @@ def test_control_characters_in_a_snapshot_are_printed_escaped(spool: Path) -> No
     result = run_check(spool)
     assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
     assert "decoder\\x1b[2J\\u202e (Owner): under-reports" in result.stdout
+
+
+def test_rejected_files_are_listed_with_their_reason_and_fail_the_check(spool: Path) -> None:
+    write_snapshot(spool, decoder("good", 142 * POSITION))
+    (spool / "broken.json").write_bytes(b"{not json")
+    result = run_check(spool)
+    assert result.returncode == 1, result.stdout
+    assert "rejected files (their engines are not judged):" in result.stdout
+    assert "FAIL broken.json: rejected, invalid_json:" in result.stdout
+    assert "ok   tokenizer.decoder (Owner): holds what it declares" in result.stdout
+
+
+def test_a_spool_whose_every_file_was_rejected_judged_nothing_and_fails(spool: Path) -> None:
+    """Before: "no snapshots in the spool", exit status 0."""
+    (spool / "a.json").write_bytes(b"[]")
+    (spool / "b.json").write_bytes(b'{"schema_version": 1}')
+    result = run_check(spool)
+    assert result.returncode == 1, result.stdout
+    assert "FAIL a.json: rejected, invalid_snapshot:" in result.stdout
+    assert "FAIL b.json: rejected, invalid_snapshot:" in result.stdout
+    assert "FAIL judged nothing: no snapshot in the spool could be read" in result.stdout
+
+
+def test_an_empty_spool_judged_nothing_and_fails(spool: Path) -> None:
+    result = run_check(spool)
+    assert result.returncode == 1 and "FAIL judged nothing: no snapshots in the spool" in result.stdout

@@ -258,3 +258,49 @@ def test_the_fast_walk_matches_named_modules_on_random_trees() -> None:
         ours = [(p, s.name) for p, s in protocol.collect_model_local_kv_specs(model)]
         theirs = [(p, s.name) for p, s in omni.collect_model_local_kv_specs(model)]
         assert ours == theirs
+
+
+INVALID = [
+    pytest.param("scope", {"scope": ...}, "expected a string, got ellipsis", id="scope=... pasted"),
+    pytest.param("scope", {"scope": "forever"}, "'forever' is not one of", id="scope=forever"),
+    pytest.param("layers", {"layers": "6"}, "expected an integer, got str", id="layers='6'"),
+    pytest.param("kv_heads", {"kv_heads": 2.5}, "expected an integer, got float", id="kv_heads=2.5"),
+    pytest.param("physical_capacity_positions", {"physical_capacity_positions": -71}, "-71 is outside", id="negative"),
+    pytest.param("rows", {"rows": "per_token"}, "'per_token' is not one of", id="rows=per_token"),
+    pytest.param("name", {"name": ""}, "must have at least 1 character", id="empty name"),
+]
+
+
+@pytest.mark.parametrize("mod", IMPLEMENTATIONS)
+@pytest.mark.parametrize("field,change,problem", INVALID)
+def test_an_invalid_declaration_is_dropped_naming_its_field_and_the_rest_is_published(
+    mod: ModuleType, field: str, change: dict[str, object], problem: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: published as it was (or coerced: kv_heads 2.5 as 2), and the sidecar rejected the whole snapshot,
+    so every metric of the engine disappeared. Now the engine drops that one declaration, with the reason, and
+    the sidecar reads the rest."""
+
+    class Talker(nn.Module):
+        def model_local_kv_specs(self) -> list[object]:
+            return [spec(mod, name="good"), spec(mod, **{"name": "bad", **change})]
+
+    model = nn.Module()
+    model.talker = Talker()
+    model.decoder = Owner(mod, "decoder")
+    with caplog.at_level(logging.WARNING, logger="modelkv_exporter"):
+        snapshot = build_snapshot(model, max_num_seqs=4, engine_id="e")
+    assert [(d.owner, d.name) for d in snapshot.declarations] == [("talker", "good"), ("decoder", "decoder")]
+    (dropped,) = snapshot.dropped_declarations or ()
+    assert (dropped.owner, dropped.reason, dropped.count) == ("talker", "unresolvable_spec", 1)
+    assert f"invalid field {field}: {problem}" in dropped.error
+    warnings = [r for r in caplog.records if "dropping a declaration" in r.getMessage()]
+    assert len(warnings) == 1 and f"invalid field {field}" in warnings[0].getMessage(), "logged once"
+    read = parse_snapshot(snapshot.to_json())
+    assert [d.name for d in read.declarations] == ["good", "decoder"] and read.dropped_count == 1
+
+
+def test_no_field_of_a_declaration_is_coerced() -> None:
+    """A float, a numeric string or a bool is the declarer's bug, not a value to round."""
+    for value in (2.5, 2.0, "2", True):
+        with pytest.raises(ValueError, match="invalid field kv_heads"):
+            declaration_from_spec("", "X", spec(protocol, kv_heads=value), 2)

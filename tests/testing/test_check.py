@@ -99,7 +99,8 @@ def test_rows_and_capacity_are_not_guessed_from_too_little() -> None:
     assert owner.verdict.kind is VerdictKind.UNDECLARED
     (suggestion,) = owner.suggestions
     assert set(suggestion.missing) == {"physical_capacity_positions", "capacity_source", "scope", "rows"}
-    assert "rows=...,  # not inferred: the calls held 3 rows and no batch sizes were given" in suggestion.code
+    assert "# rows: not inferred: the calls held 3 rows and no batch sizes were given" in suggestion.code
+    assert "..." not in suggestion.code and "rows=" not in suggestion.code
     assert "at least 8 a row" in suggestion.code and "reached in one call only" in suggestion.code
     assert f"layers={LAYERS}," in suggestion.code and f"kv_heads={HEADS}," in suggestion.code
     assert f"head_dim={HEAD_DIM}," in suggestion.code and "dtype=torch.float32," in suggestion.code
@@ -111,7 +112,7 @@ def test_a_fixed_count_is_inferred_when_rows_stay_over_batch_sizes() -> None:
     report = check(Generator([]), lambda model, size: model(1), max_num_seqs=4, batches=(1, 4))
     (suggestion,) = report.owner("").suggestions
     assert "rows=RowDriver.FIXED," in suggestion.code and "rows_fixed=1," in suggestion.code
-    assert "rows_reason=...,  # not inferred" in suggestion.code
+    assert "# rows_reason: not inferred" in suggestion.code and "rows_reason=" not in suggestion.code
 
 
 def test_a_discovered_owner_from_a_source_is_reported_with_its_layout() -> None:
@@ -189,3 +190,16 @@ def test_a_module_that_declares_nothing_is_discovered_without_being_named() -> N
         report.assert_ok()
     off = check(model, both, max_num_seqs=2, batches=(1, 2), discover=False)
     assert [o.owner for o in off.owners] == ["generator"] and off.ok
+
+
+@pytest.mark.parametrize(
+    "field,value", [("scope", ...), ("scope", "forever"), ("layers", "6"), ("kv_heads", 2.5), ("head_dim", -4)]
+)
+def test_a_declaration_an_engine_would_drop_fails_the_check_naming_its_field(field: str, value: object) -> None:
+    """Before: it passed the check and publish(), and the sidecar rejected the engine's whole snapshot."""
+    report = check(Generator([spec(**{field: value})]), drive, max_num_seqs=2, batches=(1, 2))
+    assert not report.ok and report.dropped[0].count == 1
+    (headline,) = report.failures[:1]
+    assert f"invalid field {field}:" in headline
+    with pytest.raises(AssertionError, match=f"declaration\\(s\\) dropped, unresolvable_spec: .*invalid field {field}"):
+        report.assert_ok()

@@ -116,7 +116,7 @@ def test_the_suggestion_for_the_qwen3_tts_decoder_declared_instead_holds_what_it
     (suggestion,) = icl_report.owner("").suggestions
     assert suggestion.missing == ("scope",), suggestion.code
     assert "physical_capacity_positions=310," in suggestion.code and "rows=RowDriver.MAX_NUM_SEQS," in suggestion.code
-    assert "scope=...,  # not inferred" in suggestion.code
+    assert "# scope: not inferred" in suggestion.code and "scope=" not in suggestion.code
     spec = suggestion.spec(scope=ModelLocalKVScope.INVOCATION)
     assert (spec.layers, spec.kv_heads, spec.head_dim, spec.dtype) == (8, 16, 64, torch.float32)
     decoder = running_decoder(2, wrapper=True)
@@ -127,13 +127,20 @@ def test_the_suggestion_for_the_qwen3_tts_decoder_declared_instead_holds_what_it
 
 
 def test_the_pasted_suggestion_is_the_same_declaration(icl_report: Report) -> None:
-    """The printed code, with its one open figure filled in, builds the spec ``Suggestion.spec`` builds."""
+    """The printed code, with its one open figure written in, builds the spec ``Suggestion.spec`` builds; pasted
+    as it is, it does not build (a missing argument fails where the model declares, not in production)."""
     from modelkv_exporter.protocol import ModelLocalKVSpec
 
     (suggestion,) = icl_report.owner("").suggestions
-    pasted = suggestion.code.replace("scope=...,", "scope=ModelLocalKVScope.INVOCATION,")
     names = {"torch": torch, "ModelLocalKVScope": ModelLocalKVScope, "RowDriver": RowDriver}
-    built = eval(pasted, {**names, "ModelLocalKVSpec": ModelLocalKVSpec})
+    names["ModelLocalKVSpec"] = ModelLocalKVSpec
+    with pytest.raises(TypeError, match="scope"):
+        eval(suggestion.code, names)
+    pasted = "\n".join(
+        "    scope=ModelLocalKVScope.INVOCATION," if line.strip().startswith("# scope:") else line
+        for line in suggestion.code.splitlines()
+    )
+    built = eval(pasted, names)
     assert built == suggestion.spec(scope=ModelLocalKVScope.INVOCATION)
 
 

@@ -5,25 +5,32 @@ Everything a hostile or broken writer can put in a file ends here as a
 never another exception type, never a partially trusted document.
 
 The shape and bounds of every field come from the snapshot dataclasses' declarations
-(``contract/fields.py``): a reader per class is compiled from them once. What a field
-declaration cannot say (the declared arithmetic, uniqueness, timestamps in order, the
-version's own rules) is checked here, after the fields: the snapshot's ``CHECKS_BEYOND_FIELDS``.
+(``contract/fields.py``): a reader per class is compiled from them once, and what makes a value
+or a declaration valid is ``contract/validity.py``, the definition the engine applies to the
+declarations it publishes. What a field declaration cannot say (the declared arithmetic,
+uniqueness, timestamps in order, the version's own rules) is checked here, after the fields: the
+snapshot's ``CHECKS_BEYOND_FIELDS``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 from collections.abc import Callable
 from enum import Enum
 from typing import Any, NoReturn
 
-from modelkv_exporter.contract import arithmetic
-from modelkv_exporter.contract.fields import MAX_INT, MAX_NUMBER, REQUIRED, FieldInfo, fields_of
+from modelkv_exporter.contract.fields import REQUIRED, FieldInfo, fields_of
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, VERSION_FIELD, Declaration, Snapshot
-from modelkv_exporter.contract.vocabulary import RowDriver
+from modelkv_exporter.contract.validity import (
+    boolean_problem,
+    declaration_problems,
+    integer_problem,
+    integer_range,
+    number_problem,
+    text_problem,
+)
 
 
 class RejectReason(str, Enum):
@@ -61,36 +68,24 @@ Reader = Callable[[Any, str, int], Any]
 
 
 def _integer(info: FieldInfo) -> Reader:
-    minimum, maximum = _integer_range(info)
-    shown = "2^63-1" if maximum == MAX_INT else str(maximum)
+    rule = info.rule
 
     def read(value: Any, where: str, version: int) -> int:
-        if value.__class__ is not int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                _invalid(where, f"expected an integer, got {type(value).__name__}")
-        if not minimum <= value <= maximum:
-            _invalid(where, f"{value} is outside [{minimum}, {shown}]")
+        problem = integer_problem(value, rule)
+        if problem is not None:
+            _invalid(where, problem)
         return int(value)
 
     return read
 
 
-def _integer_range(info: FieldInfo) -> tuple[int, int]:
-    """The lowest and highest value an integer field admits."""
-    rule = info.rule
-    return int(rule.minimum), MAX_INT if rule.maximum is None else int(rule.maximum)
-
-
 def _number(info: FieldInfo) -> Reader:
-    maximum = info.rule.maximum
+    rule = info.rule
 
     def read(value: Any, where: str, version: int) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _invalid(where, f"expected a number, got {type(value).__name__}")
-        if not math.isfinite(value) or value < 0 or value > MAX_NUMBER:
-            _invalid(where, f"{value!r} is not a finite number in [0, 1e15]")
-        if maximum is not None and value > maximum:
-            _invalid(where, f"{value} is above {maximum:g}")
+        problem = number_problem(value, rule)
+        if problem is not None:
+            _invalid(where, problem)
         return float(value)
 
     return read
@@ -98,31 +93,26 @@ def _number(info: FieldInfo) -> Reader:
 
 def _text(info: FieldInfo) -> Reader:
     rule = info.rule
-    pattern = None if rule.pattern is None else re.compile(rule.pattern)
 
     def read(value: Any, where: str, version: int) -> str:
-        if value.__class__ is not str:
-            _invalid(where, f"expected a string, got {type(value).__name__}")
-        if not value.isascii():
+        if value.__class__ is str and not value.isascii():
             value = value.encode("utf-8", "replace").decode("utf-8")
-        if len(value) < rule.min_length or (rule.max_length is not None and len(value) > rule.max_length):
-            if rule.max_length is None:
-                _invalid(where, f"must have at least {rule.min_length} character(s)")
-            _invalid(where, f"must be {rule.min_length} to {rule.max_length} characters")
-        if rule.choices is not None and value not in rule.choices:
-            _invalid(where, f"{value!r} is not one of {sorted(rule.choices)}")
-        if pattern is not None and not pattern.fullmatch(value):
-            _invalid(where, f"{value[:80]!r} is not a plain name")
-        return value
+        problem = text_problem(value, rule)
+        if problem is not None:
+            _invalid(where, problem)
+        return str(value)
 
     return read
 
 
 def _boolean(info: FieldInfo) -> Reader:
+    rule = info.rule
+
     def read(value: Any, where: str, version: int) -> bool:
-        if not isinstance(value, bool):
-            _invalid(where, f"expected true or false, got {type(value).__name__}")
-        return value
+        problem = boolean_problem(value, rule)
+        if problem is not None:
+            _invalid(where, problem)
+        return bool(value)
 
     return read
 
@@ -183,7 +173,7 @@ def _fast_path(info: FieldInfo) -> tuple[int, int, int]:
     """
     rule = info.rule
     if info.kind == "integer":
-        return (INTEGER, *_integer_range(info))
+        return (INTEGER, *integer_range(info.rule))
     plain = rule.min_length == 0 and rule.max_length is None and rule.pattern is None and rule.choices is None
     return (PLAIN_TEXT if info.kind == "text" and plain else 0), 0, 0
 
@@ -231,22 +221,8 @@ def _object_reader(cls: type) -> Reader:
 
 
 def _check_declaration(declaration: Declaration, max_num_seqs: int | None, where: str) -> None:
-    if max_num_seqs is None and declaration.rows != RowDriver.FIXED.value:
-        _invalid(f"{where}.rows", f"{declaration.rows!r} needs settings.max_num_seqs, which is absent")
-    expected_row = arithmetic.bytes_per_row(
-        layers=declaration.layers,
-        kv_heads=declaration.kv_heads,
-        head_dim=declaration.head_dim,
-        positions=declaration.physical_capacity_positions,
-        element_size=declaration.element_size,
-    )
-    expected_rows = arithmetic.row_count(declaration.rows, declaration.rows_fixed, max_num_seqs or 1)
-    if declaration.bytes_per_row != expected_row:
-        _invalid(f"{where}.bytes_per_row", f"{declaration.bytes_per_row} != geometry's {expected_row}")
-    if declaration.row_count != expected_rows:
-        _invalid(f"{where}.row_count", f"{declaration.row_count} != driver's {expected_rows}")
-    if declaration.peak_bytes != expected_row * expected_rows:
-        _invalid(f"{where}.peak_bytes", f"{declaration.peak_bytes} != {expected_row} x {expected_rows}")
+    for field, problem in declaration_problems(declaration, max_num_seqs):
+        _invalid(f"{where}.{field}", problem)
 
 
 OBSERVED_FIGURES = ("peak_bytes", "recent_peak_bytes", "live_bytes", "cache_calls")
