@@ -154,9 +154,8 @@ def _status_column(page: str) -> dict[str, str]:
 def _summary(page: str) -> dict[str, str]:
     """Engine id -> the text of its item in the "Needs attention" summary."""
     section = page.split('<section id="attention"', 1)[1].split("</section>", 1)[0]
-    items = re.findall(r'<li><a href="#engine-([^"]+)">.*?</ul></li>', section)
-    found = re.findall(r'(<li><a href="#engine-[^"]+">.*?</ul></li>)', section)
-    return {engine: _text(item) for engine, item in zip(items, found, strict=True)}
+    found = re.findall(r'<article class="problem" id="attention-([^"]+)">(.*?)</article>', section, re.S)
+    return {engine: _text(re.sub(r"<svg.*?</svg>", "", item, flags=re.S)) for engine, item in found}
 
 
 def test_an_operator_sees_first_which_engines_need_attention_and_why(sidecar: Sidecar, tmp_path: Path) -> None:
@@ -182,8 +181,8 @@ def test_an_operator_sees_first_which_engines_need_attention_and_why(sidecar: Si
     assert _status_column(page) == {"healthy-s0": "ok", "tts-eager-s1": "attention: under-reports", "stuck-s2": "stale"}
     summary = _summary(page)
     assert set(summary) == {"tts-eager-s1", "stuck-s2"}, "the healthy engine is not listed"
-    assert "under-reports: talker.decoder holds 1.50× its declaration" in summary["tts-eager-s1"]
-    assert "stale: no heartbeat for 60" in summary["stuck-s2"]
+    assert "under-reports talker.decoder holds 1.50× its declaration" in summary["tts-eager-s1"]
+    assert "stale no heartbeat for 60" in summary["stuck-s2"]
     for engine in summary:
         assert f'id="engine-{engine}"' in page, "each summary item links to the engine's details"
 
@@ -222,9 +221,9 @@ def test_every_concern_reaches_the_summary_bounded_and_escaped(spool: Path) -> N
     summary = _summary(html)
     assert "layer.2<b> holds 2.00× its declaration" in summary["many"] and "and 9 more" in summary["many"]
     assert "layer.3" not in summary["many"] and "<b>" not in html.split("</section>", 1)[0].replace("&lt;b&gt;", "")
-    assert summary["dropping"] == "dropping m dropped declarations: 2 of talker (declarer_raised)"
-    assert "undeclared cache: vocoder holds 64.0 MiB it does not declare" in summary["hiding"]
-    assert "declared cache unused: decoder was called 40 times and never used a cache" in summary["idle"]
+    assert "dropped declarations 2 of talker (declarer_raised: KeyError)" in summary["dropping"]
+    assert "undeclared cache vocoder (V) holds 64.0 MiB it does not declare" in summary["hiding"]
+    assert "declared cache unused decoder was called 40 times and never used a cache" in summary["idle"]
     section = html.split('<section id="attention"', 1)[1].split("</section>", 1)[0]
     assert '<a href="#rejected">5 rejected snapshot files</a>' in section and "; and 2 more" in section
     assert 'id="rejected"' in html
@@ -277,12 +276,18 @@ def test_landing_page_lists_discovered_owners_beside_declared_ones(spool: Path) 
 
 
 def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
-    """With a budget of 2, the page lists the two largest (18 and 3 MiB, not the 1 MiB one), like /metrics, and
-    says how many it left out."""
+    """With a budget of 2, the tables and pictures list the two largest (18 and 3 MiB, not the 1 MiB one), like
+    /metrics, and say how many they left out. (The summary names every owner the engine found: a finding is not
+    an export.)"""
     _fill_discovered(spool)
     view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
     html = render_landing(view, spool_dir="s", version="0", max_discovered=2)
-    assert "tokenizer.decoder" in html and "also declares caches" in html and "StreamingAudioKVCache" not in html
+    summary, details = html.split("<h2>Engines</h2>", 1)
+    assert "StreamingAudioKVCache" in summary
+    assert "tokenizer.decoder" in details and "also declares caches" in details
+    assert "StreamingAudioKVCache" not in details
+    charts = "".join(re.findall(r"<svg.*?</svg>", html, re.S))
+    assert "tokenizer.decoder" in charts and "encoder.&lt;img" not in charts, "pictures draw the exported owners"
     assert "1 past this exporter's --max-discovered-owners, not exported" in html
 
 
