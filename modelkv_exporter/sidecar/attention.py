@@ -95,16 +95,16 @@ NEXT_STEPS: dict[Concern, NextStep] = {
         "ModelKVSnapshotStale",
     ),
     Concern.UNDER_REPORTS: NextStep(
-        "declare what the owner's caches hold: change its model_local_kv_specs() (the suggested declaration is sized "
-        "to what they held); until then `plan` plans from what they held",
+        "declare what the owner's caches hold: change its model_local_kv_specs() to the suggested declaration (sized "
+        "to what they held; `check` prints it); until then `plan` plans from what they held",
         "check",
         "each owner's verdict and the declaration to write, with its evidence",
         "ModelKVDeclarationUnderReports",
     ),
     Concern.UNDECLARED: NextStep(
-        "declare the cache: add model_local_kv_specs() to the module's class (a suggested declaration where its "
-        "key/value layout was seen; else modelkv_exporter.testing on the model writes one); until then `plan` counts "
-        "it as fixed bytes",
+        "declare the cache: add model_local_kv_specs() to the module's class (`check` suggests a declaration where "
+        "its key/value layout was seen; else modelkv_exporter.testing on the model writes one); until then `plan` "
+        "counts it as fixed bytes",
         "check",
         "each owner's verdict and the declaration to write, with its evidence",
         "ModelKVUndeclaredCache",
@@ -245,9 +245,10 @@ def problems_of(snapshot: Snapshot) -> list[Finding]:
     return found
 
 
-def findings(snapshot: Snapshot, state: EngineState, now: float) -> list[Finding]:
-    """Everything about an exported or stale engine that needs attention; nothing for an ended or forgotten one."""
-    if state not in (EngineState.EXPORTED, EngineState.STALE):
+def findings(snapshot: Snapshot, state: EngineState, now: float, *, ended_too: bool = False) -> list[Finding]:
+    """Everything about an exported or stale engine that needs attention; nothing for an ended or forgotten one,
+    unless ``ended_too`` (a report of a finished run judges what its engines left)."""
+    if state not in (EngineState.EXPORTED, EngineState.STALE) and not ended_too:
         return []
     found: list[Finding] = []
     if state is EngineState.STALE:
