@@ -145,7 +145,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     spool_dir = Path(args.spool_dir) if args.spool_dir else demo_spool_dir(port)
     settings = build(DemoSettings, vars(args))
     cli = cli_command()
-    config = build(SidecarConfig, vars(args), spool_dir=spool_dir, cli=cli)
+    config = build(SidecarConfig, vars(args), spool_dir=spool_dir, cli=cli, cli_spool=str(spool_dir))
     serving = build(ServerSettings, vars(args))
     server = build_server(config, host=serving.host, port=serving.port, log_level=serving.log_level)
     if server.probe is not None and not bind_probe_port("demo", server.probe, port):

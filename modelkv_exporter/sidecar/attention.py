@@ -72,9 +72,10 @@ class NextStep:
     alert: str
     """The alert that fires for it, whose runbook section says more."""
 
-    def command_line(self, spool: str, cli: str = CLI) -> str:
-        """The command to run, as a person types it."""
-        return f"{cli} {self.command} {spool}"
+    def command_line(self, spool: str = "", cli: str = CLI) -> str:
+        """The command to run, as a person types it; without ``spool`` it reads ``MODELKV_SPOOL_DIR`` (which the
+        sidecar's container sets)."""
+        return f"{cli} {self.command} {spool}".rstrip()
 
     @property
     def anchor(self) -> str:

@@ -47,6 +47,9 @@ class SidecarConfig:
     )
     cli: str = CLI
     """The command the landing page tells people to run (the demo names its own console script)."""
+    cli_spool: str = ""
+    """The spool as those commands name it: none (the page shows no paths; in the sidecar's container the command
+    reads MODELKV_SPOOL_DIR), or the demo's own directory, which its terminal prints too."""
 
     spool_check_interval: float = DEFAULT_CHECK_INTERVAL_SECONDS
     """Seconds between checks that the spool directory exists and can be listed (a warning while not)."""

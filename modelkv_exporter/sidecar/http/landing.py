@@ -30,6 +30,8 @@ from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
 
+SIDECAR_CONTAINER = "modelkv-exporter"
+"""The sidecar container's name in the manifests and the post-renderer's pods."""
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 LINKS = (
     ("/metrics", "Prometheus metrics"),
@@ -262,9 +264,12 @@ def _engine_section(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWN
 
 @dataclass(frozen=True)
 class Guidance:
-    """How the page writes a finding's next step: the command as the reader runs it, and the runbook's address."""
+    """How the page writes a finding's next step: the command as the reader runs it, and the runbook's address.
 
-    spool_dir: str
+    ``spool`` "" leaves the directory out of the command: the page shows no paths, and in the sidecar's
+    container the command reads ``MODELKV_SPOOL_DIR``."""
+
+    spool: str = ""
     cli: str = CLI
     runbook_url: str = ""
 
@@ -298,12 +303,13 @@ def _prose(text: str) -> str:
 def _finding_html(finding: Finding, guidance: Guidance) -> str:
     """One finding: what is wrong, then the fix, the suggested declaration, the command and the runbook section."""
     step = finding.step
-    command = step.command_line(guidance.spool_dir, guidance.cli)
+    command = step.command_line(guidance.spool, guidance.cli)
+    where = "" if guidance.spool else f"in the sidecar's container: kubectl exec POD -c {SIDECAR_CONTAINER} -- {command}; "
     return (
         f'<div class="finding"><p class="what"><span class="concern">{escape(finding.concern.value)}</span> '
         f"{escape(finding.detail)}</p>"
         f"<p><strong>Fix:</strong> {_prose(step.fix)}</p>{_suggestions(finding)}"
-        f"<p><strong>Run:</strong> <code>{escape(command)}</code> <span class=muted>({escape(step.shows)})</span></p>"
+        f"<p><strong>Run:</strong> <code>{escape(command)}</code> <span class=muted>({escape(where + step.shows)})</span></p>"
         f"<p><strong>Runbook:</strong> {_runbook(finding, guidance)}</p></div>"
     )
 
@@ -357,11 +363,12 @@ def render_landing(
     version: str,
     max_discovered: int = MAX_DISCOVERED_OWNERS,
     cli: str = CLI,
+    cli_spool: str = "",
     runbook_url: str = "",
 ) -> str:
     """The whole page for one view of the spool; per engine at most ``max_discovered`` discovered owners, as
-    /metrics exports them. Next steps name ``cli`` and link the runbook at ``runbook_url`` (else name its place in
-    a checkout)."""
+    /metrics exports them. Next steps name ``cli`` with ``cli_spool`` (see ``Guidance``) and link the runbook at
+    ``runbook_url`` (else name its place in a checkout)."""
     rejected: list[list[str]] = []
     for entry in view.rejected:
         assert entry.error is not None
@@ -393,7 +400,7 @@ def render_landing(
         f"<title>modelkv-exporter</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>modelkv-exporter {escape(version)}</h1>"
         f"<p>spool <code>{escape(spool_dir)}</code> · {summary} · generated {generated_at(view.now)}</p></header>"
-        f"<main>{_attention(view, live, Guidance(spool_dir, cli, runbook_url), max_discovered)}<nav>{nav}</nav><h2>Engines</h2>{engines}"
+        f"<main>{_attention(view, live, Guidance(cli_spool, cli, runbook_url), max_discovered)}<nav>{nav}</nav><h2>Engines</h2>{engines}"
         f"<h2>Declarations</h2>"
         f"{f'<p class=muted>{escape(GEOMETRY_LEGEND)}</p>{sections}' if sections else '<p class=muted>None.</p>'}"
         f'<h2 id="rejected">Rejected files</h2>{rejected_html}</main></body></html>\n'

@@ -35,11 +35,15 @@ def view_key(view: SpoolView) -> tuple[object, ...]:
 class Pages:
     """The sidecar's two documents for people and scripts, cached by ``view_key``. Thread-safe."""
 
-    def __init__(self, source: SpoolSource, version: str = VERSION, *, cli: str = CLI, runbook_url: str = "") -> None:
+    def __init__(
+        self, source: SpoolSource, version: str = VERSION, *, cli: str = CLI, cli_spool: str = "", runbook_url: str = ""
+    ) -> None:
         self.source = source
         self.version = version
         self.cli = cli
         """The command the landing page's next steps name."""
+        self.cli_spool = cli_spool
+        """The spool as those commands name it ("": none; they read MODELKV_SPOOL_DIR)."""
         self.runbook_url = runbook_url
         """Where the landing page links runbook sections ("": it names them in docs/runbook.md)."""
         self._lock = threading.Lock()
@@ -61,6 +65,7 @@ class Pages:
                     version=self.version,
                     max_discovered=self.source.budget.max_discovered_owners,
                     cli=self.cli,
+                    cli_spool=self.cli_spool,
                     runbook_url=self.runbook_url,
                 )
                 self._landing = (key, page.encode())
