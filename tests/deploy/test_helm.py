@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tomllib
 import subprocess
 import sys
 from pathlib import Path
@@ -221,12 +222,23 @@ def test_post_renderer_adds_the_sidecar(shape: str, selector: str, rendered: lis
     (engine,) = spec["containers"]
     assert parts["engineEnv"][0] in engine["env"] and parts["engineVolumeMount"] in engine["volumeMounts"]
     old_engine = before[engine_index]["spec"]["template"]["spec"]["containers"][0]
+    plugins = [e for e in old_engine["env"] if e["name"] == "VLLM_PLUGINS"]
+    if plugins:  # production-stack's LoRA resolver: vLLM loads only the plugins VLLM_PLUGINS names
+        plugins[0]["value"] += ",modelkv_exporter"
     assert engine["env"][: len(old_engine["env"])] == old_engine["env"], "the engine keeps its own settings"
+    name = before[engine_index]["metadata"]["name"]
+    report = [line for line in result.stderr.splitlines() if line.startswith("modelkv-sidecar: ")]
+    assert len(report) == 1 and report[0].startswith(f"modelkv-sidecar: Deployment/{name}: added the modelkv-exporter "
+                                                     "sidecar (registry.example.com/modelkv-exporter:0.1.0)")  # fmt: skip
+    assert ("VLLM_PLUGINS 'lora_filesystem_resolver' -> 'lora_filesystem_resolver,modelkv_exporter'" in report[0]) == (
+        bool(plugins)
+    ), "what changed is said on standard error"
     monitor = one(rendered, "PodMonitor")["spec"]
     assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
 
     again = post_render(result.stdout, "--selector", selector)
     assert again.returncode == 0 and [d for d in yaml.safe_load_all(again.stdout) if d] == after, "idempotent"
+    assert again.stderr == f"modelkv-sidecar: Deployment/{name}: unchanged, it already has the modelkv-exporter sidecar\n"
 
 
 def test_post_renderer_rebuilds_the_base_deployment() -> None:
@@ -258,7 +270,7 @@ def test_post_renderer_rebuilds_the_base_deployment() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--selector", "model=nothing-here"], "no Deployment or StatefulSet is labelled model=nothing-here"),
+        (["--selector", "model=nothing-here"], "no Deployment, StatefulSet, LeaderWorkerSet is labelled model=nothing-here"),
         (["--selector", "release=test", "--container", "engine"], "no container named engine"),
         (["--selector", "release"], "is not key=value"),
     ],
@@ -266,3 +278,141 @@ def test_post_renderer_rebuilds_the_base_deployment() -> None:
 def test_post_renderer_refuses_what_it_cannot_do(args: list[str], message: str) -> None:
     result = post_render((ENGINE_CHARTS / "vllm-example-chart.yaml").read_text(), *args)
     assert result.returncode == 1 and message in result.stderr and result.stdout == ""
+
+
+def _pod(template: dict[str, Any]) -> dict[str, Any]:
+    """A pod template as the Pod it makes, for Kubernetes' own schema."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": template.get("metadata", {}), "spec": template["spec"]}
+
+
+def _env(container: dict[str, Any], name: str) -> str | None:
+    values = [e.get("value") for e in container.get("env") or [] if e["name"] == name]
+    return values[0] if values else None
+
+
+def test_post_renderer_adds_the_sidecar_to_every_pod_of_a_leader_worker_set() -> None:
+    """llm-d's shape: decode as a LeaderWorkerSet with one template (its leader's too) behind llm-d's own native
+    sidecar, prefill as one with a leader and a worker template, an InferencePool with the same labels.
+
+    Every template gets the sidecar, the spool and MODELKV_SPOOL_DIR (each pod runs vLLM workers, which
+    publish); VLLM_PLUGINS gets this plugin: ``lora_filesystem_resolver`` becomes
+    ``lora_filesystem_resolver,modelkv_exporter``, and an empty one, with which vLLM loads no plugin, becomes
+    ``modelkv_exporter``. The InferencePool and the endpoint picker pass through; standard error says what changed
+    per template.
+    """
+    manifests = (ENGINE_CHARTS / "llm-d.yaml").read_text()
+    result = post_render(manifests, "--selector", "llm-d.ai/model=deepseek-r1")
+    assert result.returncode == 0, result.stderr
+    before = [d for d in yaml.safe_load_all(manifests) if d]
+    after = [d for d in yaml.safe_load_all(result.stdout) if d]
+    kinds = [d["kind"] for d in after]
+    assert kinds == ["InferencePool", "Deployment", "LeaderWorkerSet", "LeaderWorkerSet"]
+    assert after[:2] == before[:2], "what holds no engine passes through"
+    parts = generate_manifests.sidecar_parts()
+    decode, prefill = after[2]["spec"]["leaderWorkerTemplate"], after[3]["spec"]["leaderWorkerTemplate"]
+    assert "leaderTemplate" not in decode, "a leader template is not invented: the workers' serves the leader"
+    templates = {
+        "decode": decode["workerTemplate"],
+        "prefill leader": prefill["leaderTemplate"],
+        "prefill worker": prefill["workerTemplate"],
+    }
+    expected_plugins = {
+        "decode": "modelkv_exporter",
+        "prefill leader": "lora_filesystem_resolver,modelkv_exporter",
+        "prefill worker": "lora_filesystem_resolver,modelkv_exporter",
+    }
+    for label, template in templates.items():
+        for version in SUPPORTED_VERSIONS:
+            kubernetes_validate.validate(_pod(template), version, strict=True)
+        spec = template["spec"]
+        assert spec["initContainers"][-1] == parts["initContainer"], label
+        assert parts["volume"] in spec["volumes"], label
+        assert parts["podLabels"].items() <= template["metadata"]["labels"].items(), label
+        (engine,) = spec["containers"]
+        assert _env(engine, "MODELKV_SPOOL_DIR") == "/var/run/modelkv", label
+        assert parts["engineVolumeMount"] in engine["volumeMounts"], label
+        assert _env(engine, "VLLM_PLUGINS") == expected_plugins[label], label
+        assert "modelkv_exporter" in _env(engine, "VLLM_PLUGINS").split(","), "as vLLM splits it: on commas alone"
+    routing = decode["workerTemplate"]["spec"]["initContainers"][0]
+    assert routing["name"] == "routing-proxy" and routing["restartPolicy"] == "Always", "llm-d's sidecar is kept"
+
+    report = result.stderr.splitlines()
+    assert len(report) == 3, report
+    assert report[0].startswith("modelkv-sidecar: LeaderWorkerSet/ms-r1-llm-d-modelservice-decode: added ")
+    assert "MODELKV_SPOOL_DIR in vllm; VLLM_PLUGINS '' -> 'modelkv_exporter' (empty: vLLM loaded no plugin" in report[0]
+    assert report[1].startswith("modelkv-sidecar: LeaderWorkerSet/ms-r1-llm-d-modelservice-prefill leaderTemplate: ")
+    assert report[2].startswith("modelkv-sidecar: LeaderWorkerSet/ms-r1-llm-d-modelservice-prefill workerTemplate: ")
+    assert "MODELKV_SPOOL_DIR in vllm-worker; VLLM_PLUGINS 'lora_filesystem_resolver' -> " in report[2]
+
+    again = post_render(result.stdout, "--selector", "llm-d.ai/model=deepseek-r1")
+    assert again.returncode == 0 and [d for d in yaml.safe_load_all(again.stdout) if d] == after, "idempotent"
+    named = post_render(manifests, "--selector", "llm-d.ai/role=prefill", "--container", "vllm-leader")
+    assert named.returncode == 1 and "workerTemplate: no container named vllm-leader" in named.stderr
+
+
+def test_the_plugin_it_adds_is_the_one_the_package_registers() -> None:
+    entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert list(entry_points["vllm.general_plugins"]) == ["modelkv_exporter"]
+
+
+def _example_engine(env: list[dict[str, Any]]) -> str:
+    """vLLM's example chart with the engine container's ``env`` replaced."""
+    documents = [d for d in yaml.safe_load_all((ENGINE_CHARTS / "vllm-example-chart.yaml").read_text()) if d]
+    documents[0]["spec"]["template"]["spec"]["containers"][0]["env"] = env
+    return yaml.safe_dump_all(documents)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ([], None),
+        ([{"name": "VLLM_PLUGINS", "value": "lora_filesystem_resolver"}], "lora_filesystem_resolver,modelkv_exporter"),
+        ([{"name": "VLLM_PLUGINS", "value": ""}], "modelkv_exporter"),
+        ([{"name": "VLLM_PLUGINS"}], "modelkv_exporter"),
+        ([{"name": "VLLM_PLUGINS", "value": "a,modelkv_exporter"}], "a,modelkv_exporter"),
+        ([{"name": "VLLM_PLUGINS", "value": "a, modelkv_exporter"}], "a, modelkv_exporter,modelkv_exporter"),
+    ],
+    ids=["unset-stays-unset", "a-list-gains-it", "empty-loads-ours", "no-value-is-empty", "listed", "spaced-is-not"],
+)
+def test_post_renderer_puts_the_plugin_in_vllm_plugins(env: list[dict[str, Any]], expected: str | None) -> None:
+    """vLLM reads VLLM_PLUGINS as ``value.split(",")`` and loads a plugin only when its name is an item: unset loads
+    all (left unset), empty loads none, and `` modelkv_exporter`` with a space is not the name."""
+    result = post_render(_example_engine(env), "--selector", "release=test")
+    assert result.returncode == 0, result.stderr
+    (engine,) = yaml.safe_load(result.stdout)["spec"]["template"]["spec"]["containers"]
+    assert _env(engine, "VLLM_PLUGINS") == expected
+    assert ("VLLM_PLUGINS" in result.stderr) == (expected is not None and env[0].get("value") != expected)
+
+
+def test_post_renderer_refuses_a_vllm_plugins_it_cannot_see() -> None:
+    from_map = {"name": "VLLM_PLUGINS", "valueFrom": {"configMapKeyRef": {"name": "engine", "key": "plugins"}}}
+    result = post_render(_example_engine([from_map]), "--selector", "release=test")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "VLLM_PLUGINS comes from valueFrom, which this cannot change: add modelkv_exporter to it" in result.stderr
+    documents = [d for d in yaml.safe_load_all((ENGINE_CHARTS / "vllm-example-chart.yaml").read_text()) if d]
+    documents[0]["spec"]["template"]["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "engine"}}]
+    noted = post_render(yaml.safe_dump_all(documents), "--selector", "release=test")
+    assert noted.returncode == 0 and "note: envFrom may set VLLM_PLUGINS; if it does, add modelkv_exporter" in noted.stderr
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec"),
+    [
+        (("batch/v1", "Job"), {"template": {"spec": {"containers": [{"name": "vllm", "image": "v"}]}}}),
+        (("argoproj.io/v1alpha1", "Rollout"), {"template": {"spec": {"containers": [{"name": "vllm", "image": "v"}]}}}),
+        (("v1", "Pod"), {"containers": [{"name": "vllm", "image": "v"}]}),
+    ],
+    ids=["job", "rollout", "pod"],
+)
+def test_post_renderer_refuses_a_kind_it_does_not_know(kind: tuple[str, str], spec: dict[str, Any]) -> None:
+    """A matching object that runs containers but is no kind it patches would run without the sidecar: refused, by
+    name, with what to do; the same object with other labels passes through."""
+    extra = {"apiVersion": kind[0], "kind": kind[1], "metadata": {"name": "engine-x", "labels": {"release": "test"}}}
+    manifests = (ENGINE_CHARTS / "vllm-example-chart.yaml").read_text() + "---\n" + yaml.safe_dump({**extra, "spec": spec})
+    result = post_render(manifests, "--selector", "release=test")
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"modelkv-sidecar: {kind[1]}/engine-x ({kind[0]}) matches the selector and runs containers, but only " in result.stderr
+    assert "Deployment, StatefulSet, LeaderWorkerSet are patched: narrow --selector" in result.stderr
+    extra["metadata"]["labels"] = {"release": "other"}
+    other = (ENGINE_CHARTS / "vllm-example-chart.yaml").read_text() + "---\n" + yaml.safe_dump({**extra, "spec": spec})
+    assert post_render(other, "--selector", "release=test").returncode == 0
