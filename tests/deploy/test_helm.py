@@ -152,8 +152,11 @@ def test_changed_values_change_exactly_their_sites() -> None:
         ({"prometheusRule": {"jobSelector": "modelkv-exporter"}}, "jobSelector"),
         ({"prometheusRule": {"runbookUrl": "docs/runbook.md"}}, "runbookUrl"),
         ({"podMonitor": {"interval": "30 seconds"}}, "interval"),
+        ({"serviceMonitor": {"enabled": "yes"}}, "enabled"),
+        ({"serviceMonitor": {"enabled": True, "port": 9400}}, "port"),
     ],
-    ids=["string-threshold", "zero-for", "unknown-alert-key", "unknown-key", "job-selector", "runbook", "duration"],
+    ids=["string-threshold", "zero-for", "unknown-alert-key", "unknown-key", "job-selector", "runbook", "duration",
+         "service-monitor-switch", "service-monitor-key"],  # fmt: skip
 )
 def test_wrong_values_are_refused_naming_them(values: dict[str, Any], named: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=named):
@@ -179,6 +182,100 @@ def test_values_file_is_valid_and_every_value_is_documented() -> None:
     table = generate_manifests.deploy_doc_text()
     for key in ("prometheusRule.alerts.undeclaredMemoryGrowth.thresholdMiB", "releaseLabel", "image.repository"):
         assert f"`{key}`" in table
+
+
+def notes(values: dict[str, Any]) -> str:
+    """The chart's NOTES.txt as Helm prints it after an install with ``values``."""
+    manifests = helm.Chart.load(CHART).render(values, name="modelkv", namespace="monitoring")
+    return " ".join(manifests["modelkv-exporter/templates/NOTES.txt"].split())
+
+
+def test_notes_warn_of_the_placeholder_runbook_and_the_namespace_scope() -> None:
+    """The two pitfalls docs/deploy.md stresses, said where a person installing the chart reads: with the defaults
+    every runbook link is the .invalid placeholder, and only the release's namespace is scraped."""
+    default = notes({})
+    assert "WARNING: prometheusRule.runbookUrl is the placeholder https://modelkv-exporter.invalid/docs/runbook.md" in default
+    assert "--set prometheusRule.runbookUrl=" in default
+    assert "NOTE: podMonitor.namespaces is empty, so only engine pods in this release's namespace (monitoring)" in default
+    assert "--set 'podMonitor.namespaces={llm-a,llm-b}'" in default
+    configured = notes({"prometheusRule": {"runbookUrl": "https://wiki.example.com/modelkv/runbook.md"},
+                        "podMonitor": {"namespaces": ["llm-a", "llm-b"]}})  # fmt: skip
+    assert "WARNING" not in configured and "NOTE" not in configured
+    assert "Scraped namespaces: llm-a, llm-b (podMonitor.namespaces)" in configured
+    assert "WARNING" in notes({"prometheusRule": {"runbookUrl": "http://docs.invalid:8080/runbook.md"}})
+    assert "WARNING" not in notes({"prometheusRule": {"runbookUrl": "https://invalid.example.com/runbook.md"}})
+    assert "WARNING" not in notes({"prometheusRule": {"enabled": False}}), "no rules, no runbook links"
+
+
+def test_a_service_monitor_scrapes_as_the_pod_monitor_does(tmp_path: Path) -> None:
+    """serviceMonitor.enabled with podMonitor off: a headless Service selecting the sidecar pods in each engine
+    namespace, and a ServiceMonitor whose endpoint is the PodMonitor's (port, path, interval, job and container
+    relabelings), valid for Kubernetes and prometheus-operator; both on would scrape twice and are refused."""
+    namespaces = ["llm-a", "llm-b"]
+    pod_monitor = one(render({"podMonitor": {"namespaces": namespaces}}), "PodMonitor")
+    objects = render({"podMonitor": {"enabled": False, "namespaces": namespaces}, "serviceMonitor": {"enabled": True}})
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "PrometheusRule", "Service", "Service", "ServiceMonitor"]
+    services = [o for o in objects if o["kind"] == "Service"]
+    assert [s["metadata"]["namespace"] for s in services] == namespaces
+    monitor = one(objects, "ServiceMonitor")
+    for service in services:
+        for version in SUPPORTED_VERSIONS:
+            kubernetes_validate.validate(service, version, strict=True)
+        assert service["spec"]["selector"] == pod_monitor["spec"]["selector"]["matchLabels"]
+        assert service["spec"]["clusterIP"] == "None"
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == pod_monitor["spec"]["namespaceSelector"]
+    assert monitor["spec"]["endpoints"] == pod_monitor["spec"]["podMetricsEndpoints"]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    result = check_custom_resources([monitor, one(objects, "PrometheusRule")], f"helm-service-monitor-{tmp_path.name}")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    own = [o for o in render({"podMonitor": {"enabled": False}, "serviceMonitor": {"enabled": True}}) if o["kind"] == "Service"]
+    assert [s["metadata"]["namespace"] for s in own] == ["monitoring"], "by default, the release's namespace"
+    with pytest.raises(helm.HelmRenderError, match="set podMonitor.enabled=false to use the ServiceMonitor"):
+        render({"serviceMonitor": {"enabled": True}})
+    with pytest.raises(helm.HelmRenderError, match="podMonitor.job sets"):
+        render({"podMonitor": {"enabled": False}, "serviceMonitor": {"enabled": True},
+                "prometheusRule": {"jobSelector": 'job="other"'}})  # fmt: skip
+
+
+def _growth_panel(dashboard: dict[str, Any]) -> dict[str, Any]:
+    (panel,) = [p for p in dashboard["panels"] if p.get("title") == generate_manifests.GROWTH_PANEL]
+    return panel
+
+
+def test_the_growth_panel_draws_the_threshold_the_chart_alerts_at() -> None:
+    """prometheusRule.alerts.undeclaredMemoryGrowth moves the dashboard's threshold line and the minutes its
+    description states, and nothing else of any dashboard."""
+    values = {"prometheusRule": {"alerts": {"undeclaredMemoryGrowth": {"thresholdMiB": 512, "forMinutes": 20}}}}
+    data = one(render(values), "ConfigMap")["data"]
+    assert set(data) == {path.name for path in DASHBOARDS}
+    for path in DASHBOARDS:
+        source, rendered = json.loads(path.read_text()), json.loads(data[path.name])
+        panel = _growth_panel(rendered)
+        steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert [s["value"] for s in steps] == [None, 512 * 1024 * 1024]
+        assert "the alert fires after 20 minutes above it" in panel["description"]
+        source_panel = _growth_panel(source)
+        source_panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] = 512 * 1024 * 1024
+        source_panel["description"] = source_panel["description"].replace("after 15 minutes", "after 20 minutes")
+        assert rendered == source
+    rule = next(
+        r for g in rules_of(render(values)) for r in g["rules"] if r.get("alert") == "ModelKVUndeclaredMemoryGrowth"
+    )
+    assert "> 512 * 1024 * 1024" in rule["expr"] and rule["for"] == "20m", "the alert the line stands for"
+
+
+def test_the_chart_dashboard_tokens_are_checked(tmp_path: Path) -> None:
+    """The dashboard copy fails to generate, rather than silently keeping a fixed line, when the growth panel does
+    not draw the alert's threshold exactly once."""
+    path = DASHBOARDS[0]
+    text = path.read_text()
+    assert generate_manifests.GROWTH_THRESHOLD_TOKEN in generate_manifests.chart_dashboard_text(path)
+    moved = tmp_path / path.name
+    moved.write_text(text.replace('"value": 268435456', '"value": 268435457'))
+    with pytest.raises(ValueError, match="does not draw the alert's threshold"):
+        generate_manifests.chart_dashboard_text(moved)
 
 
 def test_notes_tell_how_to_add_the_sidecar_with_the_image() -> None:
