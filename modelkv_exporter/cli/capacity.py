@@ -89,9 +89,7 @@ class Demand:
         return cls._of(snapshot, corrections(snapshot), discovered)
 
     @classmethod
-    def _of(
-        cls, snapshot: Snapshot, found: tuple[Correction, ...], discovered: tuple[DiscoveredOwner, ...]
-    ) -> Demand:
+    def _of(cls, snapshot: Snapshot, found: tuple[Correction, ...], discovered: tuple[DiscoveredOwner, ...]) -> Demand:
         scale = {c.owner: c.ratio for c in found if c.ratio is not None}
         fixed = Fraction(sum(c.observed_bytes for c in found if c.ratio is None))
         fixed += sum(d.peak_bytes for d in discovered)

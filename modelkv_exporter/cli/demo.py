@@ -125,7 +125,9 @@ def _observed_summary(reader: SpoolReader) -> str:
             rows.append([snapshot.engine.engine_id, owner, human_bytes(declared), observed, verdict])
         for found in snapshot.discovered:
             verdict = "beyond its declared caches" if found.declares else "declares nothing"
-            rows.append([snapshot.engine.engine_id, found.owner or ROOT_OWNER, "—", human_bytes(found.peak_bytes), verdict])
+            rows.append(
+                [snapshot.engine.engine_id, found.owner or ROOT_OWNER, "—", human_bytes(found.peak_bytes), verdict]
+            )
     return table(["engine", "owner", "declared peak", "observed peak", ""], rows)
 
 

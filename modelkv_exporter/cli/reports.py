@@ -352,8 +352,7 @@ def _correction_note(engine_id: str, snapshot: Snapshot, correction: Correction)
     ratio = float(correction.ratio)
     what = over_declaration(correction.owner, correction.observed_bytes, correction.declared_bytes)
     return (
-        f"warning: {engine_id}: {Concern.UNDER_REPORTS.value}: {what} at {at}; its figures are scaled up by "
-        f"{ratio:.2f}"
+        f"warning: {engine_id}: {Concern.UNDER_REPORTS.value}: {what} at {at}; its figures are scaled up by {ratio:.2f}"
     )
 
 

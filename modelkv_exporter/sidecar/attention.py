@@ -186,7 +186,9 @@ def undeclared_text(owner: str, owner_class: str, held: int, beyond_declared: bo
     """The undeclared-cache sentence: ``apm.streaming_kv (StreamingAudioKVCache) holds 70.3 MiB it does not
     declare``."""
     who = owner_name(owner) + (f" ({owner_class})" if owner_class else "")
-    return f"{who} holds {human_bytes(held)} " + ("beyond its declared caches" if beyond_declared else "it does not declare")
+    return f"{who} holds {human_bytes(held)} " + (
+        "beyond its declared caches" if beyond_declared else "it does not declare"
+    )
 
 
 def _under_reports(snapshot: Snapshot) -> tuple[list[Problem], list[Problem]]:

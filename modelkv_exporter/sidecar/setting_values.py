@@ -58,8 +58,10 @@ def web_address(text: str) -> str:
         return ""
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.fragment or "#" in value:
-        raise ValueError(f"{text!r} is not an absolute http(s) address without a #fragment, such as "
-                         "https://wiki.example.com/modelkv/runbook.md")
+        raise ValueError(
+            f"{text!r} is not an absolute http(s) address without a #fragment, such as "
+            "https://wiki.example.com/modelkv/runbook.md"
+        )
     return value
 
 

@@ -39,10 +39,14 @@ def _snapshots(spool: Path) -> dict[str, Snapshot]:
 
 def _observed(spool: Path) -> bool:
     found = _snapshots(spool)
-    return all(
-        any(o.owner == OWNER and o.peak_bytes for o in found[engine].observations) if engine in found else False
-        for engine in (ACCURATE, UNDER_DECLARING)
-    ) and UNDECLARED in found and bool(found[UNDECLARED].discovered)
+    return (
+        all(
+            any(o.owner == OWNER and o.peak_bytes for o in found[engine].observations) if engine in found else False
+            for engine in (ACCURATE, UNDER_DECLARING)
+        )
+        and UNDECLARED in found
+        and bool(found[UNDECLARED].discovered)
+    )
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import tomllib
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import pytest
+import tomllib
 import yaml
 
 from tests.deploy.test_kubernetes import (
@@ -155,8 +155,17 @@ def test_changed_values_change_exactly_their_sites() -> None:
         ({"serviceMonitor": {"enabled": "yes"}}, "enabled"),
         ({"serviceMonitor": {"enabled": True, "port": 9400}}, "port"),
     ],
-    ids=["string-threshold", "zero-for", "unknown-alert-key", "unknown-key", "job-selector", "runbook", "duration",
-         "service-monitor-switch", "service-monitor-key"],  # fmt: skip
+    ids=[
+        "string-threshold",
+        "zero-for",
+        "unknown-alert-key",
+        "unknown-key",
+        "job-selector",
+        "runbook",
+        "duration",
+        "service-monitor-switch",
+        "service-monitor-key",
+    ],  # fmt: skip
 )
 def test_wrong_values_are_refused_naming_them(values: dict[str, Any], named: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=named):
@@ -194,9 +203,14 @@ def test_notes_warn_of_the_placeholder_runbook_and_the_namespace_scope() -> None
     """The two pitfalls docs/deploy.md stresses, said where a person installing the chart reads: with the defaults
     every runbook link is the .invalid placeholder, and only the release's namespace is scraped."""
     default = notes({})
-    assert "WARNING: prometheusRule.runbookUrl is the placeholder https://modelkv-exporter.invalid/docs/runbook.md" in default
+    assert (
+        "WARNING: prometheusRule.runbookUrl is the placeholder https://modelkv-exporter.invalid/docs/runbook.md"
+        in default
+    )
     assert "--set prometheusRule.runbookUrl=" in default
-    assert "NOTE: podMonitor.namespaces is empty, so only engine pods in this release's namespace (monitoring)" in default
+    assert (
+        "NOTE: podMonitor.namespaces is empty, so only engine pods in this release's namespace (monitoring)" in default
+    )
     assert "--set 'podMonitor.namespaces={llm-a,llm-b}'" in default
     configured = notes({"prometheusRule": {"runbookUrl": "https://wiki.example.com/modelkv/runbook.md"},
                         "podMonitor": {"namespaces": ["llm-a", "llm-b"]}})  # fmt: skip
@@ -230,7 +244,11 @@ def test_a_service_monitor_scrapes_as_the_pod_monitor_does(tmp_path: Path) -> No
     result = check_custom_resources([monitor, one(objects, "PrometheusRule")], f"helm-service-monitor-{tmp_path.name}")
     assert result.returncode == 0, result.stdout + result.stderr
 
-    own = [o for o in render({"podMonitor": {"enabled": False}, "serviceMonitor": {"enabled": True}}) if o["kind"] == "Service"]
+    own = [
+        o
+        for o in render({"podMonitor": {"enabled": False}, "serviceMonitor": {"enabled": True}})
+        if o["kind"] == "Service"
+    ]
     assert [s["metadata"]["namespace"] for s in own] == ["monitoring"], "by default, the release's namespace"
     with pytest.raises(helm.HelmRenderError, match="set podMonitor.enabled=false to use the ServiceMonitor"):
         render({"serviceMonitor": {"enabled": True}})
@@ -335,7 +353,9 @@ def test_post_renderer_adds_the_sidecar(shape: str, selector: str, rendered: lis
 
     again = post_render(result.stdout, "--selector", selector)
     assert again.returncode == 0 and [d for d in yaml.safe_load_all(again.stdout) if d] == after, "idempotent"
-    assert again.stderr == f"modelkv-sidecar: Deployment/{name}: unchanged, it already has the modelkv-exporter sidecar\n"
+    assert (
+        again.stderr == f"modelkv-sidecar: Deployment/{name}: unchanged, it already has the modelkv-exporter sidecar\n"
+    )
 
 
 def test_post_renderer_rebuilds_the_base_deployment() -> None:
@@ -367,7 +387,10 @@ def test_post_renderer_rebuilds_the_base_deployment() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--selector", "model=nothing-here"], "no Deployment, StatefulSet, LeaderWorkerSet is labelled model=nothing-here"),
+        (
+            ["--selector", "model=nothing-here"],
+            "no Deployment, StatefulSet, LeaderWorkerSet is labelled model=nothing-here",
+        ),
         (["--selector", "release=test", "--container", "engine"], "no container named engine"),
         (["--selector", "release"], "is not key=value"),
     ],
@@ -489,7 +512,9 @@ def test_post_renderer_refuses_a_vllm_plugins_it_cannot_see() -> None:
     documents = [d for d in yaml.safe_load_all((ENGINE_CHARTS / "vllm-example-chart.yaml").read_text()) if d]
     documents[0]["spec"]["template"]["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "engine"}}]
     noted = post_render(yaml.safe_dump_all(documents), "--selector", "release=test")
-    assert noted.returncode == 0 and "note: envFrom may set VLLM_PLUGINS; if it does, add modelkv_exporter" in noted.stderr
+    assert (
+        noted.returncode == 0 and "note: envFrom may set VLLM_PLUGINS; if it does, add modelkv_exporter" in noted.stderr
+    )
 
 
 @pytest.mark.parametrize(
@@ -505,10 +530,15 @@ def test_post_renderer_refuses_a_kind_it_does_not_know(kind: tuple[str, str], sp
     """A matching object that runs containers but is no kind it patches would run without the sidecar: refused, by
     name, with what to do; the same object with other labels passes through."""
     extra = {"apiVersion": kind[0], "kind": kind[1], "metadata": {"name": "engine-x", "labels": {"release": "test"}}}
-    manifests = (ENGINE_CHARTS / "vllm-example-chart.yaml").read_text() + "---\n" + yaml.safe_dump({**extra, "spec": spec})
+    manifests = (
+        (ENGINE_CHARTS / "vllm-example-chart.yaml").read_text() + "---\n" + yaml.safe_dump({**extra, "spec": spec})
+    )
     result = post_render(manifests, "--selector", "release=test")
     assert result.returncode == 1 and result.stdout == ""
-    assert f"modelkv-sidecar: {kind[1]}/engine-x ({kind[0]}) matches the selector and runs containers, but only " in result.stderr
+    assert (
+        f"modelkv-sidecar: {kind[1]}/engine-x ({kind[0]}) matches the selector and runs containers, but only "
+        in result.stderr
+    )
     assert "Deployment, StatefulSet, LeaderWorkerSet are patched: narrow --selector" in result.stderr
     extra["metadata"]["labels"] = {"release": "other"}
     other = (ENGINE_CHARTS / "vllm-example-chart.yaml").read_text() + "---\n" + yaml.safe_dump({**extra, "spec": spec})

@@ -7,18 +7,18 @@ import re
 import struct
 import subprocess
 import sys
-
-import pytest
-import yaml
 import time
 from dataclasses import replace
 from html import unescape
 from pathlib import Path
 
+import pytest
+import yaml
+
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.sidecar.attention import NEXT_STEPS, UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS, Concern
 from modelkv_exporter.demo.engines import UNDECLARED, UNDER_DECLARING
+from modelkv_exporter.sidecar.attention import NEXT_STEPS, UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS, Concern
 from modelkv_exporter.sidecar.http.landing import escape, render_landing
 from modelkv_exporter.sidecar.http.owner_chart import OVER, owner_chart
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
@@ -374,8 +374,7 @@ def test_a_newcomer_reads_what_is_wrong_with_each_demo_engine_and_what_fixes_it(
 def _bars(svg: str) -> dict[str, float]:
     """Bar kind -> width, from the bars' titles (``owner: kind figure``)."""
     return {
-        kind: float(width)
-        for width, kind in re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*><title>[^:<]*: (\w+)', svg)
+        kind: float(width) for width, kind in re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*><title>[^:<]*: (\w+)', svg)
     }
 
 
@@ -387,7 +386,9 @@ def test_the_picture_draws_each_owner_to_one_scale() -> None:
         observed = make_observation("talker", peak_bytes=int(declared.peak_bytes * factor))
         blind = make_observation("vocoder", reason="replayed a CUDA graph")
         found = make_discovered("codec", found_by=CENSUS, peak_bytes=declared.peak_bytes // 2, owner_class="C")
-        snapshot = replace(make_snapshot("e", declarations=(declared,), observations=(observed, blind)), discovered=(found,))
+        snapshot = replace(
+            make_snapshot("e", declarations=(declared,), observations=(observed, blind)), discovered=(found,)
+        )
         svg = owner_chart(snapshot, escape)
         rects = re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*><title>([^<]*)</title>', svg)
         by_title = {title: float(width) for width, title in rects}
@@ -406,7 +407,9 @@ def test_the_picture_draws_each_owner_to_one_scale() -> None:
 
 def test_every_next_step_names_an_alert_with_a_runbook_section() -> None:
     """The page's runbook links land: each concern's alert is in the rule file and is a section of the runbook."""
-    alerts = {rule.get("alert") for group in yaml.safe_load(RULES_FILE.read_text())["groups"] for rule in group["rules"]}
+    alerts = {
+        rule.get("alert") for group in yaml.safe_load(RULES_FILE.read_text())["groups"] for rule in group["rules"]
+    }
     sections = set(re.findall(r"^## (\S+)$", (ROOT / "docs" / "runbook.md").read_text(), re.M))
     assert set(NEXT_STEPS) == set(Concern)
     for step in NEXT_STEPS.values():

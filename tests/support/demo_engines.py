@@ -17,7 +17,9 @@ def _published(spool: Path, engine_ids: tuple[str, ...]) -> bool:
     """Every engine has beaten with what its caches held: observations of its owners, or what discovery found."""
     found = {s.engine.engine_id: s for _, s in SpoolReader(spool).scan().snapshots}
     return all(
-        engine in found and bool(found[engine].measured.current) and bool(found[engine].observations or found[engine].discovered)
+        engine in found
+        and bool(found[engine].measured.current)
+        and bool(found[engine].observations or found[engine].discovered)
         for engine in engine_ids
     )
 

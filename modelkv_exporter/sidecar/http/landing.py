@@ -304,7 +304,9 @@ def _finding_html(finding: Finding, guidance: Guidance) -> str:
     """One finding: what is wrong, then the fix, the suggested declaration, the command and the runbook section."""
     step = finding.step
     command = step.command_line(guidance.spool, guidance.cli)
-    where = "" if guidance.spool else f"in the sidecar's container: kubectl exec POD -c {SIDECAR_CONTAINER} -- {command}; "
+    where = (
+        "" if guidance.spool else f"in the sidecar's container: kubectl exec POD -c {SIDECAR_CONTAINER} -- {command}; "
+    )
     return (
         f'<div class="finding"><p class="what"><span class="concern">{escape(finding.concern.value)}</span> '
         f"{escape(finding.detail)}</p>"
@@ -352,7 +354,7 @@ def _attention(
             f"<p>Nothing: {ok} engine{'s' if ok != 1 else ''} ok.</p></section>"
         )
     count = f": {len(engines)} engine{'s' if len(engines) != 1 else ''}" if engines else ""
-    others = f'<ul>{"".join(items)}</ul>' if items else ""
+    others = f"<ul>{''.join(items)}</ul>" if items else ""
     return f'<section id="attention"><h2>Needs attention{count}</h2>{"".join(engines)}{others}</section>'
 
 

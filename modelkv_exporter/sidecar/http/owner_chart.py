@@ -45,7 +45,11 @@ def owner_bars(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWNERS) 
         else:
             peak = observation.peak_bytes or 0
             over = peak > UNDER_REPORT_TOLERANCE * declared
-            bars.append(Bar("observed", peak, OVER if over else OBSERVED, f"{peak / declared:.2f}×" if over and declared else ""))
+            bars.append(
+                Bar(
+                    "observed", peak, OVER if over else OBSERVED, f"{peak / declared:.2f}×" if over and declared else ""
+                )
+            )
         rows[owner] = bars
     for found in exported_discovery(snapshot, max_discovered).owners:
         note = "beyond its declared caches" if found.declares else "not declared"
