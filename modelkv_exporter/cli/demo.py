@@ -178,7 +178,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(
             f"\nServing on {base}\n"
-            f"  page:     {base}/\n"
+            f"  page:     {base}/   (the problems above first, each with what to do)\n"
             f"  metrics:  {base}/metrics\n"
             f"  engines:  {base}/api/v1/engines\n"
             f"  try:      curl -s {base}/metrics | grep -E '^modelkv_(declared|observed)_peak_bytes'\n"

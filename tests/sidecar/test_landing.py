@@ -347,7 +347,8 @@ def test_a_newcomer_reads_what_is_wrong_with_each_demo_engine_and_what_fixes_it(
                      r"declared\)", eager), eager  # fmt: skip
     assert "Fix: declare what the owner's caches hold: change its model_local_kv_specs()" in eager
     assert "Suggested declaration for tokenizer.decoder (EagerCodecDecoder): ModelLocalKVSpec(" in eager
-    assert "physical_capacity_positions=213," in eager, "71 positions per cache, two caches, held 1.5 times"
+    for figure in ("layers=8,", "kv_heads=16,", "head_dim=64,", "dtype=torch.float32,", "rows=RowDriver.MAX_NUM_SEQS"):
+        assert figure in eager, f"the declared geometry, sized to what was held: {figure}"
     assert (
         "Run: modelkv-exporter check (in the sidecar's container: kubectl exec POD -c modelkv-exporter -- "
         "modelkv-exporter check; each owner's verdict and the declaration to write" in eager
