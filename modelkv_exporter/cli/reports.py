@@ -253,9 +253,28 @@ def finding_lines(finding: Finding, spool: str, cli: str, width: int, indent: st
     step = finding.step
     return [
         _wrapped(f"fix: {step.fix}", width, indent),
-        _wrapped(visible(f"run: {step.command_line(spool, cli)} ({step.shows})"), width, indent),
+        *command_lines("run:", step.command_line(spool, cli), f"({step.shows})", width, indent),
         _wrapped(f"runbook: {step.alert}, {step.runbook()}", width, indent),
     ]
+
+
+def command_lines(label: str, command: str, note: str, width: int, indent: str = "") -> list[str]:
+    """A command to paste, then its note (beside it where it fits).
+
+    A command is never wrapped inside a word (a path breaks at its hyphens otherwise): one longer than
+    the line is split between its arguments with a shell continuation, so it still pastes as it is.
+    """
+    words, lines = visible(command).split(" "), [f"{indent}{label}"]
+    for word in words:
+        if len(lines[-1]) + 1 + len(word) + 2 > width and lines[-1].strip() not in (label, ""):
+            lines[-1] += " \\"
+            lines.append(indent + "    " + word)
+        else:
+            lines[-1] += " " + word
+    if len(lines[-1]) + 1 + len(note) <= width:
+        lines[-1] += " " + note
+        return lines
+    return [*lines, _wrapped(note, width, indent + "    ")]
 
 
 def attention_summary(view: SpoolView, spool: str, cli: str = CLI, width: int = MAX_WIDTH) -> list[str]:
@@ -420,9 +439,13 @@ def plan_report(
         parts.append(_wrapped(f"budget: {budget} bytes ({human_bytes(budget)}); fits: {FITS_LEGEND}", width))
     parts.append(table(headers, rows, width, narrow=(0, 1)) if rows else "no engine snapshots in the spool")
     if warnings:
-        check = f"{cli} check {spool}"
-        next_step = f"what to declare instead: {check} (each owner's verdict and the declaration to write)"
-        parts += [_wrapped(FROM_LEGEND, width), *warnings, _wrapped(next_step, width)]
+        check = command_lines(
+            "what to declare instead:",
+            f"{cli} check {spool}",
+            "(each owner's verdict and the declaration to write)",
+            width,
+        )
+        parts += [_wrapped(FROM_LEGEND, width), *warnings, *check]
     states = {item.state for item in view.usable}
     parts += [_wrapped(note, width) for state, note in STATE_NOTES.items() if state in states]
     parts += _rejected_lines(view, width)

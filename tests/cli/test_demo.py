@@ -16,6 +16,7 @@ import pytest
 from modelkv_exporter.cli import demo
 from modelkv_exporter.demo.engines import UNDECLARED, UNDER_DECLARING
 from modelkv_exporter.demo.owners import StreamingAudioKVCache
+from tests.cli.test_reports import pasted
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
 from tests.support.exposition import Exposition
@@ -127,7 +128,7 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
         )
     assert f"their ended snapshots stay in {spool}" in output
     assert "holds 1.50× its declaration" in output and output.count("within its declaration") == 4
-    summary = " ".join(output[output.index("summary: 7 engines") : output.index("Serving on")].split())
+    summary = pasted(output[output.index("summary: 7 engines") : output.index("Serving on")])
     assert summary.startswith("summary: 7 engines, 2 with problems:"), "both problem engines, and only they"
     assert (
         f"{UNDER_DECLARING} (qwen3-tts-eager, code2wav, exported): under-reports: tokenizer.decoder holds 1.50× its "

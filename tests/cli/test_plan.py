@@ -26,6 +26,7 @@ from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDECLARED, UNDER_DECLARING, run_engine
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.sizes import human_bytes
+from tests.cli.test_reports import pasted
 from tests.support.polling import eventually
 
 ACCURATE = "qwen3-tts-s1-r0"
@@ -123,7 +124,7 @@ def test_an_owner_observed_above_its_declaration_is_planned_from_what_it_held_wi
     assert row[-1] == str(expected)
     assert row[-2] == "observed"
     assert human_bytes(declared * 3 * 64 // 2) == " ".join(row[6:8]), "the peak at 64 sequences, scaled"
-    text = " ".join(result.stdout.split())
+    text = pasted(result.stdout)
     assert (
         f"warning: {UNDER_DECLARING}: under-reports: {OWNER} holds 1.50× its declaration "
         f"({human_bytes(declared * 6)} observed, {human_bytes(declared * 4)} declared) at max_num_seqs 4; its figures "

@@ -21,6 +21,11 @@ LONG_OWNER = "thinker.model.language_model.layers.27.self_attn.rotary_and_slidin
 LONG_SOURCE = "min(config.max_position_embeddings, config.sliding_window * config.num_hidden_layers) " * 4
 
 
+def pasted(text: str) -> str:
+    """``text`` as a shell reads it, in single spaces: a line ending in `` \\`` goes on with the next one."""
+    return " ".join(re.sub(r" \\\n", " ", text).split())
+
+
 def run_cli(*argv: str, columns: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", **({"COLUMNS": columns} if columns else {})}
     return subprocess.run([sys.executable, "-m", "modelkv_exporter", *argv], capture_output=True, text=True, env=env)
@@ -171,7 +176,7 @@ def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> Non
                            "8x16x64x72", "float32,", "4", "rows"]  # fmt: skip
     words = " ".join(running.split())
     assert "the census ran out of its objects budget" in words and "3 owners below the size floor" in words
-    summary = " ".join(out.split("\nengine ", 1)[0].split())
+    summary = pasted(out.split("\nengine ", 1)[0])
     assert (
         "undeclared cache: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) holds 18.0 MiB it does not declare"
     ) in summary
@@ -198,7 +203,7 @@ def test_inspect_opens_with_a_summary_of_the_problems_and_what_to_do(spool: Path
     assert rest and "declared peak" not in head and "[exported]" not in head, "the summary comes before the tables"
     lines = head.splitlines()
     assert lines[0] == "summary: 5 engines, 2 with problems:"
-    words = " ".join(head.split())
+    words = pasted(head)
     assert (
         "eager-s1 (m, exported): under-reports: tokenizer.decoder holds 1.50× its declaration (53.2 MiB observed, "
         "35.5 MiB declared) fix: declare what the owner's caches hold"
