@@ -324,6 +324,7 @@ def chart_values() -> dict[str, Any]:
             "interval": endpoint["interval"],
             "scrapeTimeout": endpoint["scrapeTimeout"],
         },
+        "serviceMonitor": {"enabled": False},
         "prometheusRule": {
             "enabled": True,
             "jobSelector": JOB_SELECTOR,
@@ -363,7 +364,8 @@ def chart_schema() -> dict[str, Any]:
     return {
         "$schema": JSON_SCHEMA,
         **_object(
-            "modelkv-exporter: the PodMonitor, the PrometheusRule and the dashboards, installed once per cluster.",
+            "modelkv-exporter: the PodMonitor (or a ServiceMonitor), the PrometheusRule and the dashboards, installed "
+            "once per cluster.",
             {
                 "image": _object(
                     "The sidecar image, used in the values snippet the chart's notes print.",
@@ -403,6 +405,19 @@ def chart_schema() -> dict[str, Any]:
                         },
                         "interval": {**string, "pattern": DURATION, "description": "Scrape interval."},
                         "scrapeTimeout": {**string, "pattern": DURATION, "description": "Scrape timeout."},
+                    },
+                ),
+                "serviceMonitor": _object(
+                    "A ServiceMonitor instead of the PodMonitor, for Prometheus set-ups that select only "
+                    "ServiceMonitors: with a headless Service selecting the sidecar pods in each namespace of "
+                    "podMonitor.namespaces (the release's own when empty); it scrapes with podMonitor's job, "
+                    "selector, interval and scrapeTimeout.",
+                    {
+                        "enabled": {
+                            "type": "boolean",
+                            "description": "Install the ServiceMonitor and its Services; set podMonitor.enabled "
+                            "false with it, or every sidecar is scraped twice.",
+                        },
                     },
                 ),
                 "prometheusRule": _object(
@@ -514,6 +529,41 @@ def sidecar_values_snippet() -> str:
     return SNIPPET_HEADER + _dump(snippet)
 
 
+GROWTH_PANEL = "Undeclared memory growth"
+GROWTH_THRESHOLD_TOKEN = "__undeclaredMemoryGrowth.thresholdBytes__"
+GROWTH_FOR_TOKEN = "__undeclaredMemoryGrowth.forMinutes__"
+GROWTH_FOR_TEXT = "the alert fires after {} minutes above it"
+
+
+def _panels(node: Any) -> list[dict[str, Any]]:
+    """Every panel of a dashboard, those inside rows too."""
+    found = []
+    for panel in node.get("panels", []):
+        found += [panel, *_panels(panel)]
+    return found
+
+
+def chart_dashboard_text(path: Path) -> str:
+    """A dashboard as the chart embeds it: the growth panel's threshold line and the ``for`` its description states
+    as tokens the chart fills from ``prometheusRule.alerts.undeclaredMemoryGrowth`` (its defaults give the source
+    back). Raises ``ValueError`` when the dashboard does not hold each exactly once, in that panel."""
+    text = path.read_text()
+    defaults = rule_defaults()["undeclaredMemoryGrowth"]
+    threshold = defaults["thresholdMiB"] * 1024 * 1024
+    panels = [p for p in _panels(json.loads(text)) if p.get("title") == GROWTH_PANEL]
+    if not panels:
+        return text
+    (panel,) = panels
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    line, description = f'"value": {threshold}', GROWTH_FOR_TEXT.format(defaults["forMinutes"])
+    if [s["value"] for s in steps].count(threshold) != 1 or text.count(line) != 1:
+        raise ValueError(f"{path.name}: {GROWTH_PANEL!r} does not draw the alert's threshold {threshold} once")
+    if description not in panel["description"] or text.count(description) != 1:
+        raise ValueError(f"{path.name}: {GROWTH_PANEL!r} does not say {description!r} once")
+    text = text.replace(line, f'"value": {GROWTH_THRESHOLD_TOKEN}')
+    return text.replace(description, GROWTH_FOR_TEXT.format(GROWTH_FOR_TOKEN))
+
+
 def helm_files() -> dict[Path, str]:
     """Every generated file of the chart and the post-renderer, and its content."""
     files = {
@@ -529,7 +579,7 @@ def helm_files() -> dict[Path, str]:
         + _dump(sidecar_parts()),
     }
     for path in sorted(DASHBOARDS.glob("*.json")):
-        files[CHART / "files" / "dashboards" / path.name] = path.read_text()
+        files[CHART / "files" / "dashboards" / path.name] = chart_dashboard_text(path)
     return files
 
 

@@ -7,7 +7,9 @@ of its declarations scaled by observed / declared. The observed peak is the most
 at once, at whatever concurrency the engine ran, so the ratio is a lower bound on how far the
 declaration under-reports; scaling both parts by it assumes the missing bytes grow as the declared
 ones do (a left-out copy of a declared cache does). An owner that declares nothing but was observed
-holding bytes adds them to the fixed part: how they grow with max_num_seqs is unknown.
+holding bytes adds them to the fixed part: how they grow with max_num_seqs is unknown. So does every
+owner the engine discovered (``Snapshot.discovered``: a module holding cache memory it does not
+declare, or more than its declared caches hold): its peak is added to the fixed part, never left out.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
 from modelkv_exporter.contract.vocabulary import RowDriver
+from modelkv_exporter.sidecar.discovered import discovery_running
 
 
 @dataclass(frozen=True)
@@ -63,28 +66,33 @@ class Fit:
 class Demand:
     """Bytes an engine needs: ``fixed`` plus ``per_sequence`` for each of at least one sequence.
 
-    ``corrections`` are the owners whose observed bytes replaced their declarations (empty for
-    ``Demand.declared``). Fractions keep a scaled figure exact until it is rounded up to bytes.
+    ``corrections`` are the owners whose observed bytes replaced their declarations, ``undeclared``
+    the discovered owners whose peaks were added to the fixed part (both empty for ``Demand.declared``).
+    Fractions keep a scaled figure exact until it is rounded up to bytes.
     """
 
     fixed: Fraction
     per_sequence: Fraction
     corrections: tuple[Correction, ...] = ()
+    undeclared: tuple[DiscoveredOwner, ...] = ()
 
     @classmethod
     def declared(cls, snapshot: Snapshot) -> Demand:
         """What the declarations alone say."""
-        return cls._of(snapshot, ())
+        return cls._of(snapshot, (), ())
 
     @classmethod
     def expected(cls, snapshot: Snapshot) -> Demand:
-        """The declarations, each owner observed above its declaration scaled up to what was observed."""
-        return cls._of(snapshot, corrections(snapshot))
+        """The declarations, each owner observed above its declaration scaled up to what was observed, and every
+        discovered owner's peak as fixed bytes."""
+        discovered = snapshot.discovered if discovery_running(snapshot) else ()
+        return cls._of(snapshot, corrections(snapshot), discovered)
 
     @classmethod
-    def _of(cls, snapshot: Snapshot, found: tuple[Correction, ...]) -> Demand:
+    def _of(cls, snapshot: Snapshot, found: tuple[Correction, ...], discovered: tuple[DiscoveredOwner, ...]) -> Demand:
         scale = {c.owner: c.ratio for c in found if c.ratio is not None}
         fixed = Fraction(sum(c.observed_bytes for c in found if c.ratio is None))
+        fixed += sum(d.peak_bytes for d in discovered)
         per_sequence = Fraction(0)
         for d in snapshot.declarations:
             factor = scale.get(d.owner, Fraction(1))
@@ -92,7 +100,7 @@ class Demand:
                 fixed += d.peak_bytes * factor
             else:
                 per_sequence += d.bytes_per_row * factor
-        return cls(fixed, per_sequence, found)
+        return cls(fixed, per_sequence, found, discovered)
 
     @property
     def fixed_bytes(self) -> int:

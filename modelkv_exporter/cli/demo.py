@@ -2,8 +2,10 @@
 
 The caller binds the port before anything slow starts (``cli.ports``), so a taken one fails at once;
 the demo engines (``modelkv_exporter.demo``, which need torch and transformers) are imported only
-when the demo runs. The spool is kept when the demo ends, in a directory it prints, so that
-``inspect`` and ``plan`` can be tried on what it made.
+when the demo runs. Once they publish, it prints what they declare, what their caches hold, and
+their problems with what to do about each (``cli.reports.attention_summary``, in the landing
+page's words). The spool is kept when the demo ends, in a directory it prints, so that
+``inspect``, ``check`` and ``plan`` can be tried on what it made.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import threading
 import time
 from pathlib import Path
 
+from modelkv_exporter.cli.command_line import cli_command
 from modelkv_exporter.cli.ports import bind_probe_port
-from modelkv_exporter.cli.reports import table
+from modelkv_exporter.cli.reports import MAX_WIDTH, attention_summary, table
 from modelkv_exporter.cli.settings import DemoSettings, ServerSettings
 from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.spool import snapshot_file_name
@@ -46,17 +49,6 @@ def demo_spool_dir(port: int) -> Path:
     if getuid is not None and (spool_dir.is_symlink() or spool_dir.stat().st_uid != getuid()):
         return Path(tempfile.mkdtemp(prefix=f"modelkv-demo-{port}-"))
     return spool_dir
-
-
-def cli_command() -> str:
-    """How to run this CLI from where the user stands: the console script beside this Python, else ``-m``."""
-    script = Path(sys.executable).parent / "modelkv-exporter"
-    if not script.exists():
-        return f"{sys.executable} -m modelkv_exporter"
-    try:
-        return str(script.absolute().relative_to(Path.cwd()))
-    except ValueError:
-        return str(script)
 
 
 def _wait_for_snapshots(
@@ -116,7 +108,8 @@ def _summary(reader: SpoolReader) -> str:
 
 
 def _observed_summary(reader: SpoolReader) -> str:
-    """Per owner: what it declares beside what its caches were observed to hold."""
+    """Per owner: what it declares beside what its caches were observed to hold, and every cache the engine found
+    that nobody declares."""
     rows = []
     for _, snapshot in reader.scan().snapshots:
         for observation in snapshot.observations:
@@ -125,12 +118,23 @@ def _observed_summary(reader: SpoolReader) -> str:
             if not observation.available or peak is None:
                 verdict, observed = f"not observed: {observation.reason}", "—"
             elif peak > declared:
-                verdict, observed = f"holds {peak / max(declared, 1):.2f}x its declaration", human_bytes(peak)
+                verdict, observed = f"holds {peak / max(declared, 1):.2f}× its declaration", human_bytes(peak)
             else:
                 verdict, observed = "within its declaration", human_bytes(peak)
             owner = observation.owner or ROOT_OWNER
             rows.append([snapshot.engine.engine_id, owner, human_bytes(declared), observed, verdict])
+        for found in snapshot.discovered:
+            verdict = "beyond its declared caches" if found.declares else "declares nothing"
+            rows.append(
+                [snapshot.engine.engine_id, found.owner or ROOT_OWNER, "—", human_bytes(found.peak_bytes), verdict]
+            )
     return table(["engine", "owner", "declared peak", "observed peak", ""], rows)
+
+
+def _attention(reader: SpoolReader, config: SidecarConfig, cli: str) -> str:
+    """The problems of the demo's engines and what to do about each, in the landing page's words."""
+    view = config.staleness.classify(reader.scan(), time.time())
+    return "\n".join(attention_summary(view, str(config.spool_dir), cli, MAX_WIDTH)).rstrip()
 
 
 def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
@@ -142,7 +146,8 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     host, port = sock.getsockname()[:2]
     spool_dir = Path(args.spool_dir) if args.spool_dir else demo_spool_dir(port)
     settings = build(DemoSettings, vars(args))
-    config = build(SidecarConfig, vars(args), spool_dir=spool_dir)
+    cli = cli_command()
+    config = build(SidecarConfig, vars(args), spool_dir=spool_dir, cli=cli, cli_spool=str(spool_dir))
     serving = build(ServerSettings, vars(args))
     server = build_server(config, host=serving.host, port=serving.port, log_level=serving.log_level)
     if server.probe is not None and not bind_probe_port("demo", server.probe, port):
@@ -158,7 +163,6 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     spool_dir.mkdir(parents=True, exist_ok=True)
     for engine in DEMO_ENGINES:
         (spool_dir / snapshot_file_name(engine.engine_id)).unlink(missing_ok=True)
-    cli = cli_command()
     print(
         f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}\n"
         "  each imports torch and transformers, builds its model, publishes its declarations, allocates its caches\n"
@@ -170,15 +174,17 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
         reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in DEMO_ENGINES], processes)
         print("\n" + _summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
+        print("\n" + _attention(reader, config, cli), flush=True)
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(
             f"\nServing on {base}\n"
-            f"  page:     {base}/\n"
+            f"  page:     {base}/   (the problems above first, each with what to do)\n"
             f"  metrics:  {base}/metrics\n"
             f"  engines:  {base}/api/v1/engines\n"
             f"  try:      curl -s {base}/metrics | grep -E '^modelkv_(declared|observed)_peak_bytes'\n"
             f"  and, in another terminal, the spool itself:\n"
             f"            {cli} inspect {spool_dir}\n"
+            f"            {cli} check {spool_dir}\n"
             f"            {cli} plan {spool_dir} --max-num-seqs 64 --budget 2GiB\n"
             "Press Ctrl-C to stop; the engines' ended snapshots stay in the spool.",
             flush=True,
@@ -198,6 +204,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
         print(
             f"modelkv-exporter demo: engines stopped; their ended snapshots stay in {spool_dir}:\n"
             f"  {cli} inspect {spool_dir}\n"
+            f"  {cli} check {spool_dir}\n"
             f"  {cli} plan {spool_dir} --max-num-seqs 64 --budget 2GiB",
             flush=True,
         )

@@ -94,25 +94,29 @@ def _unreadable(args: argparse.Namespace, error: str | None) -> int:
     return 1
 
 
-def _spool_scan(args: argparse.Namespace) -> SpoolScan:
-    """One scan of the command's spool directory within its size and file budgets."""
+def _spool_scan(args: argparse.Namespace, directory: Path | None = None) -> SpoolScan:
+    """One scan of the command's spool directory (``directory``, else the one the arguments give) within its size
+    and file budgets."""
     from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 
-    return build(SpoolLimits, vars(args)).reader(_spool_of(args)).scan()
+    return build(SpoolLimits, vars(args)).reader(directory or _spool_of(args)).scan()
 
 
 def inspect(args: argparse.Namespace) -> int:
-    """Print every engine's declarations in full, and every rejected file."""
+    """Print a summary of the problems and what to do, every engine's declarations in full, and every rejected
+    file."""
     import time
 
+    from modelkv_exporter.cli.command_line import cli_command
     from modelkv_exporter.cli.reports import inspect_report, report_width
     from modelkv_exporter.sidecar.reader.state import Staleness
 
-    scan = _spool_scan(args)
+    directory = _spool_of(args)
+    scan = _spool_scan(args, directory)
     if not scan.ok:
         return _unreadable(args, scan.error)
     view = build(Staleness, vars(args)).classify(scan, time.time())
-    sys.stdout.write(inspect_report(view, report_width()))
+    sys.stdout.write(inspect_report(view, report_width(), str(directory), cli_command()))
     return 0
 
 
@@ -120,6 +124,7 @@ def plan(args: argparse.Namespace) -> int:
     """Print each engine's peak now, at --max-num-seqs, and the largest max_num_seqs that fits --budget."""
     import time
 
+    from modelkv_exporter.cli.command_line import cli_command
     from modelkv_exporter.cli.reports import plan_report, report_width
     from modelkv_exporter.cli.settings import PlanSettings
     from modelkv_exporter.sidecar.reader.state import Staleness
@@ -130,11 +135,13 @@ def plan(args: argparse.Namespace) -> int:
             "--max-num-seqs, --budget or both are needed (or MODELKV_MAX_NUM_SEQS, MODELKV_BUDGET): "
             "the peak at a max_num_seqs, the largest max_num_seqs within a budget"
         )
-    scan = _spool_scan(args)
+    directory = _spool_of(args)
+    scan = _spool_scan(args, directory)
     if not scan.ok:
         return _unreadable(args, scan.error)
     view = build(Staleness, vars(args)).classify(scan, time.time())
-    sys.stdout.write(plan_report(view, wanted.max_num_seqs, wanted.budget, report_width()))
+    report = plan_report(view, wanted.max_num_seqs, wanted.budget, report_width(), str(directory), cli_command())
+    sys.stdout.write(report)
     return 0
 
 

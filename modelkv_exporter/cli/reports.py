@@ -9,6 +9,14 @@ from collections.abc import Sequence
 
 from modelkv_exporter.cli.capacity import Correction, Demand
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
+from modelkv_exporter.sidecar.attention import (
+    CLI,
+    Concern,
+    Finding,
+    findings,
+    over_declaration,
+    undeclared_text,
+)
 from modelkv_exporter.sidecar.discovered import discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
@@ -24,7 +32,8 @@ GEOMETRY_LEGEND = "geometry: layers x kv_heads x head_dim x positions per row"
 FITS_LEGEND = "the largest max_num_seqs whose peak is within the budget"
 FROM_LEGEND = (
     "from: declared, the declarations alone; observed, the declarations of an owner whose caches were observed "
-    "holding more, scaled up to what was observed (see the warnings)"
+    "holding more, scaled up to what was observed, and caches the engine holds but does not declare, added as "
+    "fixed bytes (see the warnings)"
 )
 OBSERVED_LEGEND = (
     "observed: the most an owner's transformers caches held at once since the engine started; recent: within "
@@ -163,8 +172,8 @@ def _observed(snapshot: Snapshot, width: int) -> list[str]:
             ]
         )
         if peak > declared:
-            over = f"{peak / declared:.2f}x its declaration" if declared else "caches it does not declare"
-            notes.append(_wrapped(f"{name}: holds {over}", width, "  "))
+            over = over_declaration(owner, peak, declared) if declared else undeclared_text(owner, "", peak)
+            notes.append(_wrapped(over, width, "  "))
     if not rows:
         return []
     headers = ["owner", "declared", "observed", "recent", "live", "calls"]
@@ -194,21 +203,6 @@ def _layout(found: DiscoveredOwner) -> str:
     return f"{layout.layers}x{layout.kv_heads}x{layout.head_dim}x{layout.positions} {visible(layout.dtype)}, {rows}"
 
 
-def _suggestion(found: DiscoveredOwner) -> str:
-    """What to tell the author of a module that declares nothing: what it held, and where its declaration is written.
-
-    The declaration itself, as code with its evidence, is ``check``'s (``contract.declaration_text``): written once.
-    """
-    name = visible(found.owner or ROOT_OWNER)
-    held = f"{name} ({visible(found.owner_class) or '?'}) declares nothing yet held {human_bytes(found.peak_bytes)}"
-    if found.layout is None:
-        return (
-            f"{held} in {found.storages} tensor storages, with no key/value layout: find what it keeps "
-            "and declare it in model_local_kv_specs()"
-        )
-    return f"{held}: `modelkv-exporter check` on this spool writes the declaration to add, with its evidence"
-
-
 def _discovery_status(snapshot: Snapshot) -> str:
     status = snapshot.discovery
     if status is None:
@@ -230,9 +224,9 @@ def _discovery_status(snapshot: Snapshot) -> str:
 
 
 def _discovered(snapshot: Snapshot, width: int) -> list[str]:
-    """Every owner the engine discovered, what it held and the layout seen, then what discovery covered, then
-    what each owner that declares nothing should declare. Nothing from a writer that does not report discovery;
-    text from the snapshot with its unprintable characters shown as escapes."""
+    """Every owner the engine discovered, what it held and the layout seen, then what discovery covered (what to do
+    about them is in the summary). Nothing from a writer that does not report discovery; text from the snapshot
+    with its unprintable characters shown as escapes."""
     if not reports_discovery(snapshot):
         return []
     parts = []
@@ -251,11 +245,62 @@ def _discovered(snapshot: Snapshot, width: int) -> list[str]:
     status = _discovery_status(snapshot)
     if status:
         parts.append(_wrapped(status, width))
-    parts += [_wrapped("suggest: " + _suggestion(d), width, "  ") for d in found if not d.declares]
     return parts
 
 
-def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
+def finding_lines(finding: Finding, spool: str, cli: str, width: int, indent: str = "    ") -> list[str]:
+    """A finding's next step, one wrapped line each: the fix, the command to run, the runbook section."""
+    step = finding.step
+    return [
+        _wrapped(f"fix: {step.fix}", width, indent),
+        *command_lines("run:", step.command_line(spool, cli), f"({step.shows})", width, indent),
+        _wrapped(f"runbook: {step.alert}, {step.runbook()}", width, indent),
+    ]
+
+
+def command_lines(label: str, command: str, note: str, width: int, indent: str = "") -> list[str]:
+    """A command to paste, then its note (beside it where it fits).
+
+    A command is never wrapped inside a word (a path breaks at its hyphens otherwise): one longer than
+    the line is split between its arguments with a shell continuation, so it still pastes as it is.
+    """
+    words, lines = visible(command).split(" "), [f"{indent}{label}"]
+    for word in words:
+        if len(lines[-1]) + 1 + len(word) + 2 > width and lines[-1].strip() not in (label, ""):
+            lines[-1] += " \\"
+            lines.append(indent + "    " + word)
+        else:
+            lines[-1] += " " + word
+    if len(lines[-1]) + 1 + len(note) <= width:
+        lines[-1] += " " + note
+        return lines
+    return [*lines, _wrapped(note, width, indent + "    ")]
+
+
+def attention_summary(view: SpoolView, spool: str, cli: str = CLI, width: int = MAX_WIDTH) -> list[str]:
+    """How many engines the spool holds and which have problems; per problem, in the landing page's words, what is
+    wrong (every owner: a report names them all) and what to do next. Ended engines are judged on what they left (a
+    finished run is worth reading)."""
+    judged = [(item, findings(item.snapshot, item.state, view.now, ended_too=True)) for item in view.usable]
+    troubled = [(item, found) for item, found in judged if found]
+    if not judged:
+        return []
+    count = f"{len(judged)} engine{'s' if len(judged) != 1 else ''}"
+    if not troubled:
+        return [f"summary: {count}, none with a problem", ""]
+    lines = [f"summary: {count}, {len(troubled)} with problems:"]
+    for item, found in troubled:
+        engine = item.snapshot.engine
+        who = ", ".join(v for v in (engine.model_label, engine.stage_label, item.state.value) if v)
+        for finding in found:
+            problems = "; ".join(p.text for p in finding.problems)
+            what = visible(f"{engine.engine_id} ({who}): {finding.concern.value}: {problems}")
+            lines.append(_wrapped(what, width, "  "))
+            lines += finding_lines(finding, spool, cli, width)
+    return [*lines, ""]
+
+
+def inspect_report(view: SpoolView, width: int = MAX_WIDTH, spool: str = "DIR", cli: str = CLI) -> str:
     """Every engine's declarations in full, then every rejected file; no line wider than ``width``.
 
     The table holds what compares across declarations; long text (owner class, capacity source,
@@ -265,7 +310,7 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH) -> str:
     """
     if not view.scan.ok:
         return _wrapped(f"cannot read the spool: {view.scan.error}", width) + "\n"
-    parts: list[str] = []
+    parts: list[str] = attention_summary(view, spool, cli, width)
     headers = ["owner", "cache", "scope", "rows", "n", "dtype", "geometry", "per row", "peak"]
     for item in view.usable:
         snapshot = item.snapshot
@@ -315,18 +360,27 @@ def _fit_cell(demand: Demand, budget: int) -> str:
 
 
 def _correction_note(engine_id: str, snapshot: Snapshot, correction: Correction) -> str:
-    owner = correction.owner or ROOT_OWNER
+    """A correction in the landing page's words, then what ``plan`` made of it."""
     at = f"max_num_seqs {_max_num_seqs(snapshot)}"
-    observed = human_bytes(correction.observed_bytes)
     if correction.ratio is None:
+        what = undeclared_text(correction.owner, "", correction.observed_bytes)
         return (
-            f"warning: {engine_id}: owner {owner} declares nothing but was observed holding {observed}; "
-            "counted as fixed bytes (how they grow with max_num_seqs is unknown)"
+            f"warning: {engine_id}: {Concern.UNDECLARED.value}: {what}; counted as fixed bytes (how they grow with "
+            "max_num_seqs is unknown)"
         )
+    ratio = float(correction.ratio)
+    what = over_declaration(correction.owner, correction.observed_bytes, correction.declared_bytes)
     return (
-        f"warning: {engine_id}: owner {owner} was observed holding {float(correction.ratio):.2f}x its declaration "
-        f"({observed} against {human_bytes(correction.declared_bytes)} declared at {at}); its figures are scaled "
-        f"up by {float(correction.ratio):.2f}"
+        f"warning: {engine_id}: {Concern.UNDER_REPORTS.value}: {what} at {at}; its figures are scaled up by {ratio:.2f}"
+    )
+
+
+def _undeclared_note(engine_id: str, found: DiscoveredOwner) -> str:
+    """A discovered owner in the landing page's words, then what ``plan`` made of it."""
+    what = undeclared_text(found.owner, found.owner_class, found.peak_bytes, found.declares)
+    return (
+        f"warning: {engine_id}: {Concern.UNDECLARED.value}: {visible(what)}; counted as fixed bytes (how they grow "
+        "with max_num_seqs is unknown)"
     )
 
 
@@ -338,12 +392,21 @@ STATE_NOTES = {
 """What ``plan`` says under its table about engines that are not running now."""
 
 
-def plan_report(view: SpoolView, max_num_seqs: int | None, budget: int | None, width: int = MAX_WIDTH) -> str:
+def plan_report(
+    view: SpoolView,
+    max_num_seqs: int | None,
+    budget: int | None,
+    width: int = MAX_WIDTH,
+    spool: str = "DIR",
+    cli: str = CLI,
+) -> str:
     """Each engine's peak now, at ``max_num_seqs`` and per sequence, and the largest max_num_seqs within ``budget``.
 
     Every engine in the spool is planned, whatever its state, from its declarations; an owner
-    observed holding more than it declares has its figures scaled up (``Demand.expected``), and a
-    warning under the table names it and the ratio. Rejected files are listed below.
+    observed holding more than it declares has its figures scaled up, and every cache the engine
+    discovered undeclared is added as fixed bytes (``Demand.expected``); a warning under the table
+    names each, in the landing page's words, with the command that says what to declare. Rejected
+    files are listed below.
     """
     if not view.scan.ok:
         return _wrapped(f"cannot read the spool: {view.scan.error}", width) + "\n"
@@ -362,17 +425,27 @@ def plan_report(view: SpoolView, max_num_seqs: int | None, budget: int | None, w
         row.append(human_bytes(demand.peak_at(now or 1)))
         if max_num_seqs is not None:
             row.append(human_bytes(demand.peak_at(max_num_seqs)))
-        row += [human_bytes(demand.per_sequence_bytes), "observed" if demand.corrections else "declared"]
+        row += [
+            human_bytes(demand.per_sequence_bytes),
+            "observed" if demand.corrections or demand.undeclared else "declared",
+        ]
         if budget is not None:
             row.append(_fit_cell(demand, budget))
         rows.append(row)
         warnings += [_wrapped(_correction_note(engine_id, snapshot, c), width, "") for c in demand.corrections]
+        warnings += [_wrapped(_undeclared_note(engine_id, d), width, "") for d in demand.undeclared]
     parts = []
     if budget is not None:
         parts.append(_wrapped(f"budget: {budget} bytes ({human_bytes(budget)}); fits: {FITS_LEGEND}", width))
     parts.append(table(headers, rows, width, narrow=(0, 1)) if rows else "no engine snapshots in the spool")
     if warnings:
-        parts += [_wrapped(FROM_LEGEND, width), *warnings]
+        check = command_lines(
+            "what to declare instead:",
+            f"{cli} check {spool}",
+            "(each owner's verdict and the declaration to write)",
+            width,
+        )
+        parts += [_wrapped(FROM_LEGEND, width), *warnings, *check]
     states = {item.state for item in view.usable}
     parts += [_wrapped(note, width) for state, note in STATE_NOTES.items() if state in states]
     parts += _rejected_lines(view, width)

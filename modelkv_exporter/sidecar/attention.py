@@ -1,13 +1,18 @@
-"""What about an engine needs a person's attention, judged from its snapshot and state alone.
+"""What about an engine needs a person's attention, and what to do next: the one wording of every finding.
 
-The landing page leads with these findings. They mirror the alerts an operator would get from
-the rules (``deploy/prometheus/modelkv-rules.yaml``), with the figures one snapshot holds: an
-owner observed above its declaration (``ModelKVDeclarationUnderReports``, same tolerance), a
-module holding cache memory it does not declare, declarations the engine dropped
+The landing page, ``inspect``'s summary, ``plan``'s warnings and the demo's summary all say a
+finding in these words (``Problem.text``) and give its next step from here (``NEXT_STEPS``): the
+change that fixes it, the command to run, the runbook section of the alert that fires for it, and,
+where the snapshot shows enough, the declaration to add (``Problem.suggestion``, written by
+``contract.declaration_text`` as ``check`` writes it).
+
+The findings mirror the alerts an operator would get from the rules
+(``deploy/prometheus/modelkv-rules.yaml``), with the figures one snapshot holds: an owner observed
+above its declaration (``ModelKVDeclarationUnderReports``, same tolerance), a module holding cache
+memory it does not declare (``ModelKVUndeclaredCache``), declarations the engine dropped
 (``ModelKVDeclarationsDropped``), an owner called many times whose declared cache was never used
 (``ModelKVDeclaredCacheUnused``, over the engine's lifetime rather than 30 minutes), and a stale
-heartbeat (``ModelKVSnapshotStale``, without its 5 minutes). Details are plain text; the page
-escapes them.
+heartbeat (``ModelKVSnapshotStale``, without its 5 minutes). Texts are plain; a page escapes them.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.declaration_text import Figure, layout_figures, resized_figures, spec_code
+from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
+from modelkv_exporter.sidecar.discovered import discovery_running
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
@@ -27,6 +34,10 @@ UNUSED_MIN_CALLS = 10
 """Calls into an owner after which a declared cache that no call used is reported (the rule's minCalls)."""
 NAMED = 3
 """Owners named per finding; the rest are counted, so a finding stays short whatever the snapshot holds."""
+CLI = "modelkv-exporter"
+"""The command as the page writes it (the sidecar image has it on ``PATH``)."""
+RUNBOOK_DOC = "docs/runbook.md"
+"""Where the runbook is in a checkout, named when no runbook address is set."""
 
 
 class Concern(str, Enum):
@@ -50,70 +61,204 @@ class Status(str, Enum):
 
 
 @dataclass(frozen=True)
+class NextStep:
+    """What to do about one concern: the change that fixes it, the command that shows it, the alert's runbook."""
+
+    fix: str
+    command: str
+    """The ``modelkv-exporter`` subcommand to run on the spool."""
+    shows: str
+    """What that command prints."""
+    alert: str
+    """The alert that fires for it, whose runbook section says more."""
+
+    def command_line(self, spool: str = "", cli: str = CLI) -> str:
+        """The command to run, as a person types it; without ``spool`` it reads ``MODELKV_SPOOL_DIR`` (which the
+        sidecar's container sets)."""
+        return f"{cli} {self.command} {spool}".rstrip()
+
+    @property
+    def anchor(self) -> str:
+        """The runbook section's anchor (its heading, as GitHub and mkdocs make it)."""
+        return self.alert.lower()
+
+    def runbook(self, runbook_url: str = "") -> str:
+        """The runbook section's address: ``runbook_url#anchor``, else its place in a checkout."""
+        return f"{runbook_url or RUNBOOK_DOC}#{self.anchor}"
+
+
+NEXT_STEPS: dict[Concern, NextStep] = {
+    Concern.STALE: NextStep(
+        "the engine stopped publishing: look at its process or pod (hung, restarting, killed for memory); its last "
+        "figures are kept but no longer exported",
+        "inspect",
+        "its last snapshot",
+        "ModelKVSnapshotStale",
+    ),
+    Concern.UNDER_REPORTS: NextStep(
+        "declare what the owner's caches hold: change its model_local_kv_specs() to the suggested declaration (sized "
+        "to what they held; `check` prints it); until then `plan` plans from what they held",
+        "check",
+        "each owner's verdict and the declaration to write, with its evidence",
+        "ModelKVDeclarationUnderReports",
+    ),
+    Concern.UNDECLARED: NextStep(
+        "declare the cache: add model_local_kv_specs() to the module's class (`check` suggests a declaration where "
+        "its key/value layout was seen; else modelkv_exporter.testing on the model writes one); until then `plan` "
+        "counts it as fixed bytes",
+        "check",
+        "each owner's verdict and the declaration to write, with its evidence",
+        "ModelKVUndeclaredCache",
+    ),
+    Concern.DROPPED: NextStep(
+        "fix the owner's model_local_kv_specs(): it raised, or returned specs the engine could not use (the error "
+        "is in the engine's details); its caches are not counted until then",
+        "check",
+        "each dropped declaration with its error",
+        "ModelKVDeclarationsDropped",
+    ),
+    Concern.UNUSED: NextStep(
+        "the owner runs without the cache it declares: remove the declaration if that code path is gone, or find "
+        "why the cache is not built",
+        "check",
+        "each owner's verdict",
+        "ModelKVDeclaredCacheUnused",
+    ),
+}
+"""The next step of each concern: written once, for the page, ``inspect``, ``plan`` and the demo."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One owner's part of a finding (or the engine's, for a stale heartbeat): what is wrong, in one sentence,
+    and the figures of a declaration that would fix it, where the snapshot shows enough to write one."""
+
+    owner: str | None
+    """The module path (``""`` is the root module); None when the finding is about the engine as a whole."""
+    owner_class: str
+    text: str
+    figures: tuple[Figure, ...] | None = None
+
+    @property
+    def suggestion(self) -> str | None:
+        """The suggested declaration as code (``contract.declaration_text``), or None."""
+        return None if self.figures is None else spec_code(self.figures)
+
+
+@dataclass(frozen=True)
 class Finding:
-    """One concern about one engine, with what it is about in plain text."""
+    """One concern about one engine: every owner it is about, and what to do next."""
 
     concern: Concern
-    detail: str
+    problems: tuple[Problem, ...]
+
+    @property
+    def detail(self) -> str:
+        """The problems in one line: the first ``NAMED``, then how many more."""
+        return listed([p.text for p in self.problems])
+
+    @property
+    def step(self) -> NextStep:
+        """What to do about it."""
+        return NEXT_STEPS[self.concern]
 
 
-def _owner(name: str) -> str:
-    return name or ROOT_OWNER
+def owner_name(owner: str) -> str:
+    """A module path as reports print it: the root module as ``ROOT_OWNER``."""
+    return owner or ROOT_OWNER
 
 
-def _listed(items: Sequence[str]) -> str:
+def listed(items: Sequence[str]) -> str:
+    """The first ``NAMED`` of ``items``, then how many more."""
     named = "; ".join(items[:NAMED])
     return named if len(items) <= NAMED else f"{named}; and {len(items) - NAMED} more"
 
 
-def _under_reports(snapshot: Snapshot) -> list[str]:
-    found = []
+def over_declaration(owner: str, observed: int, declared: int) -> str:
+    """The under-reporting sentence: ``tokenizer.decoder holds 1.50× its declaration (53.2 MiB observed, ...)``."""
+    return (
+        f"{owner_name(owner)} holds {observed / declared:.2f}× its declaration "
+        f"({human_bytes(observed)} observed, {human_bytes(declared)} declared)"
+    )
+
+
+def undeclared_text(owner: str, owner_class: str, held: int, beyond_declared: bool = False) -> str:
+    """The undeclared-cache sentence: ``apm.streaming_kv (StreamingAudioKVCache) holds 70.3 MiB it does not
+    declare``."""
+    who = owner_name(owner) + (f" ({owner_class})" if owner_class else "")
+    return f"{who} holds {human_bytes(held)} " + (
+        "beyond its declared caches" if beyond_declared else "it does not declare"
+    )
+
+
+def _under_reports(snapshot: Snapshot) -> tuple[list[Problem], list[Problem]]:
+    """Owners observed above their declaration, and declaring-side owners observed holding caches they declare none
+    of (an observation without a declaration)."""
+    over, undeclared = [], []
     for owner, observation in snapshot.owners().items():
         if observation is None or not observation.available or not observation.peak_bytes:
             continue
         declared, peak = snapshot.declared_peak_of(owner), observation.peak_bytes
+        declarations = [d for d in snapshot.declarations if d.owner == owner]
+        owner_class = declarations[0].owner_class if declarations else observation.owner_class
         if not declared:
-            found.append(f"{_owner(owner)} holds {human_bytes(peak)} in caches it does not declare")
+            undeclared.append(Problem(owner, owner_class, undeclared_text(owner, owner_class, peak)))
         elif peak > UNDER_REPORT_TOLERANCE * declared:
-            found.append(
-                f"{_owner(owner)} holds {peak / declared:.2f}× its declaration "
-                f"({human_bytes(peak)} observed, {human_bytes(declared)} declared)"
-            )
-    return found
+            figures = resized_figures(owner, peak, declarations)
+            over.append(Problem(owner, owner_class, over_declaration(owner, peak, declared), figures))
+    return over, undeclared
 
 
-def _unused(snapshot: Snapshot) -> list[str]:
+def _discovered(found: DiscoveredOwner) -> Problem:
+    figures = None if found.layout is None else layout_figures(found.owner, found.peak_bytes, found.layout)
+    text = undeclared_text(found.owner, found.owner_class, found.peak_bytes, found.declares)
+    return Problem(found.owner, found.owner_class, text, figures)
+
+
+def _unused(snapshot: Snapshot) -> list[Problem]:
     found = []
     for owner, observation in snapshot.owners().items():
         if observation is None or not observation.available or not snapshot.declared_peak_of(owner):
             continue
         if (observation.calls or 0) >= UNUSED_MIN_CALLS and observation.cache_calls == 0:
-            found.append(f"{_owner(owner)} was called {observation.calls} times and never used a cache")
+            text = f"{owner_name(owner)} was called {observation.calls} times and never used a cache"
+            found.append(Problem(owner, observation.owner_class, text))
     return found
 
 
-def findings(snapshot: Snapshot, state: EngineState, now: float) -> list[Finding]:
-    """Everything about an exported or stale engine that needs attention; nothing for an ended or forgotten one."""
-    if state not in (EngineState.EXPORTED, EngineState.STALE):
+def problems_of(snapshot: Snapshot) -> list[Finding]:
+    """What is wrong with the snapshot's declarations, whatever the engine's state (``plan`` and ``inspect`` judge
+    ended engines too); no stale heartbeat."""
+    found: list[Finding] = []
+    over, undeclared = _under_reports(snapshot)
+    if discovery_running(snapshot):
+        undeclared += [_discovered(d) for d in snapshot.discovered]
+    if over:
+        found.append(Finding(Concern.UNDER_REPORTS, tuple(over)))
+    if undeclared:
+        found.append(Finding(Concern.UNDECLARED, tuple(undeclared)))
+    if snapshot.dropped_count:
+        dropped = tuple(
+            Problem(d.owner, d.owner_class, f"{d.count} of {owner_name(d.owner)} ({d.reason}: {d.error})")
+            for d in snapshot.dropped_declarations or ()
+        )
+        found.append(Finding(Concern.DROPPED, dropped))
+    if unused := _unused(snapshot):
+        found.append(Finding(Concern.UNUSED, tuple(unused)))
+    return found
+
+
+def findings(snapshot: Snapshot, state: EngineState, now: float, *, ended_too: bool = False) -> list[Finding]:
+    """Everything about an exported or stale engine that needs attention; nothing for an ended or forgotten one,
+    unless ``ended_too`` (a report of a finished run judges what its engines left)."""
+    if state not in (EngineState.EXPORTED, EngineState.STALE) and not ended_too:
         return []
     found: list[Finding] = []
     if state is EngineState.STALE:
         age = max(now - snapshot.heartbeat_at, 0)
-        found.append(Finding(Concern.STALE, f"no heartbeat for {age:.0f} s; its figures are no longer exported"))
-    if under := _under_reports(snapshot):
-        found.append(Finding(Concern.UNDER_REPORTS, _listed(under)))
-    undeclared = [
-        f"{_owner(d.owner)} holds {human_bytes(d.peak_bytes)} {'beyond its declared caches' if d.declares else 'it does not declare'}"
-        for d in snapshot.discovered
-    ]
-    if undeclared:
-        found.append(Finding(Concern.UNDECLARED, _listed(undeclared)))
-    if snapshot.dropped_count:
-        dropped = [f"{d.count} of {_owner(d.owner)} ({d.reason})" for d in snapshot.dropped_declarations or ()]
-        found.append(Finding(Concern.DROPPED, _listed(dropped)))
-    if unused := _unused(snapshot):
-        found.append(Finding(Concern.UNUSED, _listed(unused)))
-    return found
+        stale = Problem(None, "", f"no heartbeat for {age:.0f} s; its figures are no longer exported")
+        found.append(Finding(Concern.STALE, (stale,)))
+    return found + problems_of(snapshot)
 
 
 def status(state: EngineState, found: Sequence[Finding]) -> Status:

@@ -5,6 +5,8 @@ Each raises ``ValueError`` with a message naming what was wrong; the command nam
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from modelkv_exporter.contract.settings import number, whole_number
 from modelkv_exporter.sidecar.sizes import parse_bytes
 
@@ -46,6 +48,20 @@ def log_level(text: str) -> str:
     value = text.lower()
     if value not in ("critical", "error", "warning", "info", "debug"):
         raise ValueError(f"{text} is not a log level (critical, error, warning, info or debug)")
+    return value
+
+
+def web_address(text: str) -> str:
+    """An absolute http or https address without a fragment, or empty (none)."""
+    value = text.strip()
+    if not value:
+        return ""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.fragment or "#" in value:
+        raise ValueError(
+            f"{text!r} is not an absolute http(s) address without a #fragment, such as "
+            "https://wiki.example.com/modelkv/runbook.md"
+        )
     return value
 
 

@@ -102,7 +102,7 @@ def test_fixed_only_engines_fit_any_concurrency_or_none() -> None:
 
 @pytest.mark.parametrize(
     "text,value",
-    [("1073741824", 2**30), ("512MiB", 512 * 2**20), ("2GiB", 2 * 2**30), ("1.5G", 1_500_000_000), ("4 kb", 4000)],
+    [("1073741824", 2**30), ("512MiB", 512 * 2**20), ("2GiB", 2 * 2**30), ("1.5GB", 1_500_000_000), ("4 kB", 4000)],
 )
 def test_sizes(text: str, value: int) -> None:
     assert parse_bytes(text) == value

@@ -191,18 +191,42 @@ def test_an_unreadable_spool_is_an_error_on_stderr_ending_in_a_newline(tmp_path:
         ("2Gi", 2 * 2**30),
         ("2gib", 2 * 2**30),
         ("2GB", 2 * 10**9),
-        ("2G", 2 * 10**9),
+        ("2 GB", 2 * 10**9),
         ("512MiB", 512 * 2**20),
         ("512MB", 512 * 10**6),
         ("1.5GiB", 3 * 2**29),
         ("4 kB", 4000),
+        ("4KB", 4000),
         ("4KiB", 4096),
+        ("100B", 100),
         ("1073741824", 2**30),
     ],
 )
 def test_binary_and_decimal_units_are_each_read_as_defined(text: str, value: int) -> None:
     assert parse(["plan", "d", "--budget", text]).budget == value
     assert parse(["plan", "d"], MODELKV_BUDGET=text).budget == value
+
+
+@pytest.mark.parametrize(
+    "text,why,meant",
+    [
+        ("2G", "a bare G is 10^9 to Kubernetes but 2^30 to Docker and the JVM", "2GB (2000000000 bytes) or 2GiB"),
+        ("2g", "a bare g is 10^9 to Kubernetes but 2^30 to Docker and the JVM", "2GB (2000000000 bytes) or 2GiB"),
+        ("2Gb", "a lowercase b is a bit, not a byte", "2GB (2000000000 bytes) or 2GiB (2147483648 bytes)"),
+        ("2gb", "a lowercase b is a bit, not a byte", "2GB (2000000000 bytes) or 2GiB (2147483648 bytes)"),
+        ("512m", "a bare m is milli to Kubernetes and mega elsewhere", "512MB (512000000 bytes) or 512MiB"),
+        ("512M", "a bare M is 10^6 to Kubernetes but 2^20 to Docker and the JVM", "512MB (512000000 bytes)"),
+        ("1.5k", "a bare k is 10^3 to Kubernetes but 2^10 to Docker and the JVM", "1.5kB (1500 bytes) or 1.5KiB"),
+    ],
+)
+def test_a_size_tools_read_differently_is_refused_saying_what_to_write(text: str, why: str, meant: str) -> None:
+    """2G is 2,000,000,000 bytes to Kubernetes and 2,147,483,648 to Docker: which was meant cannot be known."""
+    for argv, environ in ((["plan", "d", "--budget", text], {}), (["plan", "d"], {"MODELKV_BUDGET": text})):
+        result = run_cli(*argv, **environ)
+        assert result.returncode == 2
+        message = " ".join(result.stderr.split())
+        assert f"{text!r} is ambiguous: {why}; write {meant}" in message
+        assert ("MODELKV_BUDGET=" if environ else "argument --budget:") in message
 
 
 def test_help_and_plan_say_which_unit_a_size_was_read_in(tmp_path: Path) -> None:

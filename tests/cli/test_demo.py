@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.cli import demo
-from modelkv_exporter.demo.engines import UNDECLARED
+from modelkv_exporter.demo.engines import UNDECLARED, UNDER_DECLARING
 from modelkv_exporter.demo.owners import StreamingAudioKVCache
+from tests.cli.test_reports import pasted
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
 from tests.support import VENV_BIN
 from tests.support.exposition import Exposition
@@ -37,7 +38,7 @@ EXPECTED_PEAKS = {
 
 
 def run_printed(output: str, command: str, spool: Path) -> subprocess.CompletedProcess[str]:
-    """Run, as printed, the last ``inspect`` or ``plan`` command line the demo printed for ``spool``."""
+    """Run, as printed, the last ``inspect``, ``check`` or ``plan`` command line the demo printed for ``spool``."""
     line = [line for line in output.splitlines() if f" {command} {spool}" in line][-1]
     wide = {**os.environ, "COLUMNS": "200"}
     return subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=60, env=wide)
@@ -126,7 +127,21 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
             "each engine is named as it takes each step"
         )
     assert f"their ended snapshots stay in {spool}" in output
-    assert "holds 1.50x its declaration" in output and output.count("within its declaration") == 4
+    assert "holds 1.50× its declaration" in output and output.count("within its declaration") == 4
+    summary = pasted(output[output.index("summary: 7 engines") : output.index("Serving on")])
+    assert summary.startswith("summary: 7 engines, 2 with problems:"), "both problem engines, and only they"
+    assert (
+        f"{UNDER_DECLARING} (qwen3-tts-eager, code2wav, exported): under-reports: tokenizer.decoder holds 1.50× its "
+        "declaration"
+    ) in summary
+    assert (
+        f"{UNDECLARED} (minicpm-o-streaming, thinker, exported): undeclared cache: apm.streaming_kv "
+        "(StreamingAudioKVCache) holds 70.3 MiB it does not declare"
+    ) in summary
+    assert summary.count(f"check {spool} (each owner's verdict") == 2
+    assert "runbook: ModelKVUndeclaredCache" in summary and "runbook: ModelKVDeclarationUnderReports" in summary
+    checked = run_printed(output, "check", spool)
+    assert "apm.streaming_kv" in checked.stdout and "tokenizer.decoder" in checked.stdout, checked.stdout
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
     assert len(snapshots) == 7 and all(s["ended"] for s in snapshots)
     inspected = run_printed(output, "inspect", spool)

@@ -1,9 +1,10 @@
 """`plan` on what a finished run leaves: real demo engines publish, are observed, and end; then they are planned.
 
-Two of the demo's engines run in their own processes exactly as the demo runs them (the real
-owners, transformers caches, observer and publisher): Qwen3-TTS's code2wav stage, whose decoder
-holds what it declares, and its eager variant, whose decoder holds 1.5x its declaration on
-purpose. Both are stopped before ``plan`` runs, so every snapshot is marked ended.
+Three of the demo's engines run in their own processes exactly as the demo runs them (the real
+owners, transformers caches, observer, discovery and publisher): Qwen3-TTS's code2wav stage, whose
+decoder holds what it declares, its eager variant, whose decoder holds 1.5x its declaration on
+purpose, and MiniCPM-o's streaming variant, whose module holds a cache nobody declares. All are
+stopped before ``plan`` runs, so every snapshot is marked ended.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.cli.capacity import Demand
+from modelkv_exporter.cli.command_line import cli_command
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDER_DECLARING, run_engine
+from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDECLARED, UNDER_DECLARING, run_engine
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.sizes import human_bytes
+from tests.cli.test_reports import pasted
 from tests.support.polling import eventually
 
 ACCURATE = "qwen3-tts-s1-r0"
@@ -37,15 +40,19 @@ def _snapshots(spool: Path) -> dict[str, Snapshot]:
 
 def _observed(spool: Path) -> bool:
     found = _snapshots(spool)
-    return all(
-        any(o.owner == OWNER and o.peak_bytes for o in found[engine].observations) if engine in found else False
-        for engine in (ACCURATE, UNDER_DECLARING)
+    return (
+        all(
+            any(o.owner == OWNER and o.peak_bytes for o in found[engine].observations) if engine in found else False
+            for engine in (ACCURATE, UNDER_DECLARING)
+        )
+        and UNDECLARED in found
+        and bool(found[UNDECLARED].discovered)
     )
 
 
 @pytest.fixture(scope="module")
 def ended_spool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A spool the two engines wrote, observed their caches in, and marked ended when stopped."""
+    """A spool the three engines wrote, observed and discovered their caches in, and marked ended when stopped."""
     spool = tmp_path_factory.mktemp("ended") / "spool"
     spool.mkdir()
     context = multiprocessing.get_context("spawn")
@@ -53,7 +60,7 @@ def ended_spool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     processes = [
         context.Process(target=run_engine, args=(engine, str(spool), 0.0, stop), daemon=True)
         for engine in DEMO_ENGINES
-        if engine.engine_id in (ACCURATE, UNDER_DECLARING)
+        if engine.engine_id in (ACCURATE, UNDER_DECLARING, UNDECLARED)
     ]
     for process in processes:
         process.start()
@@ -117,11 +124,13 @@ def test_an_owner_observed_above_its_declaration_is_planned_from_what_it_held_wi
     assert row[-1] == str(expected)
     assert row[-2] == "observed"
     assert human_bytes(declared * 3 * 64 // 2) == " ".join(row[6:8]), "the peak at 64 sequences, scaled"
-    text = " ".join(result.stdout.split())
+    text = pasted(result.stdout)
     assert (
-        f"warning: {UNDER_DECLARING}: owner {OWNER} was observed holding 1.50x its declaration "
-        f"({human_bytes(declared * 6)} against {human_bytes(declared * 4)} declared at max_num_seqs 4)"
+        f"warning: {UNDER_DECLARING}: under-reports: {OWNER} holds 1.50× its declaration "
+        f"({human_bytes(declared * 6)} observed, {human_bytes(declared * 4)} declared) at max_num_seqs 4; its figures "
+        "are scaled up by 1.50"
     ) in text
+    assert f"what to declare instead: {cli_command()} check {ended_spool}" in text
     assert _row(result.stdout, ACCURATE)[-2] == "declared", "an owner holding what it declares is taken at its word"
     assert f"warning: {ACCURATE}" not in text
 
@@ -159,3 +168,30 @@ def test_plan_needs_a_max_num_seqs_or_a_budget(spool: Path) -> None:
     assert "modelkv-exporter plan: error: --max-num-seqs, --budget or both are needed" in result.stderr
     usage = " ".join(result.stderr.split())
     assert "[--max-num-seqs MAX_NUM_SEQS] [--budget BUDGET]" in usage, "both optional, as the usage says"
+
+
+def test_a_cache_nobody_declares_is_counted_with_a_warning(ended_spool: Path, spool: Path) -> None:
+    """MiniCPM-o's streaming engine declares nothing and holds 70.3 MiB in a module discovery found: it plans at
+    70.3 MiB, fixed, so a 1 MiB budget fits no sequence, and a warning names the module in the landing page's words.
+    The same snapshot without its discovered owner plans as 0 B that any budget fits: the count comes from the
+    discovered cache alone."""
+    snapshot = _snapshots(ended_spool)[UNDECLARED]
+    (found,) = snapshot.discovered
+    assert not snapshot.declarations and found.peak_bytes > 64 << 20
+    held = human_bytes(found.peak_bytes)
+
+    result = plan(str(ended_spool), "--budget", "1MiB", "--max-num-seqs", "64")
+    assert result.returncode == 0, result.stderr
+    row = _row(result.stdout, UNDECLARED)
+    assert " ".join(row[4:6]) == " ".join(row[6:8]) == held, "the peak now and at 64 sequences"
+    assert " ".join(row).endswith(f"observed none: fixed {held}")
+    text = " ".join(result.stdout.split())
+    assert (
+        f"warning: {UNDECLARED}: undeclared cache: {found.owner} (StreamingAudioKVCache) holds {held} it does not "
+        "declare; counted as fixed bytes"
+    ) in text
+
+    write_snapshot(spool, replace(snapshot, discovered=()))
+    without = plan(str(spool), "--budget", "1MiB")
+    assert " ".join(_row(without.stdout, UNDECLARED)[4:]) == "0 B 0 B declared any (fixed only)"
+    assert "warning" not in without.stdout

@@ -9,15 +9,21 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from modelkv_exporter.cli.command_line import cli_command
 from modelkv_exporter.cli.reports import MAX_WIDTH, abbreviate, inspect_report, table
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
-from tests.support.discovered import golden_discovered_spool
+from tests.support.discovered import golden_discovered_spool, make_discovered
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 LONG_OWNER = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"
 LONG_SOURCE = "min(config.max_position_embeddings, config.sliding_window * config.num_hidden_layers) " * 4
+
+
+def pasted(text: str) -> str:
+    """``text`` as a shell reads it, in single spaces: a line ending in `` \\`` goes on with the next one."""
+    return " ".join(re.sub(r" \\\n", " ", text).split())
 
 
 def run_cli(*argv: str, columns: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -148,7 +154,7 @@ def test_inspect_shows_each_owner_declared_beside_observed(spool: Path) -> None:
     lines = [line.split() for line in out.splitlines()]
     assert ["talker", "35.5", "MiB", "106.5", "MiB", "106.5", "MiB", "106.5", "MiB", "4/9"] in lines
     assert ["vocoder", "0", "B", "-", "-", "-", "-"] in lines
-    assert "talker: holds 3.00x its declaration" in out
+    assert "talker holds 3.00× its declaration (106.5 MiB observed, 35.5 MiB declared)" in out
     assert "vocoder: not observed: the owner replayed a CUDA graph" in out
 
 
@@ -170,11 +176,47 @@ def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> Non
                            "8x16x64x72", "float32,", "4", "rows"]  # fmt: skip
     words = " ".join(running.split())
     assert "the census ran out of its objects budget" in words and "3 owners below the size floor" in words
+    summary = pasted(out.split("\nengine ", 1)[0])
     assert (
-        "suggest: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) declares nothing yet held 18.0 MiB: "
-        "`modelkv-exporter check` on this spool writes the declaration to add"
-    ) in words
+        "undeclared cache: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) holds 18.0 MiB it does not declare"
+    ) in summary
+    assert f"run: {cli_command()} check {spool} (each owner's verdict" in summary
     checked = run_cli("check", str(spool)).stdout
     assert "layers=8" in checked and "kv_heads=16" in checked and "head_dim=64" in checked, checked
-    assert "suggest: decoder " not in words, "an owner that declares is not told to"
     assert "\u202e" not in out and "\x00" not in out and "blocks.0\\n.attn\\u202e" in "".join(out.split())
+
+
+def test_inspect_opens_with_a_summary_of_the_problems_and_what_to_do(spool: Path) -> None:
+    """Two engines with problems among healthy ones: before any table, one line each with the landing page's words,
+    then the fix, the command and the runbook section; the healthy engines are only counted. An ended engine is
+    judged on what it left: a finished run is worth reading."""
+    declared = make_declaration("kv", owner="tokenizer.decoder")
+    over = make_observation("tokenizer.decoder", peak_bytes=declared.peak_bytes * 3 // 2)
+    write_snapshot(spool, make_snapshot("eager-s1", declarations=(declared,), observations=(over,)))
+    write_snapshot(spool, replace(make_snapshot("streaming-s0", declarations=()), ended=True,
+                                  discovered=(make_discovered("apm.streaming_kv", found_by="census",
+                                                              owner_class="StreamingAudioKVCache"),)))  # fmt: skip
+    for healthy in ("a-s0", "b-s0", "c-s0"):
+        write_snapshot(spool, make_snapshot(healthy))
+    out = run_cli("inspect", str(spool)).stdout
+    head, _, rest = out.partition("\nengine ")
+    assert rest and "declared peak" not in head and "[exported]" not in head, "the summary comes before the tables"
+    lines = head.splitlines()
+    assert lines[0] == "summary: 5 engines, 2 with problems:"
+    words = pasted(head)
+    assert (
+        "eager-s1 (m, exported): under-reports: tokenizer.decoder holds 1.50× its declaration (53.2 MiB observed, "
+        "35.5 MiB declared) fix: declare what the owner's caches hold"
+    ) in words
+    assert (
+        "streaming-s0 (m, ended): undeclared cache: apm.streaming_kv (StreamingAudioKVCache) holds 1.0 MiB it does "
+        "not declare fix: declare the cache"
+    ) in words
+    assert words.count(f"run: {cli_command()} check {spool}") == 2
+    assert "runbook: ModelKVDeclarationUnderReports, docs/runbook.md#modelkvdeclarationunderreports" in words
+    assert "runbook: ModelKVUndeclaredCache, docs/runbook.md#modelkvundeclaredcache" in words
+    assert not any(name in head for name in ("a-s0", "b-s0", "c-s0"))
+
+    for name in ("eager-s1", "streaming-s0"):
+        (spool / f"{name}.json").unlink()
+    assert run_cli("inspect", str(spool)).stdout.startswith("summary: 3 engines, none with a problem\n")

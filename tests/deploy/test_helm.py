@@ -14,6 +14,7 @@ import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import pytest
+import tomllib
 import yaml
 
 from tests.deploy.test_kubernetes import (
@@ -151,8 +152,20 @@ def test_changed_values_change_exactly_their_sites() -> None:
         ({"prometheusRule": {"jobSelector": "modelkv-exporter"}}, "jobSelector"),
         ({"prometheusRule": {"runbookUrl": "docs/runbook.md"}}, "runbookUrl"),
         ({"podMonitor": {"interval": "30 seconds"}}, "interval"),
+        ({"serviceMonitor": {"enabled": "yes"}}, "enabled"),
+        ({"serviceMonitor": {"enabled": True, "port": 9400}}, "port"),
     ],
-    ids=["string-threshold", "zero-for", "unknown-alert-key", "unknown-key", "job-selector", "runbook", "duration"],
+    ids=[
+        "string-threshold",
+        "zero-for",
+        "unknown-alert-key",
+        "unknown-key",
+        "job-selector",
+        "runbook",
+        "duration",
+        "service-monitor-switch",
+        "service-monitor-key",
+    ],  # fmt: skip
 )
 def test_wrong_values_are_refused_naming_them(values: dict[str, Any], named: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=named):
@@ -178,6 +191,109 @@ def test_values_file_is_valid_and_every_value_is_documented() -> None:
     table = generate_manifests.deploy_doc_text()
     for key in ("prometheusRule.alerts.undeclaredMemoryGrowth.thresholdMiB", "releaseLabel", "image.repository"):
         assert f"`{key}`" in table
+
+
+def notes(values: dict[str, Any]) -> str:
+    """The chart's NOTES.txt as Helm prints it after an install with ``values``."""
+    manifests = helm.Chart.load(CHART).render(values, name="modelkv", namespace="monitoring")
+    return " ".join(manifests["modelkv-exporter/templates/NOTES.txt"].split())
+
+
+def test_notes_warn_of_the_placeholder_runbook_and_the_namespace_scope() -> None:
+    """The two pitfalls docs/deploy.md stresses, said where a person installing the chart reads: with the defaults
+    every runbook link is the .invalid placeholder, and only the release's namespace is scraped."""
+    default = notes({})
+    assert (
+        "WARNING: prometheusRule.runbookUrl is the placeholder https://modelkv-exporter.invalid/docs/runbook.md"
+        in default
+    )
+    assert "--set prometheusRule.runbookUrl=" in default
+    assert (
+        "NOTE: podMonitor.namespaces is empty, so only engine pods in this release's namespace (monitoring)" in default
+    )
+    assert "--set 'podMonitor.namespaces={llm-a,llm-b}'" in default
+    configured = notes({"prometheusRule": {"runbookUrl": "https://wiki.example.com/modelkv/runbook.md"},
+                        "podMonitor": {"namespaces": ["llm-a", "llm-b"]}})  # fmt: skip
+    assert "WARNING" not in configured and "NOTE" not in configured
+    assert "Scraped namespaces: llm-a, llm-b (podMonitor.namespaces)" in configured
+    assert "WARNING" in notes({"prometheusRule": {"runbookUrl": "http://docs.invalid:8080/runbook.md"}})
+    assert "WARNING" not in notes({"prometheusRule": {"runbookUrl": "https://invalid.example.com/runbook.md"}})
+    assert "WARNING" not in notes({"prometheusRule": {"enabled": False}}), "no rules, no runbook links"
+
+
+def test_a_service_monitor_scrapes_as_the_pod_monitor_does(tmp_path: Path) -> None:
+    """serviceMonitor.enabled with podMonitor off: a headless Service selecting the sidecar pods in each engine
+    namespace, and a ServiceMonitor whose endpoint is the PodMonitor's (port, path, interval, job and container
+    relabelings), valid for Kubernetes and prometheus-operator; both on would scrape twice and are refused."""
+    namespaces = ["llm-a", "llm-b"]
+    pod_monitor = one(render({"podMonitor": {"namespaces": namespaces}}), "PodMonitor")
+    objects = render({"podMonitor": {"enabled": False, "namespaces": namespaces}, "serviceMonitor": {"enabled": True}})
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "PrometheusRule", "Service", "Service", "ServiceMonitor"]
+    services = [o for o in objects if o["kind"] == "Service"]
+    assert [s["metadata"]["namespace"] for s in services] == namespaces
+    monitor = one(objects, "ServiceMonitor")
+    for service in services:
+        for version in SUPPORTED_VERSIONS:
+            kubernetes_validate.validate(service, version, strict=True)
+        assert service["spec"]["selector"] == pod_monitor["spec"]["selector"]["matchLabels"]
+        assert service["spec"]["clusterIP"] == "None"
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == pod_monitor["spec"]["namespaceSelector"]
+    assert monitor["spec"]["endpoints"] == pod_monitor["spec"]["podMetricsEndpoints"]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    result = check_custom_resources([monitor, one(objects, "PrometheusRule")], f"helm-service-monitor-{tmp_path.name}")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    own = [
+        o
+        for o in render({"podMonitor": {"enabled": False}, "serviceMonitor": {"enabled": True}})
+        if o["kind"] == "Service"
+    ]
+    assert [s["metadata"]["namespace"] for s in own] == ["monitoring"], "by default, the release's namespace"
+    with pytest.raises(helm.HelmRenderError, match="set podMonitor.enabled=false to use the ServiceMonitor"):
+        render({"serviceMonitor": {"enabled": True}})
+    with pytest.raises(helm.HelmRenderError, match="podMonitor.job sets"):
+        render({"podMonitor": {"enabled": False}, "serviceMonitor": {"enabled": True},
+                "prometheusRule": {"jobSelector": 'job="other"'}})  # fmt: skip
+
+
+def _growth_panel(dashboard: dict[str, Any]) -> dict[str, Any]:
+    (panel,) = [p for p in dashboard["panels"] if p.get("title") == generate_manifests.GROWTH_PANEL]
+    return panel
+
+
+def test_the_growth_panel_draws_the_threshold_the_chart_alerts_at() -> None:
+    """prometheusRule.alerts.undeclaredMemoryGrowth moves the dashboard's threshold line and the minutes its
+    description states, and nothing else of any dashboard."""
+    values = {"prometheusRule": {"alerts": {"undeclaredMemoryGrowth": {"thresholdMiB": 512, "forMinutes": 20}}}}
+    data = one(render(values), "ConfigMap")["data"]
+    assert set(data) == {path.name for path in DASHBOARDS}
+    for path in DASHBOARDS:
+        source, rendered = json.loads(path.read_text()), json.loads(data[path.name])
+        panel = _growth_panel(rendered)
+        steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert [s["value"] for s in steps] == [None, 512 * 1024 * 1024]
+        assert "the alert fires after 20 minutes above it" in panel["description"]
+        source_panel = _growth_panel(source)
+        source_panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] = 512 * 1024 * 1024
+        source_panel["description"] = source_panel["description"].replace("after 15 minutes", "after 20 minutes")
+        assert rendered == source
+    rule = next(
+        r for g in rules_of(render(values)) for r in g["rules"] if r.get("alert") == "ModelKVUndeclaredMemoryGrowth"
+    )
+    assert "> 512 * 1024 * 1024" in rule["expr"] and rule["for"] == "20m", "the alert the line stands for"
+
+
+def test_the_chart_dashboard_tokens_are_checked(tmp_path: Path) -> None:
+    """The dashboard copy fails to generate, rather than silently keeping a fixed line, when the growth panel does
+    not draw the alert's threshold exactly once."""
+    path = DASHBOARDS[0]
+    text = path.read_text()
+    assert generate_manifests.GROWTH_THRESHOLD_TOKEN in generate_manifests.chart_dashboard_text(path)
+    moved = tmp_path / path.name
+    moved.write_text(text.replace('"value": 268435456', '"value": 268435457'))
+    with pytest.raises(ValueError, match="does not draw the alert's threshold"):
+        generate_manifests.chart_dashboard_text(moved)
 
 
 def test_notes_tell_how_to_add_the_sidecar_with_the_image() -> None:
@@ -221,12 +337,25 @@ def test_post_renderer_adds_the_sidecar(shape: str, selector: str, rendered: lis
     (engine,) = spec["containers"]
     assert parts["engineEnv"][0] in engine["env"] and parts["engineVolumeMount"] in engine["volumeMounts"]
     old_engine = before[engine_index]["spec"]["template"]["spec"]["containers"][0]
+    plugins = [e for e in old_engine["env"] if e["name"] == "VLLM_PLUGINS"]
+    if plugins:  # production-stack's LoRA resolver: vLLM loads only the plugins VLLM_PLUGINS names
+        plugins[0]["value"] += ",modelkv_exporter"
     assert engine["env"][: len(old_engine["env"])] == old_engine["env"], "the engine keeps its own settings"
+    name = before[engine_index]["metadata"]["name"]
+    report = [line for line in result.stderr.splitlines() if line.startswith("modelkv-sidecar: ")]
+    assert len(report) == 1 and report[0].startswith(f"modelkv-sidecar: Deployment/{name}: added the modelkv-exporter "
+                                                     "sidecar (registry.example.com/modelkv-exporter:0.1.0)")  # fmt: skip
+    assert ("VLLM_PLUGINS 'lora_filesystem_resolver' -> 'lora_filesystem_resolver,modelkv_exporter'" in report[0]) == (
+        bool(plugins)
+    ), "what changed is said on standard error"
     monitor = one(rendered, "PodMonitor")["spec"]
     assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
 
     again = post_render(result.stdout, "--selector", selector)
     assert again.returncode == 0 and [d for d in yaml.safe_load_all(again.stdout) if d] == after, "idempotent"
+    assert (
+        again.stderr == f"modelkv-sidecar: Deployment/{name}: unchanged, it already has the modelkv-exporter sidecar\n"
+    )
 
 
 def test_post_renderer_rebuilds_the_base_deployment() -> None:
@@ -258,7 +387,10 @@ def test_post_renderer_rebuilds_the_base_deployment() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--selector", "model=nothing-here"], "no Deployment or StatefulSet is labelled model=nothing-here"),
+        (
+            ["--selector", "model=nothing-here"],
+            "no Deployment, StatefulSet, LeaderWorkerSet is labelled model=nothing-here",
+        ),
         (["--selector", "release=test", "--container", "engine"], "no container named engine"),
         (["--selector", "release"], "is not key=value"),
     ],
@@ -266,3 +398,148 @@ def test_post_renderer_rebuilds_the_base_deployment() -> None:
 def test_post_renderer_refuses_what_it_cannot_do(args: list[str], message: str) -> None:
     result = post_render((ENGINE_CHARTS / "vllm-example-chart.yaml").read_text(), *args)
     assert result.returncode == 1 and message in result.stderr and result.stdout == ""
+
+
+def _pod(template: dict[str, Any]) -> dict[str, Any]:
+    """A pod template as the Pod it makes, for Kubernetes' own schema."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": template.get("metadata", {}), "spec": template["spec"]}
+
+
+def _env(container: dict[str, Any], name: str) -> str | None:
+    values = [e.get("value") for e in container.get("env") or [] if e["name"] == name]
+    return values[0] if values else None
+
+
+def test_post_renderer_adds_the_sidecar_to_every_pod_of_a_leader_worker_set() -> None:
+    """llm-d's shape: decode as a LeaderWorkerSet with one template (its leader's too) behind llm-d's own native
+    sidecar, prefill as one with a leader and a worker template, an InferencePool with the same labels.
+
+    Every template gets the sidecar, the spool and MODELKV_SPOOL_DIR (each pod runs vLLM workers, which
+    publish); VLLM_PLUGINS gets this plugin: ``lora_filesystem_resolver`` becomes
+    ``lora_filesystem_resolver,modelkv_exporter``, and an empty one, with which vLLM loads no plugin, becomes
+    ``modelkv_exporter``. The InferencePool and the endpoint picker pass through; standard error says what changed
+    per template.
+    """
+    manifests = (ENGINE_CHARTS / "llm-d.yaml").read_text()
+    result = post_render(manifests, "--selector", "llm-d.ai/model=deepseek-r1")
+    assert result.returncode == 0, result.stderr
+    before = [d for d in yaml.safe_load_all(manifests) if d]
+    after = [d for d in yaml.safe_load_all(result.stdout) if d]
+    kinds = [d["kind"] for d in after]
+    assert kinds == ["InferencePool", "Deployment", "LeaderWorkerSet", "LeaderWorkerSet"]
+    assert after[:2] == before[:2], "what holds no engine passes through"
+    parts = generate_manifests.sidecar_parts()
+    decode, prefill = after[2]["spec"]["leaderWorkerTemplate"], after[3]["spec"]["leaderWorkerTemplate"]
+    assert "leaderTemplate" not in decode, "a leader template is not invented: the workers' serves the leader"
+    templates = {
+        "decode": decode["workerTemplate"],
+        "prefill leader": prefill["leaderTemplate"],
+        "prefill worker": prefill["workerTemplate"],
+    }
+    expected_plugins = {
+        "decode": "modelkv_exporter",
+        "prefill leader": "lora_filesystem_resolver,modelkv_exporter",
+        "prefill worker": "lora_filesystem_resolver,modelkv_exporter",
+    }
+    for label, template in templates.items():
+        for version in SUPPORTED_VERSIONS:
+            kubernetes_validate.validate(_pod(template), version, strict=True)
+        spec = template["spec"]
+        assert spec["initContainers"][-1] == parts["initContainer"], label
+        assert parts["volume"] in spec["volumes"], label
+        assert parts["podLabels"].items() <= template["metadata"]["labels"].items(), label
+        (engine,) = spec["containers"]
+        assert _env(engine, "MODELKV_SPOOL_DIR") == "/var/run/modelkv", label
+        assert parts["engineVolumeMount"] in engine["volumeMounts"], label
+        assert _env(engine, "VLLM_PLUGINS") == expected_plugins[label], label
+        assert "modelkv_exporter" in _env(engine, "VLLM_PLUGINS").split(","), "as vLLM splits it: on commas alone"
+    routing = decode["workerTemplate"]["spec"]["initContainers"][0]
+    assert routing["name"] == "routing-proxy" and routing["restartPolicy"] == "Always", "llm-d's sidecar is kept"
+
+    report = result.stderr.splitlines()
+    assert len(report) == 3, report
+    assert report[0].startswith("modelkv-sidecar: LeaderWorkerSet/ms-r1-llm-d-modelservice-decode: added ")
+    assert "MODELKV_SPOOL_DIR in vllm; VLLM_PLUGINS '' -> 'modelkv_exporter' (empty: vLLM loaded no plugin" in report[0]
+    assert report[1].startswith("modelkv-sidecar: LeaderWorkerSet/ms-r1-llm-d-modelservice-prefill leaderTemplate: ")
+    assert report[2].startswith("modelkv-sidecar: LeaderWorkerSet/ms-r1-llm-d-modelservice-prefill workerTemplate: ")
+    assert "MODELKV_SPOOL_DIR in vllm-worker; VLLM_PLUGINS 'lora_filesystem_resolver' -> " in report[2]
+
+    again = post_render(result.stdout, "--selector", "llm-d.ai/model=deepseek-r1")
+    assert again.returncode == 0 and [d for d in yaml.safe_load_all(again.stdout) if d] == after, "idempotent"
+    named = post_render(manifests, "--selector", "llm-d.ai/role=prefill", "--container", "vllm-leader")
+    assert named.returncode == 1 and "workerTemplate: no container named vllm-leader" in named.stderr
+
+
+def test_the_plugin_it_adds_is_the_one_the_package_registers() -> None:
+    entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert list(entry_points["vllm.general_plugins"]) == ["modelkv_exporter"]
+
+
+def _example_engine(env: list[dict[str, Any]]) -> str:
+    """vLLM's example chart with the engine container's ``env`` replaced."""
+    documents = [d for d in yaml.safe_load_all((ENGINE_CHARTS / "vllm-example-chart.yaml").read_text()) if d]
+    documents[0]["spec"]["template"]["spec"]["containers"][0]["env"] = env
+    return yaml.safe_dump_all(documents)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ([], None),
+        ([{"name": "VLLM_PLUGINS", "value": "lora_filesystem_resolver"}], "lora_filesystem_resolver,modelkv_exporter"),
+        ([{"name": "VLLM_PLUGINS", "value": ""}], "modelkv_exporter"),
+        ([{"name": "VLLM_PLUGINS"}], "modelkv_exporter"),
+        ([{"name": "VLLM_PLUGINS", "value": "a,modelkv_exporter"}], "a,modelkv_exporter"),
+        ([{"name": "VLLM_PLUGINS", "value": "a, modelkv_exporter"}], "a, modelkv_exporter,modelkv_exporter"),
+    ],
+    ids=["unset-stays-unset", "a-list-gains-it", "empty-loads-ours", "no-value-is-empty", "listed", "spaced-is-not"],
+)
+def test_post_renderer_puts_the_plugin_in_vllm_plugins(env: list[dict[str, Any]], expected: str | None) -> None:
+    """vLLM reads VLLM_PLUGINS as ``value.split(",")`` and loads a plugin only when its name is an item: unset loads
+    all (left unset), empty loads none, and `` modelkv_exporter`` with a space is not the name."""
+    result = post_render(_example_engine(env), "--selector", "release=test")
+    assert result.returncode == 0, result.stderr
+    (engine,) = yaml.safe_load(result.stdout)["spec"]["template"]["spec"]["containers"]
+    assert _env(engine, "VLLM_PLUGINS") == expected
+    assert ("VLLM_PLUGINS" in result.stderr) == (expected is not None and env[0].get("value") != expected)
+
+
+def test_post_renderer_refuses_a_vllm_plugins_it_cannot_see() -> None:
+    from_map = {"name": "VLLM_PLUGINS", "valueFrom": {"configMapKeyRef": {"name": "engine", "key": "plugins"}}}
+    result = post_render(_example_engine([from_map]), "--selector", "release=test")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "VLLM_PLUGINS comes from valueFrom, which this cannot change: add modelkv_exporter to it" in result.stderr
+    documents = [d for d in yaml.safe_load_all((ENGINE_CHARTS / "vllm-example-chart.yaml").read_text()) if d]
+    documents[0]["spec"]["template"]["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "engine"}}]
+    noted = post_render(yaml.safe_dump_all(documents), "--selector", "release=test")
+    assert (
+        noted.returncode == 0 and "note: envFrom may set VLLM_PLUGINS; if it does, add modelkv_exporter" in noted.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec"),
+    [
+        (("batch/v1", "Job"), {"template": {"spec": {"containers": [{"name": "vllm", "image": "v"}]}}}),
+        (("argoproj.io/v1alpha1", "Rollout"), {"template": {"spec": {"containers": [{"name": "vllm", "image": "v"}]}}}),
+        (("v1", "Pod"), {"containers": [{"name": "vllm", "image": "v"}]}),
+    ],
+    ids=["job", "rollout", "pod"],
+)
+def test_post_renderer_refuses_a_kind_it_does_not_know(kind: tuple[str, str], spec: dict[str, Any]) -> None:
+    """A matching object that runs containers but is no kind it patches would run without the sidecar: refused, by
+    name, with what to do; the same object with other labels passes through."""
+    extra = {"apiVersion": kind[0], "kind": kind[1], "metadata": {"name": "engine-x", "labels": {"release": "test"}}}
+    manifests = (
+        (ENGINE_CHARTS / "vllm-example-chart.yaml").read_text() + "---\n" + yaml.safe_dump({**extra, "spec": spec})
+    )
+    result = post_render(manifests, "--selector", "release=test")
+    assert result.returncode == 1 and result.stdout == ""
+    assert (
+        f"modelkv-sidecar: {kind[1]}/engine-x ({kind[0]}) matches the selector and runs containers, but only "
+        in result.stderr
+    )
+    assert "Deployment, StatefulSet, LeaderWorkerSet are patched: narrow --selector" in result.stderr
+    extra["metadata"]["labels"] = {"release": "other"}
+    other = (ENGINE_CHARTS / "vllm-example-chart.yaml").read_text() + "---\n" + yaml.safe_dump({**extra, "spec": spec})
+    assert post_render(other, "--selector", "release=test").returncode == 0

@@ -50,7 +50,7 @@ def check_custom_resources(resources: list[dict[str, Any]], name: str) -> subpro
         pytest.fail("npm packages missing: run the README's test command (npm ci --prefix tests/k8s)")
     lines = [
         f'import {{ {kind} }} from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/{kind}";'
-        for kind in sorted(CUSTOM_KINDS)
+        for kind in sorted(CUSTOM_KINDS | {r["kind"] for r in resources})
     ]
     for i, resource in enumerate(resources):
         body = {k: v for k, v in resource.items() if k not in {"apiVersion", "kind"}}

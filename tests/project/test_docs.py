@@ -31,17 +31,30 @@ def test_metric_names_follow_the_house_rules() -> None:
 
 
 def test_every_setting_and_metric_is_documented() -> None:
-    readme = (ROOT / "README.md").read_text()
+    configuration = (ROOT / "docs" / "configuration.md").read_text()
     metrics_doc = (ROOT / "docs" / "metrics.md").read_text()
+    assert "docs/configuration.md" in (ROOT / "README.md").read_text(), "the README points at every setting"
     for setting in SETTINGS:
-        assert setting.env in readme
+        assert setting.env in configuration
         if set(setting.defaults) - {ENGINE}:
-            assert setting.flag in readme
+            assert setting.flag in configuration
     for name in CATALOGUE:
         assert f"`{name}`" in metrics_doc
 
 
-def test_the_readme_names_every_part_of_the_package() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_development_guide_names_every_part_of_the_package() -> None:
+    guide = (ROOT / "docs" / "development.md").read_text()
     parts = [p.name for p in (ROOT / "modelkv_exporter").iterdir() if p.is_dir() and p.name != "__pycache__"]
-    assert parts and all(f"`{part}/`" in readme or f"{part}/:" in readme for part in parts), parts
+    assert parts and all(f"`{part}/`" in guide or f"{part}/:" in guide for part in parts), parts
+    assert "docs/development.md" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_sets_up_with_two_commands() -> None:
+    """A newcomer's first block is the two commands, each with its own set-up, before anything about the package's
+    insides; every ``make`` command the README shows is one of them."""
+    readme = (ROOT / "README.md").read_text()
+    first = readme.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert [line.split("#")[0].strip() for line in first.splitlines()] == ["make demo", "make test"]
+    assert readme.index("## Two commands") < readme.index("## What you see") < readme.index("## Where to go next")
+    assert "one folder per part" not in readme and "settings:begin" not in readme, "contributor detail is in docs"
+    assert set(re.findall(r"\bmake \w+", readme)) == {"make demo", "make test"}

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import re
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from html import unescape
 from pathlib import Path
 
+import pytest
+import yaml
+
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.sidecar.attention import UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
-from modelkv_exporter.sidecar.http.landing import render_landing
+from modelkv_exporter.demo.engines import UNDECLARED, UNDER_DECLARING
+from modelkv_exporter.sidecar.attention import NEXT_STEPS, UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS, Concern
+from modelkv_exporter.sidecar.http.landing import escape, render_landing
+from modelkv_exporter.sidecar.http.owner_chart import OVER, owner_chart
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import classify
+from tests.support import ROOT
 from tests.support.browser import chromium_run
+from tests.support.demo_engines import running_demo_engines
 from tests.support.discovered import CENSUS, discovery_status, kv_layout, make_discovered, with_discovery
 from tests.support.processes import Sidecar, start_sidecar, stop_process
 from tests.support.promql import RULES_FILE
@@ -154,9 +164,8 @@ def _status_column(page: str) -> dict[str, str]:
 def _summary(page: str) -> dict[str, str]:
     """Engine id -> the text of its item in the "Needs attention" summary."""
     section = page.split('<section id="attention"', 1)[1].split("</section>", 1)[0]
-    items = re.findall(r'<li><a href="#engine-([^"]+)">.*?</ul></li>', section)
-    found = re.findall(r'(<li><a href="#engine-[^"]+">.*?</ul></li>)', section)
-    return {engine: _text(item) for engine, item in zip(items, found, strict=True)}
+    found = re.findall(r'<article class="problem" id="attention-([^"]+)">(.*?)</article>', section, re.S)
+    return {engine: _text(re.sub(r"<svg.*?</svg>", "", item, flags=re.S)) for engine, item in found}
 
 
 def test_an_operator_sees_first_which_engines_need_attention_and_why(sidecar: Sidecar, tmp_path: Path) -> None:
@@ -182,8 +191,8 @@ def test_an_operator_sees_first_which_engines_need_attention_and_why(sidecar: Si
     assert _status_column(page) == {"healthy-s0": "ok", "tts-eager-s1": "attention: under-reports", "stuck-s2": "stale"}
     summary = _summary(page)
     assert set(summary) == {"tts-eager-s1", "stuck-s2"}, "the healthy engine is not listed"
-    assert "under-reports: talker.decoder holds 1.50× its declaration" in summary["tts-eager-s1"]
-    assert "stale: no heartbeat for 60" in summary["stuck-s2"]
+    assert "under-reports talker.decoder holds 1.50× its declaration" in summary["tts-eager-s1"]
+    assert "stale no heartbeat for 60" in summary["stuck-s2"]
     for engine in summary:
         assert f'id="engine-{engine}"' in page, "each summary item links to the engine's details"
 
@@ -222,9 +231,9 @@ def test_every_concern_reaches_the_summary_bounded_and_escaped(spool: Path) -> N
     summary = _summary(html)
     assert "layer.2<b> holds 2.00× its declaration" in summary["many"] and "and 9 more" in summary["many"]
     assert "layer.3" not in summary["many"] and "<b>" not in html.split("</section>", 1)[0].replace("&lt;b&gt;", "")
-    assert summary["dropping"] == "dropping m dropped declarations: 2 of talker (declarer_raised)"
-    assert "undeclared cache: vocoder holds 64.0 MiB it does not declare" in summary["hiding"]
-    assert "declared cache unused: decoder was called 40 times and never used a cache" in summary["idle"]
+    assert "dropped declarations 2 of talker (declarer_raised: KeyError)" in summary["dropping"]
+    assert "undeclared cache vocoder (V) holds 64.0 MiB it does not declare" in summary["hiding"]
+    assert "declared cache unused decoder was called 40 times and never used a cache" in summary["idle"]
     section = html.split('<section id="attention"', 1)[1].split("</section>", 1)[0]
     assert '<a href="#rejected">5 rejected snapshot files</a>' in section and "; and 2 more" in section
     assert 'id="rejected"' in html
@@ -277,12 +286,18 @@ def test_landing_page_lists_discovered_owners_beside_declared_ones(spool: Path) 
 
 
 def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
-    """With a budget of 2, the page lists the two largest (18 and 3 MiB, not the 1 MiB one), like /metrics, and
-    says how many it left out."""
+    """With a budget of 2, the tables and pictures list the two largest (18 and 3 MiB, not the 1 MiB one), like
+    /metrics, and say how many they left out. (The summary names every owner the engine found: a finding is not
+    an export.)"""
     _fill_discovered(spool)
     view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
     html = render_landing(view, spool_dir="s", version="0", max_discovered=2)
-    assert "tokenizer.decoder" in html and "also declares caches" in html and "StreamingAudioKVCache" not in html
+    summary, details = html.split("<h2>Engines</h2>", 1)
+    assert "StreamingAudioKVCache" in summary
+    assert "tokenizer.decoder" in details and "also declares caches" in details
+    assert "StreamingAudioKVCache" not in details
+    charts = "".join(re.findall(r"<svg.*?</svg>", html, re.S))
+    assert "tokenizer.decoder" in charts and "encoder.&lt;img" not in charts, "pictures draw the exported owners"
     assert "1 past this exporter's --max-discovered-owners, not exported" in html
 
 
@@ -297,3 +312,124 @@ def test_a_discovered_owner_renders_in_headless_chromium(spool: Path, tmp_path: 
     row = next(r for r in re.findall(r"<tr>(.*?)</tr>", dom.stdout, re.S) if "tokenizer.decoder" in r)
     assert "cache_layer" in row and "declares nothing" in row and "8 × 16 × 64 × 72 float32, 4 rows" in row
     assert "<script" not in dom.stdout and "<img" not in dom.stdout, "hostile text stays text after parsing"
+
+
+def _problem(page: str, engine: str) -> str:
+    """The text of one engine's item in "Needs attention", its picture left out."""
+    return _summary(page)[engine]
+
+
+def test_a_newcomer_reads_what_is_wrong_with_each_demo_engine_and_what_fixes_it(tmp_path: Path) -> None:
+    """The demo's two problem engines, run as the demo runs them, served by the real sidecar, read by Chromium.
+
+    Without any docs, the page's opening section must say for each: what is wrong, in figures; the
+    change that fixes it (for the under-reporting owner, the declaration sized to what it held, as
+    code); the command that prints it; the runbook section; and a picture of declared, observed and
+    discovered bytes per owner whose bars have the figures' proportions.
+    """
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    with running_demo_engines(spool, (UNDER_DECLARING, UNDECLARED)):
+        sidecar = start_sidecar(spool)
+        try:
+            dom = chromium_run(sidecar.url + "/", tmp_path, "--dump-dom", "--virtual-time-budget=2000")
+            shot = tmp_path / "landing.png"
+            picture = chromium_run(sidecar.url + "/", tmp_path, f"--screenshot={shot}", "--window-size=1280,1000")
+        finally:
+            stop_process(sidecar.process)
+    assert dom.returncode == 0 and picture.returncode == 0, dom.stderr[-2000:] + picture.stderr[-2000:]
+    page = dom.stdout
+    assert page.index("Needs attention: 2 engines") < page.index(">Engines</h2>")
+    assert set(_summary(page)) == {UNDER_DECLARING, UNDECLARED}
+
+    eager = _problem(page, UNDER_DECLARING)
+    assert re.search(r"under-reports tokenizer\.decoder holds 1\.50× its declaration \(53\.2 MiB observed, 35\.5 MiB "
+                     r"declared\)", eager), eager  # fmt: skip
+    assert "Fix: declare what the owner's caches hold: change its model_local_kv_specs()" in eager
+    assert "Suggested declaration for tokenizer.decoder (EagerCodecDecoder): ModelLocalKVSpec(" in eager
+    for figure in ("layers=8,", "kv_heads=16,", "head_dim=64,", "dtype=torch.float32,", "rows=RowDriver.MAX_NUM_SEQS"):
+        assert figure in eager, f"the declared geometry, sized to what was held: {figure}"
+    assert (
+        "Run: modelkv-exporter check (in the sidecar's container: kubectl exec POD -c modelkv-exporter -- "
+        "modelkv-exporter check; each owner's verdict and the declaration to write" in eager
+    ), eager
+    assert str(spool) not in page, "the page shows no paths"
+    assert "Runbook: ModelKVDeclarationUnderReports in docs/runbook.md#modelkvdeclarationunderreports" in eager
+
+    streaming = _problem(page, UNDECLARED)
+    assert "undeclared cache apm.streaming_kv (StreamingAudioKVCache) holds 70.3 MiB it does not declare" in streaming
+    assert "Fix: declare the cache: add model_local_kv_specs() to the module's class" in streaming
+    assert "Run: modelkv-exporter check (in the sidecar's container" in streaming
+    assert "Runbook: ModelKVUndeclaredCache in docs/runbook.md#modelkvundeclaredcache" in streaming
+
+    section = page.split('<section id="attention"', 1)[1].split("</section>", 1)[0]
+    charts = dict(re.findall(r'id="attention-([^"]+)">.*?(<svg.*?</svg>)', section, re.S))
+    eager_bars = _bars(charts[UNDER_DECLARING])
+    assert set(eager_bars) == {"declared", "observed"}
+    assert eager_bars["observed"] == pytest.approx(1.5 * eager_bars["declared"], rel=0.01)
+    assert list(_bars(charts[UNDECLARED])) == ["discovered"], "a cache nobody declares: a discovered bar alone"
+    assert "<script" not in page
+    assert len(shot.read_bytes()) > 20_000
+
+
+def _bars(svg: str) -> dict[str, float]:
+    """Bar kind -> width, from the bars' titles (``owner: kind figure``)."""
+    return {
+        kind: float(width) for width, kind in re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*><title>[^:<]*: (\w+)', svg)
+    }
+
+
+def test_the_picture_draws_each_owner_to_one_scale() -> None:
+    """Declared beside observed, and discovered, on one scale per engine; an unobserved owner is said, not drawn
+    as 0. Scaling the observed peak moves its bar and nothing else: the bars are the figures."""
+    declared = make_declaration("kv", owner="talker")
+    for factor in (1.0, 2.0):
+        observed = make_observation("talker", peak_bytes=int(declared.peak_bytes * factor))
+        blind = make_observation("vocoder", reason="replayed a CUDA graph")
+        found = make_discovered("codec", found_by=CENSUS, peak_bytes=declared.peak_bytes // 2, owner_class="C")
+        snapshot = replace(
+            make_snapshot("e", declarations=(declared,), observations=(observed, blind)), discovered=(found,)
+        )
+        svg = owner_chart(snapshot, escape)
+        rects = re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*><title>([^<]*)</title>', svg)
+        by_title = {title: float(width) for width, title in rects}
+        talker_declared = by_title["talker: declared 35.5 MiB"]
+        talker_observed = next(w for t, w in by_title.items() if t.startswith("talker: observed"))
+        codec = by_title["codec: discovered 17.8 MiB not declared"]
+        assert talker_observed == pytest.approx(factor * talker_declared, rel=0.01)
+        assert codec == pytest.approx(talker_declared / 2, rel=0.01)
+        assert "vocoder: observed — not observed" in by_title and by_title["vocoder: observed — not observed"] == 0
+        red = re.findall(rf'fill="{OVER}"><title>([^<]*)', svg)
+        assert red == ([next(t for t in by_title if t.startswith("talker: observed"))] if factor > 1.05 else []), (
+            "an owner above its declaration, in red"
+        )
+    assert owner_chart(make_snapshot("nothing", declarations=()), escape) == ""
+
+
+def test_every_next_step_names_an_alert_with_a_runbook_section() -> None:
+    """The page's runbook links land: each concern's alert is in the rule file and is a section of the runbook."""
+    alerts = {
+        rule.get("alert") for group in yaml.safe_load(RULES_FILE.read_text())["groups"] for rule in group["rules"]
+    }
+    sections = set(re.findall(r"^## (\S+)$", (ROOT / "docs" / "runbook.md").read_text(), re.M))
+    assert set(NEXT_STEPS) == set(Concern)
+    for step in NEXT_STEPS.values():
+        assert step.alert in alerts and step.alert in sections, step.alert
+
+
+def test_a_runbook_address_links_each_problem_to_its_section(spool: Path) -> None:
+    """Given --runbook-url (the chart's runbookUrl), the page links the section; a relative or fragment address is
+    refused naming the flag and the variable."""
+    write_snapshot(spool, replace(make_snapshot("hiding"), discovered=(make_discovered("vocoder"),)))
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    url = "https://wiki.example.com/modelkv/runbook.md"
+    html = render_landing(view, spool_dir="s", version="0", runbook_url=url)
+    assert f'<a href="{url}#modelkvundeclaredcache">ModelKVUndeclaredCache</a>' in html
+    assert "docs/runbook.md#modelkvundeclaredcache" in render_landing(view, spool_dir="s", version="0")
+    for flag, environ in ((["--runbook-url", "docs/runbook.md"], {}), ([], {"MODELKV_RUNBOOK_URL": url + "#top"})):
+        result = subprocess.run(
+            [sys.executable, "-m", "modelkv_exporter", "serve", "--spool-dir", str(spool), *flag],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **environ},
+        )  # fmt: skip
+        assert result.returncode == 2 and "is not an absolute http(s) address without a #fragment" in result.stderr
+        assert ("--runbook-url" if flag else "MODELKV_RUNBOOK_URL") in result.stderr.splitlines()[-1]

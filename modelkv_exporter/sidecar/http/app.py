@@ -61,7 +61,7 @@ def make_app(config: SidecarConfig, source: SpoolSource | None = None) -> FastAP
     app.state.source = source
     app.state.refusals = collections.Counter()
     app.state.exposition = ExpositionCache(source, refusals=app.state.refusals)
-    app.state.pages = Pages(source)
+    app.state.pages = Pages(source, cli=config.cli, cli_spool=config.cli_spool, runbook_url=config.runbook_url)
     app.state.held = HeldBodies(config.http.max_unsent_bytes, app.state.refusals)
     app.state.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modelkv-spool")
     app.include_router(router)

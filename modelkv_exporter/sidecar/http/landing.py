@@ -2,27 +2,36 @@
 
 No scripts and no external assets (the app sends a Content-Security-Policy that
 forbids both), so it works through ``kubectl port-forward`` and in air-gapped
-clusters. It leads with what needs attention: per engine, the findings of
+clusters. It leads with what needs attention: per engine, each finding of
 ``sidecar.attention`` (under-reporting owners, undeclared caches, dropped declarations, unused
-declared caches, a stale heartbeat), then rejected files and an unreadable spool; the engines
-table carries each engine's status; the details follow. Every value from a snapshot is HTML-escaped, and its unprintable characters
-(controls, bidi overrides, bytes of file names that are not UTF-8) are shown as escapes.
+declared caches, a stale heartbeat) in the words ``inspect``, ``plan`` and the demo use, with its
+next step: the change that fixes it, the suggested declaration where the snapshot shows enough to
+write one, the command to run and the runbook section; and the engine's picture
+(``owner_chart``). Then rejected files and an unreadable spool; the engines table carries each
+engine's status; the details follow. Every value from a snapshot is HTML-escaped, and its
+unprintable characters (controls, bidi overrides, bytes of file names that are not UTF-8) are shown
+as escapes.
 """
 
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
-from modelkv_exporter.sidecar.attention import NAMED, Concern, Finding, Status, findings, status
+from modelkv_exporter.sidecar.attention import CLI, NAMED, Concern, Finding, Status, findings, status
 from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
+from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
 
+SIDECAR_CONTAINER = "modelkv-exporter"
+"""The sidecar container's name in the manifests and the post-renderer's pods."""
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 LINKS = (
     ("/metrics", "Prometheus metrics"),
@@ -62,6 +71,11 @@ th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;f
 .ok{background:#d7f3df}.attention{background:#f9d0d0}
 #attention{background:#fff4e5;border-left:4px solid #d9822b;padding:4px 16px 8px;margin:12px 0 14px}
 #attention.calm{background:#eef8f1;border-color:#3b9a5b}#attention ul{margin:4px 0;padding-left:20px}
+.problem{background:#fff;box-shadow:0 1px 2px #0002;padding:6px 14px 10px;margin:10px 0}.problem h3{margin:6px 0}
+.finding{border-top:1px solid #f0e0cc;padding-top:4px;margin-top:6px}.finding p{margin:3px 0}
+.what{font-size:15px}.concern{background:#f9d0d0;padding:1px 7px;border-radius:9px;font-size:12px}
+pre{background:#f6f7f9;border:1px solid #e3e6ea;padding:6px 10px;margin:4px 0;font-size:12px;overflow-x:auto}
+svg.owners{display:block;margin:8px 0 4px;font-size:12px}svg .owner{fill:#1d2330}svg .value{fill:#4b5563}
 """
 
 
@@ -240,7 +254,7 @@ def _engine_section(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWN
     ]
     if dropped:
         line += "</p><p><strong>Dropped declarations:</strong> " + "; ".join(dropped)
-    observed += _discovered(snapshot, max_discovered)
+    observed = owner_chart(snapshot, escape, max_discovered) + observed + _discovered(snapshot, max_discovered)
     if not snapshot.declarations:
         return f'{title}<p class="muted">{line}</p>{observed}<p>No model-local KV caches declared.</p>'
     headers = ["owner", "cache", "scope", "rows", "per row", "declared peak", "geometry", "capacity", "notes"]
@@ -248,9 +262,66 @@ def _engine_section(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWN
     return f'{title}<p class="muted">{line}</p>{observed}{_table(headers, rows, numeric=(4, 5))}'
 
 
-def _attention(view: SpoolView, live: Sequence[tuple[Snapshot, EngineState]]) -> str:
-    """The summary the page opens with: each engine that needs attention and why, rejected files, the spool."""
-    items = []
+@dataclass(frozen=True)
+class Guidance:
+    """How the page writes a finding's next step: the command as the reader runs it, and the runbook's address.
+
+    ``spool`` "" leaves the directory out of the command: the page shows no paths, and in the sidecar's
+    container the command reads ``MODELKV_SPOOL_DIR``."""
+
+    spool: str = ""
+    cli: str = CLI
+    runbook_url: str = ""
+
+
+def _runbook(finding: Finding, guidance: Guidance) -> str:
+    step = finding.step
+    if guidance.runbook_url:
+        return f'<a href="{escape(step.runbook(guidance.runbook_url))}">{escape(step.alert)}</a>'
+    return f"{escape(step.alert)} in <code>{escape(step.runbook())}</code>"
+
+
+def _suggestions(finding: Finding) -> str:
+    shown = [p for p in finding.problems[:NAMED] if p.suggestion]
+    return "".join(
+        f"<p><strong>Suggested declaration</strong> for {escape(p.owner or ROOT_OWNER)}"
+        f"{f' ({escape(p.owner_class)})' if p.owner_class else ''}:</p><pre>{_lines(p.suggestion or '')}</pre>"
+        for p in shown
+    )
+
+
+def _lines(text: str) -> str:
+    """Several lines of plain text for a ``<pre>``: each escaped, the line breaks kept."""
+    return "\n".join(escape(line) for line in text.splitlines())
+
+
+def _prose(text: str) -> str:
+    """A next step's text: escaped, with its `commands` set as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
+
+
+def _finding_html(finding: Finding, guidance: Guidance) -> str:
+    """One finding: what is wrong, then the fix, the suggested declaration, the command and the runbook section."""
+    step = finding.step
+    command = step.command_line(guidance.spool, guidance.cli)
+    where = (
+        "" if guidance.spool else f"in the sidecar's container: kubectl exec POD -c {SIDECAR_CONTAINER} -- {command}; "
+    )
+    return (
+        f'<div class="finding"><p class="what"><span class="concern">{escape(finding.concern.value)}</span> '
+        f"{escape(finding.detail)}</p>"
+        f"<p><strong>Fix:</strong> {_prose(step.fix)}</p>{_suggestions(finding)}"
+        f"<p><strong>Run:</strong> <code>{escape(command)}</code> <span class=muted>({escape(where + step.shows)})</span></p>"
+        f"<p><strong>Runbook:</strong> {_runbook(finding, guidance)}</p></div>"
+    )
+
+
+def _attention(
+    view: SpoolView, live: Sequence[tuple[Snapshot, EngineState]], guidance: Guidance, max_discovered: int
+) -> str:
+    """The section the page opens with: each engine that needs attention, what is wrong and what to do, with its
+    picture; then rejected files and the spool."""
+    engines, items = [], []
     if view.scan.error:
         items.append(f"<li><strong>spool not readable</strong>: {escape(SPOOL_UNREADABLE)}</li>")
     ok = 0
@@ -260,11 +331,13 @@ def _attention(view: SpoolView, live: Sequence[tuple[Snapshot, EngineState]]) ->
             ok += status(state, found) is Status.OK
             continue
         engine = snapshot.engine
-        reasons = "".join(f"<li><strong>{f.concern.value}</strong>: {escape(f.detail)}</li>" for f in found)
-        items.append(
-            f'<li><a href="#engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</a> '
-            f'<span class="muted">{escape(" · ".join(v for v in (engine.model_label, engine.stage_label) if v))}</span>'
-            f"<ul>{reasons}</ul></li>"
+        who = " · ".join(v for v in (engine.model_label, engine.stage_label) if v)
+        engines.append(
+            f'<article class="problem" id="attention-{escape(engine.engine_id)}">'
+            f'<h3><a href="#engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</a> '
+            f'<span class="muted">{escape(who)}</span></h3>'
+            f"{''.join(_finding_html(f, guidance) for f in found)}{owner_chart(snapshot, escape, max_discovered)}"
+            "</article>"
         )
     if view.rejected:
         names = [f"{entry.file_name} ({entry.error.reason.value})" for entry in view.rejected if entry.error]
@@ -275,19 +348,29 @@ def _attention(view: SpoolView, live: Sequence[tuple[Snapshot, EngineState]]) ->
         )
     if view.scan.skipped:
         items.append(f"<li>{view.scan.skipped} files past --max-spool-files or --max-spool-bytes not read</li>")
-    if not items:
+    if not engines and not items:
         return (
             '<section id="attention" class="calm"><h2>Needs attention</h2>'
             f"<p>Nothing: {ok} engine{'s' if ok != 1 else ''} ok.</p></section>"
         )
-    return f'<section id="attention"><h2>Needs attention</h2><ul>{"".join(items)}</ul></section>'
+    count = f": {len(engines)} engine{'s' if len(engines) != 1 else ''}" if engines else ""
+    others = f"<ul>{''.join(items)}</ul>" if items else ""
+    return f'<section id="attention"><h2>Needs attention{count}</h2>{"".join(engines)}{others}</section>'
 
 
 def render_landing(
-    view: SpoolView, *, spool_dir: str, version: str, max_discovered: int = MAX_DISCOVERED_OWNERS
+    view: SpoolView,
+    *,
+    spool_dir: str,
+    version: str,
+    max_discovered: int = MAX_DISCOVERED_OWNERS,
+    cli: str = CLI,
+    cli_spool: str = "",
+    runbook_url: str = "",
 ) -> str:
     """The whole page for one view of the spool; per engine at most ``max_discovered`` discovered owners, as
-    /metrics exports them."""
+    /metrics exports them. Next steps name ``cli`` with ``cli_spool`` (see ``Guidance``) and link the runbook at
+    ``runbook_url`` (else name its place in a checkout)."""
     rejected: list[list[str]] = []
     for entry in view.rejected:
         assert entry.error is not None
@@ -319,7 +402,7 @@ def render_landing(
         f"<title>modelkv-exporter</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>modelkv-exporter {escape(version)}</h1>"
         f"<p>spool <code>{escape(spool_dir)}</code> · {summary} · generated {generated_at(view.now)}</p></header>"
-        f"<main>{_attention(view, live)}<nav>{nav}</nav><h2>Engines</h2>{engines}"
+        f"<main>{_attention(view, live, Guidance(cli_spool, cli, runbook_url), max_discovered)}<nav>{nav}</nav><h2>Engines</h2>{engines}"
         f"<h2>Declarations</h2>"
         f"{f'<p class=muted>{escape(GEOMETRY_LEGEND)}</p>{sections}' if sections else '<p class=muted>None.</p>'}"
         f'<h2 id="rejected">Rejected files</h2>{rejected_html}</main></body></html>\n'

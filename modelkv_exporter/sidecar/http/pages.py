@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 
 from modelkv_exporter.contract.version import VERSION
+from modelkv_exporter.sidecar.attention import CLI
 from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
 from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.http.public import json_body
@@ -34,9 +35,17 @@ def view_key(view: SpoolView) -> tuple[object, ...]:
 class Pages:
     """The sidecar's two documents for people and scripts, cached by ``view_key``. Thread-safe."""
 
-    def __init__(self, source: SpoolSource, version: str = VERSION) -> None:
+    def __init__(
+        self, source: SpoolSource, version: str = VERSION, *, cli: str = CLI, cli_spool: str = "", runbook_url: str = ""
+    ) -> None:
         self.source = source
         self.version = version
+        self.cli = cli
+        """The command the landing page's next steps name."""
+        self.cli_spool = cli_spool
+        """The spool as those commands name it ("": none; they read MODELKV_SPOOL_DIR)."""
+        self.runbook_url = runbook_url
+        """Where the landing page links runbook sections ("": it names them in docs/runbook.md)."""
         self._lock = threading.Lock()
         self._landing: tuple[object, bytes] = (None, b"")
         self._engines: tuple[object, bytes] = (None, b"")
@@ -55,6 +64,9 @@ class Pages:
                     spool_dir=self.source.reader.directory.name,
                     version=self.version,
                     max_discovered=self.source.budget.max_discovered_owners,
+                    cli=self.cli,
+                    cli_spool=self.cli_spool,
+                    runbook_url=self.runbook_url,
                 )
                 self._landing = (key, page.encode())
                 self.renders += 1
