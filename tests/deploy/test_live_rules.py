@@ -103,6 +103,12 @@ def _declared(prometheus: str, engine: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+NOT_IN_THE_LIVE_RUN = {
+    "ModelKVDeviceMemoryExhaustionImminent": "a device filling steadily for 10 minutes, which the live run's few minutes "
+    "of steps never do (story-i-small-slice-filling-fast has one)",
+}
+"""Alerts whose condition the live run cannot produce, and why."""
+
 UNDECLARED_CACHE_FOR = "1m"
 """``ModelKVUndeclaredCache``'s ``for`` in the live run (15m in the rule file): an operator sets it so with the chart's
 ``undeclaredCache.forMinutes``; here it lets the run see the alert fire, not only go pending."""
@@ -239,7 +245,11 @@ def test_every_rule_and_dashboard_expression_returns_data(live: Live) -> None:
     with live.scenario.leak.lock:
         live.scenario.leak.live = declared_peak() + GIB
     absent = [e for e in rule_expressions() if e.expr.startswith("absent(")]
-    present = [e for e in rule_expressions() + dashboard_expressions() if e not in absent]
+    present = [
+        e
+        for e in rule_expressions() + dashboard_expressions()
+        if e not in absent and e.origin not in NOT_IN_THE_LIVE_RUN
+    ]
     assert len(present) >= 60
     for expression in present:
         promql = substitute(expression.expr)
@@ -280,7 +290,7 @@ def test_the_dashboard_works_from_the_federated_series_alone(live: Live) -> None
 def test_every_alert_goes_pending_or_firing_and_a_plateau_never_does(live: Live) -> None:
     with live.scenario.leak.lock:
         live.scenario.leak.live = declared_peak() + GIB
-    expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent"}
+    expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent"} - set(NOT_IN_THE_LIVE_RUN)
 
     def active() -> set[str]:
         return {r["metric"]["alertname"] for r in query(live.prometheus, "ALERTS")}

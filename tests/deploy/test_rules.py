@@ -288,6 +288,12 @@ BREAKS = {
         "ModelKVDeviceMemoryExhaustionImminent",
         "story-i",
     ),
+    "a loading engine taken for a fast fill": (
+        "modelkv_engine:device_engine_age_seconds:min > 900",
+        "modelkv_engine:device_engine_age_seconds:min > 0",
+        "ModelKVDeviceMemoryExhaustionImminent",
+        "story-e",
+    ),
     "an undeclared cache used in bursts judged by its last interval": (
         "max_over_time(modelkv_engine:discovered_undeclared_recent_peak_bytes:max[1h]) > 64",
         "modelkv_engine:discovered_undeclared_recent_peak_bytes:max > 64",
