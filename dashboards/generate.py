@@ -1,9 +1,11 @@
 """Generate the Grafana dashboards in this folder with Grafana's Python SDK (grafana-foundation-sdk).
 
 Run ``python dashboards/generate.py`` after changing a panel; the JSON files are committed,
-and a test fails when they differ from a fresh generation. Every expression reads only the
-``modelkv_engine:*`` series the recording rules of ``deploy/prometheus/modelkv-rules.yaml`` record,
-so the dashboard works on a Prometheus that federates nothing else. Engines are named by
+and a test fails when they differ from a fresh generation. Every expression reads what the exporter
+exports (``modelkv_*``), Prometheus's ``up`` and ``scrape_duration_seconds`` of the exporter's job, or a
+series the recording rules of ``deploy/prometheus/modelkv-rules.yaml`` compute (``modelkv_engine:*``),
+never a recorded copy of a raw series: a Prometheus that federates ``{__name__=~"modelkv_.+"}`` and the
+job's ``up`` and ``scrape_duration_seconds`` has all it needs. Engines are named by
 namespace, pod and engine id: replica pods publish the same engine id. Every panel has a fixed
 id (``LAYOUT``), so links to a panel survive new panels. The JSON matches the types of every
 ``@grafana/schema`` version that ``tests/k8s/package.json`` pins (docs/dashboards.md names them).
@@ -34,6 +36,8 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.dashboard import Threshold as ThresholdStep
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from modelkv_exporter.contract.thresholds import UNDECLARED_GROWTH_BYTES as UNDECLARED_ALERT_BYTES
+
 HERE = Path(__file__).resolve().parent
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 POD_SELECTOR = 'job=~"$job", namespace=~"$namespace", pod=~"$pod"'
@@ -42,7 +46,15 @@ DEVICE_SELECTOR = 'device_key=~"$device"'
 ENGINE = "{{namespace}}/{{pod}} {{engine}}"
 POD = "{{namespace}}/{{pod}}"
 OWNER = "{{owner}}"
-UNDECLARED_ALERT_BYTES = 256 * 1024 * 1024
+MEASURED_SOURCES = (
+    "torch_allocated",
+    "torch_allocated_high_water",
+    "torch_reserved",
+    "process_gpu",
+    "device_used",
+    "process_resident",
+)
+"""The sources of the measured-memory panel, one series each (``modelkv_memory_<source>_bytes``)."""
 COUNT_MIN_INTERVAL = "2m"
 """increase() per displayed interval needs windows that tile the time range ($__interval), each holding
 several scrapes: at least 4 x the PodMonitor's 30 s interval."""
@@ -161,8 +173,8 @@ def declared_against_observed() -> timeseries.Panel:
                 f"declared {ENGINE} {OWNER}",
                 "A",
             ),
-            per_engine("modelkv_engine:observed_peak_bytes", f"observed {ENGINE} {OWNER}", "B"),
-            per_engine("modelkv_engine:observed_recent_peak_bytes", f"recent {ENGINE} {OWNER}", "C"),
+            per_engine("modelkv_observed_peak_bytes", f"observed {ENGINE} {OWNER}", "B"),
+            per_engine("modelkv_observed_recent_peak_bytes", f"recent {ENGINE} {OWNER}", "C"),
         )
         .override_by_query("A", DASHED)
         .override_by_query("C", DOTTED)
@@ -231,7 +243,7 @@ def safe_max_num_seqs() -> timeseries.Panel:
         "The largest max_num_seqs whose declared peak fits the device's free memory, against the configured one.",
         "none",
         per_engine("modelkv_engine:max_num_seqs_fitting_device", f"fits {ENGINE}", "A"),
-        per_engine("modelkv_engine:max_num_seqs", f"configured {ENGINE}", "B"),
+        per_engine("modelkv_engine_max_num_seqs", f"configured {ENGINE}", "B"),
     ).decimals(0)
 
 
@@ -240,7 +252,10 @@ def measured_memory() -> timeseries.Panel:
         "Measured memory",
         "What each engine measures about its memory, by source; a source it cannot measure is absent.",
         "bytes",
-        per_engine("modelkv_engine:memory_bytes", f"{{{{source}}}} {ENGINE}"),
+        *(
+            per_engine(f"modelkv_memory_{source}_bytes", f"{source} {ENGINE}", chr(ord("A") + i))
+            for i, source in enumerate(MEASURED_SOURCES)
+        ),
     )
 
 
@@ -261,7 +276,7 @@ def dropped_declarations() -> timeseries.Panel:
         "Declarations each engine could not publish: declarers that raised, specs that could not be resolved. "
         "Absent for engines whose hook does not report them.",
         "none",
-        per_engine("modelkv_engine:declarations_dropped", ENGINE),
+        per_engine("modelkv_engine_declarations_dropped", ENGINE),
     ).decimals(0)
 
 
@@ -270,7 +285,7 @@ def paged_kv() -> timeseries.Panel:
         "Paged KV cache",
         "Bytes of vLLM's own paged KV cache per engine, for scale against the model-local caches.",
         "bytes",
-        per_engine("modelkv_engine:paged_kv_bytes", ENGINE),
+        per_engine("modelkv_engine_paged_kv_bytes", ENGINE),
     )
 
 
@@ -350,9 +365,9 @@ def up() -> timeseries.Panel:
         "Exporter and engines up",
         "1 = up. Exporter: Prometheus scrapes it. Spool: it can list the spool. Engine: its snapshot is fresh.",
         "none",
-        per_pod("modelkv_engine:exporter_up", f"exporter {POD}", "A"),
-        per_pod("modelkv_engine:exporter_spool_scan_success", f"spool {POD}", "B"),
-        per_engine("modelkv_engine:up", f"engine {ENGINE}", "C"),
+        per_pod("up", f"exporter {POD}", "A"),
+        per_pod("modelkv_exporter_spool_scan_success", f"spool {POD}", "B"),
+        per_engine("modelkv_engine_up", f"engine {ENGINE}", "C"),
     ).max(1)
 
 
@@ -361,7 +376,7 @@ def snapshot_age() -> timeseries.Panel:
         "Snapshot age",
         "Seconds since each engine's last heartbeat.",
         "s",
-        per_engine("modelkv_engine:snapshot_age_seconds", ENGINE),
+        per_engine("modelkv_engine_snapshot_age_seconds", ENGINE),
     )
 
 
@@ -370,7 +385,7 @@ def spool_files() -> timeseries.Panel:
         "Spool files by state",
         "Snapshot files in each exporter's spool: exported, stale, ended, rejected or forgotten.",
         "none",
-        query(f"sum by (state) (modelkv_engine:exporter_spool_files{{{POD_SELECTOR}}})", "{{state}}"),
+        query(f"sum by (state) (modelkv_exporter_spool_files{{{POD_SELECTOR}}})", "{{state}}"),
     )
 
 
@@ -380,8 +395,7 @@ def rejections() -> timeseries.Panel:
         "Snapshot file versions rejected per reason, in each interval of the graph (2 minutes or more).",
         "none",
         query(
-            "sum by (reason) "
-            f"(increase(modelkv_engine:exporter_snapshot_rejections_total{{{POD_SELECTOR}}}[$__interval]))",
+            f"sum by (reason) (increase(modelkv_exporter_snapshot_rejections_total{{{POD_SELECTOR}}}[$__interval]))",
             "{{reason}}",
         ),
     ).interval(COUNT_MIN_INTERVAL)
@@ -392,8 +406,8 @@ def collect_duration() -> timeseries.Panel:
         "Collect duration",
         "Seconds each scrape spent reading the spool and building metrics, and the whole scrape as Prometheus saw it.",
         "s",
-        per_pod("modelkv_engine:exporter_collect_duration_seconds", f"collect {POD}", "A"),
-        per_pod("modelkv_engine:exporter_scrape_duration_seconds", f"scrape {POD}", "B"),
+        per_pod("modelkv_exporter_collect_duration_seconds", f"collect {POD}", "A"),
+        per_pod("scrape_duration_seconds", f"scrape {POD}", "B"),
     )
 
 
@@ -461,14 +475,14 @@ def overview_from_sdk() -> dict[str, Any]:
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .readonly()
         .with_variable(dash.DatasourceVariable("datasource").label("Data source").type("prometheus"))
-        .with_variable(label_variable("job", "Job", "modelkv_engine:exporter_build_info"))
-        .with_variable(label_variable("namespace", "Namespace", 'modelkv_engine:info{job=~"$job"}'))
-        .with_variable(label_variable("pod", "Pod", 'modelkv_engine:info{job=~"$job", namespace=~"$namespace"}'))
-        .with_variable(label_variable("model", "Model", f"modelkv_engine:info{{{POD_SELECTOR}}}"))
-        .with_variable(label_variable("stage", "Stage", f'modelkv_engine:info{{{POD_SELECTOR}, model=~"$model"}}'))
+        .with_variable(label_variable("job", "Job", "modelkv_exporter_build_info"))
+        .with_variable(label_variable("namespace", "Namespace", 'modelkv_engine_info{job=~"$job"}'))
+        .with_variable(label_variable("pod", "Pod", 'modelkv_engine_info{job=~"$job", namespace=~"$namespace"}'))
+        .with_variable(label_variable("model", "Model", f"modelkv_engine_info{{{POD_SELECTOR}}}"))
+        .with_variable(label_variable("stage", "Stage", f'modelkv_engine_info{{{POD_SELECTOR}, model=~"$model"}}'))
         .with_variable(
             label_variable(
-                "engine", "Engine", f'modelkv_engine:info{{{POD_SELECTOR}, model=~"$model", stage=~"$stage"}}'
+                "engine", "Engine", f'modelkv_engine_info{{{POD_SELECTOR}, model=~"$model", stage=~"$stage"}}'
             )
         )
         .with_variable(

@@ -180,6 +180,13 @@ RULE_VALUES: tuple[RuleValue, ...] = (
         "(loading and warm-up done).",
         (Site("expr", "({} < modelkv_engine:device_engine_age_seconds:min"),),
     ),
+    RuleValue("ModelKVDeviceMemoryExhaustionImminent", "forMinutes", "Minutes before it fires.", _for()),
+    RuleValue(
+        "ModelKVDeviceMemoryExhaustionImminent",
+        "minEngineAgeSeconds",
+        "Seconds the youngest engine on the device must have run (loading done).",
+        (Site("expr", "device_engine_age_seconds:min > {}"),),
+    ),
     RuleValue("ModelKVDeclarationsDropped", "forMinutes", "Minutes before it fires.", _for()),
     RuleValue("ModelKVSnapshotStale", "forMinutes", "Minutes before it fires.", _for()),
     RuleValue("ModelKVExporterDown", "forMinutes", "Minutes before it fires.", _for(True)),

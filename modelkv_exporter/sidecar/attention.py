@@ -23,15 +23,12 @@ from enum import Enum
 
 from modelkv_exporter.contract.declaration_text import Figure, layout_figures, resized_figures, spec_code
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
+from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
 from modelkv_exporter.sidecar.discovered import discovery_running
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
-UNDER_REPORT_TOLERANCE = 1.05
-"""An observed peak above the declared one times this under-reports (the rule's tolerance)."""
-UNUSED_MIN_CALLS = 10
-"""Calls into an owner after which a declared cache that no call used is reported (the rule's minCalls)."""
 NAMED = 3
 """Owners named per finding; the rest are counted, so a finding stays short whatever the snapshot holds."""
 CLI = "modelkv-exporter"

@@ -5,12 +5,14 @@ query API and must return data; the growth signals are followed live, from a pub
 measured memory to the recording rules and the alerts: a plateau does not page, a live-tensor
 leak does, a dropped declaration does. Two sidecars stand for two replica pods (their targets
 carry the namespace and pod labels scrape discovery adds), and a second Prometheus federates
-only the recorded modelkv_engine:* series, on which the dashboard must still work.
+only what docs/deploy.md advises (the modelkv_* series and the job's up and scrape duration), on
+which the dashboard must still work.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,7 @@ from tests.support.polling import eventually
 from tests.support.processes import free_port, start_sidecar, stop_process
 from tests.support.prometheus import query, running_prometheus, scrape_config
 from tests.support.promql import (
+    FEDERATION_MATCH,
     RULES_FILE,
     alerts,
     dashboard_expressions,
@@ -85,7 +88,7 @@ def _federation(prometheus: str) -> str:
         "  - job_name: federate\n"
         "    honor_labels: true\n"
         "    metrics_path: /federate\n"
-        "    params: {'match[]': ['{__name__=~\"modelkv_engine:.*\"}']}\n"
+        f"    params: {{'match[]': {json.dumps(list(FEDERATION_MATCH))}}}\n"
         f"    static_configs: [{{targets: ['{prometheus.removeprefix('http://')}']}}]\n"
     )
 
@@ -99,6 +102,12 @@ def _declared(prometheus: str, engine: str) -> float | None:
     result = query(prometheus, f'modelkv_engine_declarations{{engine="{engine}"}}')
     return float(result[0]["value"][1]) if result else None
 
+
+NOT_IN_THE_LIVE_RUN = {
+    "ModelKVDeviceMemoryExhaustionImminent": "a device filling steadily for 10 minutes, which the live run's few minutes "
+    "of steps never do (story-i-small-slice-filling-fast has one)",
+}
+"""Alerts whose condition the live run cannot produce, and why."""
 
 UNDECLARED_CACHE_FOR = "1m"
 """``ModelKVUndeclaredCache``'s ``for`` in the live run (15m in the rule file): an operator sets it so with the chart's
@@ -236,7 +245,11 @@ def test_every_rule_and_dashboard_expression_returns_data(live: Live) -> None:
     with live.scenario.leak.lock:
         live.scenario.leak.live = declared_peak() + GIB
     absent = [e for e in rule_expressions() if e.expr.startswith("absent(")]
-    present = [e for e in rule_expressions() + dashboard_expressions() if e not in absent]
+    present = [
+        e
+        for e in rule_expressions() + dashboard_expressions()
+        if e not in absent and e.origin not in NOT_IN_THE_LIVE_RUN
+    ]
     assert len(present) >= 60
     for expression in present:
         promql = substitute(expression.expr)
@@ -254,11 +267,14 @@ def test_every_rule_and_dashboard_expression_returns_data(live: Live) -> None:
         assert values - {None, ""}, f"{variable.origin} offers no values"
 
 
-def test_the_dashboard_works_from_federated_recorded_series_alone(live: Live) -> None:
+def test_the_dashboard_works_from_the_federated_series_alone(live: Live) -> None:
+    """A Prometheus federating what docs/deploy.md advises (FEDERATION_MATCH) draws every panel and variable."""
     federated = '{__name__=~".+", job!="federate"}'
     wait(lambda: query(live.federated, federated), "federated series")
     names = {r["metric"]["__name__"] for r in query(live.federated, federated)}
-    assert all(name.startswith("modelkv_engine:") for name in names), sorted(names)
+    assert all(name.startswith("modelkv_") or name in ("up", "scrape_duration_seconds") for name in names), sorted(
+        names
+    )
     for expression in dashboard_expressions():
         promql = substitute(expression.expr)
         wait(
@@ -274,7 +290,7 @@ def test_the_dashboard_works_from_federated_recorded_series_alone(live: Live) ->
 def test_every_alert_goes_pending_or_firing_and_a_plateau_never_does(live: Live) -> None:
     with live.scenario.leak.lock:
         live.scenario.leak.live = declared_peak() + GIB
-    expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent"}
+    expected = {a["alert"] for a in alerts()} - {"ModelKVExporterAbsent"} - set(NOT_IN_THE_LIVE_RUN)
 
     def active() -> set[str]:
         return {r["metric"]["alertname"] for r in query(live.prometheus, "ALERTS")}

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from modelkv_exporter.contract import thresholds
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES
 from tests.support import ROOT
 from tests.support.processes import require_tool
 from tests.support.promql import RULE_TESTS, RULES_FILE, alerts, metric_names, rule_expressions, rule_groups, rules
 from tests.support.promql import known_metric as is_known
+
+sys.path.insert(0, str(ROOT / "deploy" / "kubernetes"))
+import generate_manifests  # noqa: E402
 
 RUNBOOK = ROOT / "docs" / "runbook.md"
 RUNBOOK_URL = "https://modelkv-exporter.invalid/docs/runbook.md#"
@@ -245,6 +250,56 @@ BREAKS = {
         "ModelKVDeclarationUnderReports",
         "observation",
     ),
+    "a CPU engine's settled heap paged as growth": (
+        "          unless on (job, instance, engine) (\n            modelkv_engine:resident_measured:info\n",
+        "          unless on (job, instance, engine) (\n            modelkv_engine:resident_measured:info * 0 > 0\n",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-g",
+    ),
+    "a CPU engine's level without its growth": (
+        "and modelkv_engine:undeclared_memory_bytes offset 15m > modelkv_engine:undeclared_memory_bytes offset 30m",
+        "",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-g",
+    ),
+    "a leak's page resolved by a scrape gap": (
+        "offset 30m\n            )\n          )\n        for: 15m\n        keep_firing_for: 10m\n",
+        "offset 30m\n            )\n          )\n        for: 15m\n",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-h",
+    ),
+    "a stale engine let off by a scrape gap": (
+        "last_over_time(modelkv_engine_up[10m]) == 0",
+        "modelkv_engine_up == 0",
+        "ModelKVSnapshotStale",
+        "story-h",
+    ),
+    "a fast fill left to the hourly prediction": (
+        "        for: 5m\n        keep_firing_for: 10m\n        labels:\n          severity: critical\n",
+        "        for: 15m\n        keep_firing_for: 10m\n        labels:\n          severity: critical\n",
+        "ModelKVDeviceMemoryExhaustionImminent",
+        "story-i",
+    ),
+    "a step taken for a fast fill": (
+        "          and modelkv_engine:device_committed_bytes:sum > modelkv_engine:device_committed_bytes:sum offset 5m\n"
+        "          and modelkv_engine:device_committed_bytes:sum offset 5m > modelkv_engine:device_committed_bytes:sum"
+        " offset 10m\n",
+        "",
+        "ModelKVDeviceMemoryExhaustionImminent",
+        "story-i",
+    ),
+    "a loading engine taken for a fast fill": (
+        "modelkv_engine:device_engine_age_seconds:min > 900",
+        "modelkv_engine:device_engine_age_seconds:min > 0",
+        "ModelKVDeviceMemoryExhaustionImminent",
+        "story-e",
+    ),
+    "an undeclared cache used in bursts judged by its last interval": (
+        "max_over_time(modelkv_engine:discovered_undeclared_recent_peak_bytes:max[1h]) > 64",
+        "modelkv_engine:discovered_undeclared_recent_peak_bytes:max > 64",
+        "ModelKVUndeclaredCache",
+        "story-j",
+    ),
     "unobservable owners counted as unused": (
         "and on (job, instance, engine, owner) modelkv_observation_available == 1\n",
         "",
@@ -353,3 +408,60 @@ def test_the_job_selector_is_written_the_same_way_everywhere() -> None:
     text = RULES_FILE.read_text()
     assert re.findall(r'job\s*=~?\s*"[^"]*"', text) == ['job="modelkv-exporter"'] * text.count('job="modelkv-exporter"')
     assert text.count('job="modelkv-exporter"') >= 4
+
+
+def rule_thresholds(text: str) -> dict[str, float]:
+    """The thresholds the rule file judges by, read back from its expressions as numbers."""
+    groups = yaml.safe_load(text)["groups"]
+    defaults = generate_manifests.rule_defaults(groups)
+    (under,) = [r for g in groups for r in g["rules"] if r.get("alert") == "ModelKVDeclarationUnderReports"]
+    tolerance = re.search(r"group_left \(\)\s+([0-9.]+) \* sum", under["expr"])
+    assert tolerance, under["expr"]
+    return {
+        "UNDER_REPORT_TOLERANCE": float(tolerance.group(1)),
+        "UNDECLARED_GROWTH_BYTES": defaults["undeclaredMemoryGrowth"]["thresholdMiB"] * thresholds.MIB,
+        "UNDECLARED_CACHE_BYTES": defaults["undeclaredCache"]["thresholdMiB"] * thresholds.MIB,
+        "UNUSED_MIN_CALLS": defaults["declaredCacheUnused"]["minCalls"],
+    }
+
+
+def shared_thresholds() -> dict[str, float]:
+    """The one definition (modelkv_exporter.contract.thresholds), by name."""
+    return {name: getattr(thresholds, name) for name in rule_thresholds(RULES_FILE.read_text())}
+
+
+def test_the_rules_judge_by_the_shared_thresholds() -> None:
+    """Every threshold the rules write is the one modelkv_exporter.contract.thresholds defines, which the landing
+    page reads; a number changed in the rules alone fails."""
+    assert rule_thresholds(RULES_FILE.read_text()) == shared_thresholds()
+    for old, new in (
+        ("1.05 * sum without", "1.1 * sum without"),
+        ("modelkv_engine:undeclared_memory_bytes > 256 * 1024", "modelkv_engine:undeclared_memory_bytes > 300 * 1024"),
+    ):
+        assert old in RULES_FILE.read_text()
+        assert rule_thresholds(RULES_FILE.read_text().replace(old, new)) != shared_thresholds(), old
+
+
+def test_the_charts_defaults_are_the_shared_thresholds() -> None:
+    """The chart's values are generated from the rule file; its defaults are the shared numbers too."""
+    alerts = yaml.safe_load((ROOT / "deploy" / "helm" / "modelkv-exporter" / "values.yaml").read_text())[
+        "prometheusRule"
+    ]["alerts"]
+    assert alerts["undeclaredMemoryGrowth"]["thresholdMiB"] * thresholds.MIB == thresholds.UNDECLARED_GROWTH_BYTES
+    assert alerts["undeclaredCache"]["thresholdMiB"] * thresholds.MIB == thresholds.UNDECLARED_CACHE_BYTES
+    assert alerts["declaredCacheUnused"]["minCalls"] == thresholds.UNUSED_MIN_CALLS
+
+
+def test_paging_alerts_ride_over_a_scrape_gap_of_ten_minutes() -> None:
+    """A scrape gap leaves no sample: an alert whose inputs it removes keeps firing for 10 minutes
+    (keep_firing_for) or reads its input's last value over 10 minutes (last_over_time). The exporter's own
+    availability alerts are about the gap itself and read up, which a gap sets to 0."""
+    about_the_gap = {"ModelKVExporterDown", "ModelKVExporterAbsent"}
+    for alert in alerts():
+        if alert["alert"] in about_the_gap:
+            assert "keep_firing_for" not in alert, alert["alert"]
+            continue
+        minutes = re.fullmatch(r"(\d+)m", alert.get("keep_firing_for", "0m"))
+        assert minutes and int(minutes.group(1)) >= 10 or "last_over_time(modelkv_engine_up[10m])" in alert["expr"], (
+            alert["alert"]
+        )

@@ -17,12 +17,13 @@ import yaml
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DroppedDeclaration
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
 from modelkv_exporter.demo.engines import UNDECLARED, UNDER_DECLARING
-from modelkv_exporter.sidecar.attention import NEXT_STEPS, UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS, Concern
+from modelkv_exporter.sidecar.attention import NEXT_STEPS, Concern, findings
 from modelkv_exporter.sidecar.http.landing import escape, render_landing
 from modelkv_exporter.sidecar.http.owner_chart import OVER, owner_chart
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
-from modelkv_exporter.sidecar.reader.state import classify
+from modelkv_exporter.sidecar.reader.state import EngineState, classify
 from tests.support import ROOT
 from tests.support.browser import chromium_run
 from tests.support.demo_engines import running_demo_engines
@@ -240,11 +241,20 @@ def test_every_concern_reaches_the_summary_bounded_and_escaped(spool: Path) -> N
     assert _status_column(html)["hiding"] == "attention: undeclared cache"
 
 
-def test_the_page_judges_as_the_rules_do() -> None:
-    """The landing page's tolerance and call count are the rule file's, not figures of its own."""
-    rules = RULES_FILE.read_text()
-    assert f"> on (job, instance, engine, owner) group_left ()\n          {UNDER_REPORT_TOLERANCE} * sum" in rules
-    assert f"increase(modelkv_observed_owner_calls_total[30m]) >= {UNUSED_MIN_CALLS}" in rules
+def test_the_page_judges_by_the_shared_thresholds() -> None:
+    """An owner past the shared tolerance is a finding and one at it is not; an owner called the shared number of
+    times without using its cache is one, a call fewer is not. The rules are tested against the same numbers
+    (tests/deploy/test_rules.py), so the page and the alerts agree."""
+    declared = make_declaration("kv", owner="talker.decoder")
+    at = int(declared.peak_bytes * UNDER_REPORT_TOLERANCE)
+
+    def found(peak: int, calls: int = 0) -> list[Concern]:
+        observation = make_observation("talker.decoder", peak_bytes=peak, calls=calls, cache_calls=0)
+        snapshot = make_snapshot("judged-s0", declarations=(declared,), observations=(observation,))
+        return [f.concern for f in findings(snapshot, EngineState.EXPORTED, time.time())]
+
+    assert found(at) == [] and found(at + 1) == [Concern.UNDER_REPORTS]
+    assert found(0, UNUSED_MIN_CALLS - 1) == [] and found(0, UNUSED_MIN_CALLS) == [Concern.UNUSED]
 
 
 def _fill_discovered(spool: Path) -> None:
@@ -400,7 +410,7 @@ def test_the_picture_draws_each_owner_to_one_scale() -> None:
         assert codec == pytest.approx(talker_declared / 2, rel=0.01)
         assert "vocoder: observed — not observed" in by_title and by_title["vocoder: observed — not observed"] == 0
         red = re.findall(rf'fill="{OVER}"><title>([^<]*)', svg)
-        assert red == ([next(t for t in by_title if t.startswith("talker: observed"))] if factor > 1.05 else []), (
+        assert red == ([next(t for t in by_title if t.startswith("talker: observed"))] if factor > UNDER_REPORT_TOLERANCE else []), (
             "an owner above its declaration, in red"
         )
     assert owner_chart(make_snapshot("nothing", declarations=()), escape) == ""

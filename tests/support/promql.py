@@ -17,6 +17,8 @@ RULES_FILE = ROOT / "deploy" / "prometheus" / "modelkv-rules.yaml"
 RULE_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.test.yaml"))
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_METRICS = {"up", "scrape_duration_seconds"}
+FEDERATION_MATCH = ('{__name__=~"modelkv_.+"}', '{__name__=~"up|scrape_duration_seconds", job="modelkv-exporter"}')
+"""The match[] selectors a Prometheus federates for the dashboards (docs/deploy.md)."""
 _VARIABLES = {
     "$job": "modelkv-exporter",
     "$namespace": ".*",

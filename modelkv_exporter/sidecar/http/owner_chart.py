@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from modelkv_exporter.contract.snapshot import Snapshot
-from modelkv_exporter.sidecar.attention import UNDER_REPORT_TOLERANCE, owner_name
+from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE
+from modelkv_exporter.sidecar.attention import owner_name
 from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
 from modelkv_exporter.sidecar.sizes import human_bytes
 

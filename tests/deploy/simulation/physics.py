@@ -49,6 +49,11 @@ def burst(start: int, stop: int, value: int, after: int = 0) -> Curve:
     return lambda t: 0 if t < start else value if t < stop else after
 
 
+def bursts(first: int, every: int, length: int, value: int) -> Curve:
+    """``value`` for ``length`` minutes every ``every`` minutes from minute ``first``, 0 between."""
+    return lambda t: value if t >= first and (t - first) % every < length else 0
+
+
 def plus(*curves: Curve) -> Curve:
     """The sum of curves."""
     return lambda t: sum(c(t) for c in curves)

@@ -9,7 +9,8 @@ no longer returns it writes one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from modelkv_exporter.contract.snapshot import (
     Declaration,
@@ -117,6 +118,23 @@ def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
     )
 
 
+@dataclass(frozen=True)
+class ScrapeGap:
+    """Minutes ``start`` to ``stop`` (not included) in which Prometheus cannot scrape the sidecar at ``instance``.
+
+    The sidecar restarts or its node is unreachable: Prometheus records ``up`` 0 and a staleness
+    marker for every series the target returned before.
+    """
+
+    instance: str
+    start: int
+    stop: int
+
+    def covers(self, instance: str, t: int) -> bool:
+        """Whether the scrape of ``instance`` at minute ``t`` fails."""
+        return instance == self.instance and self.start <= t < self.stop
+
+
 class _Add:
     """Collects one scrape's samples of one exporter instance."""
 
@@ -148,13 +166,20 @@ def _state(engine: Engine, sample: Sample | None, beat: int | None, t: int) -> E
     return EngineState.STALE if age <= FORGET_AFTER_S else EngineState.FORGOTTEN
 
 
-def scrapes(engines: list[Engine], timeline: Timeline, minutes: int) -> Iterator[dict[tuple[str, Labels], float]]:
+def scrapes(
+    engines: list[Engine], timeline: Timeline, minutes: int, gaps: Sequence[ScrapeGap] = ()
+) -> Iterator[dict[tuple[str, Labels], float]]:
     """Every minute's scrape of every exporter instance: the samples Prometheus stores."""
     pods = {engine.instance: engine.pod for engine in engines}
     for t in range(minutes + 1):
         scrape: dict[tuple[str, Labels], float] = {}
         counts = {instance: dict.fromkeys(EngineState, 0) for instance in pods}
         for instance, pod in pods.items():
+            if any(gap.covers(instance, t) for gap in gaps):
+                target = tuple(sorted({"job": JOB, "instance": instance, "namespace": NAMESPACE, "pod": pod}.items()))
+                scrape[("up", target)] = 0.0
+                scrape[("scrape_duration_seconds", target)] = 10.0
+                continue
             add = _Add(scrape, {"job": JOB, "instance": instance, "namespace": NAMESPACE, "pod": pod})
             for engine in (e for e in engines if e.instance == instance):
                 sample, beat = timeline.samples[engine.key][t], timeline.heartbeats[engine.key][t]
@@ -175,10 +200,10 @@ def scrapes(engines: list[Engine], timeline: Timeline, minutes: int) -> Iterator
         yield scrape
 
 
-def series(engines: list[Engine], timeline: Timeline, minutes: int) -> Series:
+def series(engines: list[Engine], timeline: Timeline, minutes: int, gaps: Sequence[ScrapeGap] = ()) -> Series:
     """Each series' value at every minute (None: not scraped)."""
     found: Series = {}
-    for t, scrape in enumerate(scrapes(engines, timeline, minutes)):
+    for t, scrape in enumerate(scrapes(engines, timeline, minutes, gaps)):
         for key, value in scrape.items():
             found.setdefault(key, [None] * (minutes + 1))[t] = value
     return found

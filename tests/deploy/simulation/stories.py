@@ -1,4 +1,4 @@
-"""The stories: one per situation issue 25 found the rules wrong in, and issue 23's undeclared caches.
+"""The stories: one per situation the rules once got wrong, each told as an operator would expect it.
 
 Every engine below runs on a simulated device (``physics``) and exports every series a sidecar
 would (``render``). Sizes are in GiB and MiB, times in story minutes; engines that start at a
@@ -15,15 +15,18 @@ from tests.deploy.simulation.physics import (
     Engine,
     Undeclared,
     burst,
+    bursts,
     flat,
     plus,
     ramp,
     step,
 )
+from tests.deploy.simulation.render import ScrapeGap
 from tests.deploy.simulation.story import (
     AlertTest,
     Episode,
     Firing,
+    Held,
     Quiet,
     Story,
     Value,
@@ -37,6 +40,9 @@ WILL_NOT_FIT = "ModelKVDeclaredPeakWillNotFit"
 STALE = "ModelKVSnapshotStale"
 UNDECLARED_CACHE = "ModelKVUndeclaredCache"
 UNDER_REPORTS = "ModelKVDeclarationUnderReports"
+IMMINENT = "ModelKVDeviceMemoryExhaustionImminent"
+IMMINENT_URL = "https://modelkv-exporter.invalid/docs/runbook.md#modelkvdevicememoryexhaustionimminent"
+EXPORTER_DOWN = "ModelKVExporterDown"
 WARNING = {"severity": "warning"}
 PENDING = "modelkv_engine:device_declared_pending_bytes:sum"
 
@@ -61,7 +67,7 @@ def _steps() -> Story:
     return Story(
         "story-a-step-is-not-a-trend",
         """
-        Issue 25, situation 1: a one-off step must not predict exhaustion. Three engines, each alone on
+        A one-off step must not predict exhaustion. Three engines, each alone on
         an 80 GiB device and running for hours. At 2 hours, "prefill" serves its first full-size
         prefill: its activations reach 3 GiB (vLLM profiled 3.5 GiB), and torch's caching allocator
         keeps them, so its reserved memory, NVML's figure and the device grow by 2.5 GiB to 70 GiB and
@@ -83,6 +89,7 @@ def _steps() -> Story:
                 360,
                 [
                     Quiet(PREDICTED, 0, 360, 'device=~"GPU-a|GPU-b"'),
+                    Quiet(IMMINENT, 0, 360),
                     Quiet(UNDECLARED, 0, 360, 'engine="prefill"'),
                     Firing(UNDECLARED, 110, ()),
                     Firing(UNDECLARED, 140, (engine_labels(extension, **WARNING),)),
@@ -128,7 +135,7 @@ def _cpu() -> Story:
     return Story(
         "story-b-cpu-heap-growth",
         """
-        Issue 25, situation 2: a CPU engine, measured by its resident memory, pages on ordinary heap
+        A CPU engine, measured by its resident memory, pages on ordinary heap
         growth. Two CPU engines declare 2 GiB of talker cache (8 rows of 256 MiB) and their caches are
         observed. Their caches usually hold 200 MiB; for a quarter of an hour at 1 hour a burst of
         requests fills them to 1.5 GiB. The C allocator keeps the freed heap, so resident memory keeps
@@ -189,7 +196,7 @@ def _overcommit() -> Story:
     return Story(
         "story-c-shared-device-over-commit",
         """
-        Issue 25, situation 3: over-commit on a shared device. Two stages share each of two 80 GiB
+        Over-commit on a shared device. Two stages share each of two 80 GiB
         devices; each declares 8 GiB of cache at max_num_seqs 8 and its caches are observed holding 2
         GiB. vLLM emptied torch's cache at start-up; since then the activations of each stage (4 GiB,
         inside the 4.5 GiB it profiled) are cached again, so each stage's NVML figure grew by 6 GiB,
@@ -244,7 +251,7 @@ def _hung_neighbour() -> Story:
     return Story(
         "story-d-hung-neighbour",
         """
-        Issue 25, situation 4: a hung neighbour must not be blamed on the innocent. Two engines share an
+        A hung neighbour must not be blamed on the innocent. Two engines share an
         80 GiB device without NVML (the usual container). "innocent" took its baseline before
         "neighbour" loaded its 30 GiB. At 2 hours "neighbour" hangs: it stops heartbeating but keeps
         its memory. An hour later the sidecar forgets its file (--forget-after), though it is still
@@ -289,7 +296,7 @@ def _stale_and_young() -> Story:
     return Story(
         "story-e-alerts-that-last-and-come-in-time",
         """
-        Issue 25, situation 5: alerts must stay firing while their cause lasts, and come in time.
+        Alerts must stay firing while their cause lasts, and come in time.
         """,
         [
             Episode(
@@ -331,6 +338,7 @@ def _stale_and_young() -> Story:
                         ),
                     ),
                     Quiet(PREDICTED, 0, 100, 'device="GPU-z"'),
+                    Quiet(IMMINENT, 0, 100, 'device="GPU-z"'),
                 ],
             ),
         ],
@@ -359,8 +367,9 @@ def _undeclared_cache() -> Story:
         activation=serving,
     )
     description = (
-        "{owner} in engine tts in pod llm/tts-0 (model omni, stage talker) keeps {size} of key/value cache "
-        "that it does not declare (found by discovery), for 15 minutes. The memory is accounted for as "
+        "{owner} in engine tts in pod llm/tts-0 (model omni, stage talker) has kept up to {size} of key/value "
+        "cache that it does not declare (found by discovery) within the last hour, for 15 minutes. The memory "
+        "is accounted for as "
         "explained but undeclared: capacity figures built on the declarations do not include it."
     )
     summary = "A module keeps a model-local KV cache it does not declare."
@@ -368,7 +377,7 @@ def _undeclared_cache() -> Story:
     return Story(
         "story-f-undeclared-cache",
         """
-        Issue 23's rules: caches that discovery finds in modules that declare nothing. Engine "tts"
+        Caches that discovery finds in modules that declare nothing. Engine "tts"
         declares its talker cache (observed), serves with 1.5 GiB of activations (2 GiB profiled) and,
         from 30 minutes on, three modules keep caches they
         do not declare: "code2wav.decoder" 512 MiB, "vocoder.state" 300 MiB (found by two methods,
@@ -411,5 +420,201 @@ def _undeclared_cache() -> Story:
     )
 
 
-STORIES = [_steps(), _cpu(), _overcommit(), _hung_neighbour(), _stale_and_young(), _undeclared_cache()]
+def _cpu_warm_up() -> Story:
+    plain = Engine("cpu-plain", "cpu-3", "10.7.0.1:9400", None, started=0, heap=ramp(10, 15 * MIB, 30))
+    leaking = Engine(
+        "cpu-leaking",
+        "cpu-4",
+        "10.7.0.2:9400",
+        None,
+        started=0,
+        heap=ramp(10, 15 * MIB, 30),
+        leak=ramp(90, 5 * MIB),
+    )
+    return Story(
+        "story-g-cpu-heap-after-warm-up",
+        """
+        A CPU engine that declares nothing. "cpu-plain" starts at minute 0, is ready at 10 and takes
+        its baseline then; its first requests warm it up: Python's allocator and the tokenizer's caches
+        settle 300 MiB of heap above the baseline by minute 30, and it never grows again. "cpu-leaking"
+        warms up the same way and from 1 hour 30 minutes leaks 5 MiB a minute.
+        """,
+        [
+            Episode(
+                """
+                The operator expects "cpu-plain" never to page: a heap that settled after warm-up and
+                stays flat is not growth, whatever its size. "cpu-leaking" pages while its memory keeps
+                growing: within 45 minutes of its leak starting, and for as long as it leaks.
+                """,
+                [plain, leaking],
+                180,
+                [
+                    Quiet(UNDECLARED, 0, 180, 'engine="cpu-plain"'),
+                    Firing(UNDECLARED, 120, ()),
+                    Firing(UNDECLARED, 135, (engine_labels(leaking, **WARNING),)),
+                    Firing(UNDECLARED, 180, (engine_labels(leaking, **WARNING),)),
+                ],
+            )
+        ],
+    )
+
+
+def _scrape_gap() -> Story:
+    leaker = Engine("leaker", "gap-0", "10.8.0.1:9400", Device("GPU-g"), paged_kv=30 * GIB, leak=ramp(20, 100 * MIB))
+    hung = Engine("hung", "gap-0", "10.8.0.1:9400", Device("GPU-f"), hung_at=40)
+    return Story(
+        "story-h-scrape-gap",
+        """
+        A scrape gap. Two engines sit beside one sidecar: "leaker" leaks 100 MiB of live tensors a minute
+        from 20 minutes on (beyond its 2 GiB activation budget at 40 minutes), "hung" stops heartbeating at 40 minutes and stays hung. At 1 hour 30 minutes
+        the sidecar restarts and Prometheus cannot scrape it for 7 minutes (up is 0, every series it
+        returned goes stale); then it serves the same engines again.
+        """,
+        [
+            Episode(
+                """
+                The operator expects one page for each problem: the undeclared growth of "leaker" and the
+                stale snapshot of "hung" fire before the gap and keep firing through it and after it, never
+                resolved and fired again. The gap itself is paged as the exporter being down, and that
+                resolves once the sidecar is back.
+                """,
+                [leaker, hung],
+                150,
+                [
+                    Firing(UNDECLARED, 65, (engine_labels(leaker, **WARNING),)),
+                    Held(UNDECLARED, 65, 150, (engine_labels(leaker, **WARNING),)),
+                    Held(STALE, 65, 150, (engine_labels(hung, **WARNING),)),
+                    Firing(
+                        EXPORTER_DOWN,
+                        96,
+                        (
+                            {
+                                "job": "modelkv-exporter",
+                                "instance": leaker.instance,
+                                "namespace": "llm",
+                                "pod": leaker.pod,
+                                **WARNING,
+                            },
+                        ),
+                    ),
+                    Quiet(EXPORTER_DOWN, 100, 150),
+                ],
+                gaps=(ScrapeGap(leaker.instance, 90, 97),),
+            )
+        ],
+    )
+
+
+def _small_slice() -> Story:
+    slice_ = Device("GPU-mig-1g-20gb", total=20 * GIB)
+    engine = Engine(
+        "asr-small",
+        "asr-mig-0",
+        "10.9.0.1:9400",
+        slice_,
+        weights=5 * GIB,
+        paged_kv=10 * GIB,
+        context=GIB,
+        activation_budget=2 * GIB + GIB // 2,
+        activation=step(10, 2 * GIB),
+        nvml=False,
+        stage="asr",
+        leak=ramp(32, 100 * MIB),
+    )
+    return Story(
+        "story-i-small-slice-filling-fast",
+        """
+        A MIG 1g.20gb slice: 20 GiB, without NVML's per-process figures. Its one engine has run for
+        hours with 16 GiB in use. At minute 10 its first long prompt leaves 2 GiB of activations in
+        torch's cache (inside the 2.5 GiB vLLM profiled): 18 GiB in use (90 %), flat again. From minute
+        32 it leaks 100 MiB of live tensors a minute: the slice is full just before minute 53.
+        """,
+        [
+            Episode(
+                """
+                The operator expects no alert for the step at minute 10, which stays flat, and to be paged
+                while there is still time to act: a critical alert that the slice will run out of memory,
+                firing by minute 45, 8 minutes before it is full. The
+                hourly prediction, which waits 15 minutes on a trend it sees late, cannot tell in time.
+                """,
+                [engine],
+                52,
+                [
+                    Quiet(IMMINENT, 0, 38),
+                    AlertTest(IMMINENT, 38),
+                    AlertTest(
+                        IMMINENT,
+                        45,
+                        (
+                            (
+                                device_labels(slice_, severity="critical"),
+                                {
+                                    "summary": "A device is filling fast enough to run out of memory within 30 minutes.",
+                                    "description": (
+                                        "Memory in use on device GPU-mig-1g-20gb, counting the declared caches of its "
+                                        "engines at their peak, has risen throughout the last 10 minutes; at that rate "
+                                        "it exceeds the device's total within 30 minutes, sooner than the hourly "
+                                        "prediction could tell. Engines on the device: llm/asr-mig-0/asr-small."
+                                    ),
+                                    "runbook_url": IMMINENT_URL,
+                                },
+                            ),
+                        ),
+                    ),
+                    Firing(IMMINENT, 52, (device_labels(slice_, severity="critical"),)),
+                    Quiet(PREDICTED, 0, 46),
+                ],
+            )
+        ],
+    )
+
+
+def _undeclared_bursts() -> Story:
+    retriever = Undeclared("retriever.prefix_cache", bursts(6, 20, 3, 600 * MIB))
+    engine = Engine(
+        "rag",
+        "rag-0",
+        "10.10.0.1:9400",
+        Device("GPU-r"),
+        undeclared=(retriever,),
+        activation=flat(GIB),
+    )
+    return Story(
+        "story-j-undeclared-cache-in-bursts",
+        """
+        An undeclared cache used in bursts. In engine "rag", "retriever.prefix_cache" declares nothing
+        and builds a 600 MiB key/value cache for a request about every 20 minutes (from minute 6),
+        freeing it 3 minutes later. Discovery finds it each time; its lifetime peak shows 600 MiB from
+        minute 6.
+        """,
+        [
+            Episode(
+                """
+                The operator expects a ticket for "retriever.prefix_cache" within the hour: it keeps a cache
+                it does not declare, even if only at times. Nothing else about "rag" needs attention.
+                """,
+                [engine],
+                180,
+                [
+                    Firing(UNDECLARED_CACHE, 60, ({**engine_labels(engine), "owner": retriever.owner, **WARNING},)),
+                    Firing(UNDECLARED_CACHE, 180, ({**engine_labels(engine), "owner": retriever.owner, **WARNING},)),
+                    Quiet(UNDECLARED, 0, 180),
+                ],
+            )
+        ],
+    )
+
+
+STORIES = [
+    _steps(),
+    _cpu(),
+    _overcommit(),
+    _hung_neighbour(),
+    _stale_and_young(),
+    _undeclared_cache(),
+    _cpu_warm_up(),
+    _scrape_gap(),
+    _small_slice(),
+    _undeclared_bursts(),
+]
 """Every story, in the order their files sort."""

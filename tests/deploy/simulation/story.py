@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from tests.deploy.simulation.physics import Device, Engine, simulate
-from tests.deploy.simulation.render import JOB, NAMESPACE, selector, series, values_text
+from tests.deploy.simulation.render import JOB, NAMESPACE, ScrapeGap, selector, series, values_text
 
 
 def engine_labels(engine: Engine, **extra: str) -> dict[str, str]:
@@ -32,6 +32,8 @@ class Firing:
     alerts: tuple[dict[str, str], ...] = ()
 
     def test(self) -> dict[str, Any]:
+        # The range ends half a minute after ``since``: one sample per evaluation after it, whether the
+        # range includes its start (Prometheus 2) or not (Prometheus 3).
         samples = [
             {"labels": selector("ALERTS", _sorted({"alertname": self.alert, "alertstate": "firing", **a})), "value": 1}
             for a in self.alerts
@@ -58,6 +60,36 @@ class Quiet:
             "expr": f"max_over_time(ALERTS{{{matchers}}}[{self.until - self.since}m])",
             "eval_time": f"{self.until}m",
             "exp_samples": [],
+        }
+
+
+@dataclass(frozen=True)
+class Held:
+    """From minute ``since`` to minute ``until``, these alerts of ``alert`` fire at every evaluation, and no other.
+
+    One alert that fires throughout, never resolved and fired again: an alert that resolves for one
+    evaluation misses a sample, and one that fires anew is a second alert in the count.
+    """
+
+    alert: str
+    since: int
+    until: int
+    alerts: tuple[dict[str, str], ...]
+    matching: str = ""
+
+    def test(self) -> dict[str, Any]:
+        matchers = f'alertname="{self.alert}", alertstate="firing"' + (f", {self.matching}" if self.matching else "")
+        # The range ends half a minute after ``since``: one sample per evaluation after it, whether the
+        # range includes its start (Prometheus 2) or not (Prometheus 3).
+        samples = [
+            {"labels": selector("", _sorted({"alertname": self.alert, "alertstate": "firing", **a})), "value": span}
+            for a in self.alerts
+            for span in (self.until - self.since,)
+        ]
+        return {
+            "expr": f"count_over_time(ALERTS{{{matchers}}}[{(self.until - self.since) * 60 - 30}s])",
+            "eval_time": f"{self.until}m",
+            "exp_samples": samples,
         }
 
 
@@ -93,7 +125,7 @@ class AlertTest:
         }
 
 
-Expectation = Firing | Quiet | Value | AlertTest
+Expectation = Firing | Held | Quiet | Value | AlertTest
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,8 @@ class Episode:
     engines: list[Engine]
     minutes: int
     checks: list[Expectation] = field(default_factory=list)
+    gaps: tuple[ScrapeGap, ...] = ()
+    """Minutes in which Prometheus cannot scrape a sidecar."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +184,7 @@ def _indent(text: str, prefix: str) -> str:
 
 def _group(episode: Episode) -> dict[str, Any]:
     timeline = simulate(episode.engines, episode.minutes)
-    found = series(episode.engines, timeline, episode.minutes)
+    found = series(episode.engines, timeline, episode.minutes, episode.gaps)
     group: dict[str, Any] = {
         "interval": "1m",
         "input_series": [

@@ -9,6 +9,8 @@ __declaredPeakWillNotFit.forMinutes__: {{ printf "%d" (int64 $rule.alerts.declar
 __deviceMemoryExhaustionPredicted.forMinutes__: {{ printf "%d" (int64 $rule.alerts.deviceMemoryExhaustionPredicted.forMinutes) | quote }}
 __deviceMemoryExhaustionPredicted.minEngineAgeSeconds__: {{ printf "%d" (int64 $rule.alerts.deviceMemoryExhaustionPredicted.minEngineAgeSeconds) | quote }}
 __deviceMemoryExhaustionPredicted.youngEngineAgeSeconds__: {{ printf "%d" (int64 $rule.alerts.deviceMemoryExhaustionPredicted.youngEngineAgeSeconds) | quote }}
+__deviceMemoryExhaustionImminent.forMinutes__: {{ printf "%d" (int64 $rule.alerts.deviceMemoryExhaustionImminent.forMinutes) | quote }}
+__deviceMemoryExhaustionImminent.minEngineAgeSeconds__: {{ printf "%d" (int64 $rule.alerts.deviceMemoryExhaustionImminent.minEngineAgeSeconds) | quote }}
 __declarationsDropped.forMinutes__: {{ printf "%d" (int64 $rule.alerts.declarationsDropped.forMinutes) | quote }}
 __snapshotStale.forMinutes__: {{ printf "%d" (int64 $rule.alerts.snapshotStale.forMinutes) | quote }}
 __exporterDown.forMinutes__: {{ printf "%d" (int64 $rule.alerts.exporterDown.forMinutes) | quote }}

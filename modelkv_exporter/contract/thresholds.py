@@ -1,0 +1,27 @@
+"""The thresholds and tolerances that judge an engine: each defined here once.
+
+The alerts (``deploy/prometheus/modelkv-rules.yaml``), the Helm chart's defaults (generated from the
+rule file), the dashboards' threshold line and the landing page's findings
+(``sidecar.attention``) all judge by these numbers. PromQL cannot import them: the rule file writes
+each as a number, and ``tests/deploy/test_rules.py`` reads every one back from the rules and the
+chart and compares it with this module, so a number changed in one place alone fails the tests.
+
+Where a judge differs on purpose (``check`` names any excess an under-report, because it hands the
+model author a declaration that holds), docs/runbook.md says why, in one table.
+"""
+
+from __future__ import annotations
+
+MIB = 1024 * 1024
+
+UNDER_REPORT_TOLERANCE = 1.05
+"""An owner whose observed peak exceeds its declared peak times this under-reports (5 % tolerance)."""
+
+UNDECLARED_GROWTH_BYTES = 256 * MIB
+"""Unbudgeted, unexplained growth of an engine beyond which ``ModelKVUndeclaredMemoryGrowth`` fires."""
+
+UNDECLARED_CACHE_BYTES = 64 * MIB
+"""Bytes an owner that declares nothing must have kept in caches discovery found for ``ModelKVUndeclaredCache``."""
+
+UNUSED_MIN_CALLS = 10
+"""Calls into an owner after which a declared cache that no call used is reported (``ModelKVDeclaredCacheUnused``)."""
