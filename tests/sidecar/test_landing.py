@@ -410,9 +410,9 @@ def test_the_picture_draws_each_owner_to_one_scale() -> None:
         assert codec == pytest.approx(talker_declared / 2, rel=0.01)
         assert "vocoder: observed — not observed" in by_title and by_title["vocoder: observed — not observed"] == 0
         red = re.findall(rf'fill="{OVER}"><title>([^<]*)', svg)
-        assert red == ([next(t for t in by_title if t.startswith("talker: observed"))] if factor > UNDER_REPORT_TOLERANCE else []), (
-            "an owner above its declaration, in red"
-        )
+        assert red == (
+            [next(t for t in by_title if t.startswith("talker: observed"))] if factor > UNDER_REPORT_TOLERANCE else []
+        ), "an owner above its declaration, in red"
     assert owner_chart(make_snapshot("nothing", declarations=()), escape) == ""
 
 

@@ -38,7 +38,7 @@ from modelkv_exporter.engine.discover.modules import MAX_FRAMES, ModuleMap
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, storages
-from modelkv_exporter.engine.observe.observer import recount
+from modelkv_exporter.engine.observe.observer import CHUNK, recount
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 from modelkv_exporter.engine.protocol import unwrap_model
 
@@ -48,8 +48,6 @@ OUTSIDE = "<outside the model>"
 """Where layers go that no module of the model built: held, weighed, never published."""
 OFF = "discovery is turned off (MODELKV_DISCOVER=0)"
 OBSERVE_OFF = "discovery is turned off with observation (MODELKV_OBSERVE=0)"
-CHUNK = 16
-"""Layer records re-weighed under one hold of ``hooks.lock`` by a sample (the lock the model's threads take)."""
 
 PagedKV = Callable[[], Iterable[torch.Tensor]]
 """The paged KV cache's tensors now (their storages are never discovered)."""
@@ -97,7 +95,7 @@ def _storage_count(records: Iterable[Any]) -> int:
     for record in records:
         layer = record()
         if layer is not None:
-            found.update(storages(layer, record.plan.attributes))
+            found.update(storages(layer, record.plan.attributes, record.plan.state))
     return len(found)
 
 
@@ -416,7 +414,7 @@ class Discovery:
         for record in records:
             layer = record()
             if layer is not None and record.plan.unknown is None:
-                found.update(storages(layer, record.plan.attributes))
+                found.update(storages(layer, record.plan.attributes, record.plan.state))
         return found
 
     def _figures(self, observations: Sequence[Observation]) -> list[DiscoveredOwner]:
@@ -446,31 +444,11 @@ class Discovery:
 
     @staticmethod
     def _recount(state: OwnerState, records: list[LayerRecord]) -> tuple[int, str | None, int]:
-        """``recount`` of an owner's layers, ``CHUNK`` records under each hold of ``hooks.lock``.
-
-        Each chunk's drift is corrected under the lock, as ``recount`` does; ``recount``'s reset of the owner's live
-        bytes to its chunk's sum is undone (the live bytes move by the chunk's change only). The live figure
-        returned is de-duplicated by storage over all the owner's layers, read outside the lock, with the number of
-        those storages.
-        """
-        failure = None
-        for start in range(0, len(records), CHUNK):
-            chunk = records[start : start + CHUNK]
-            with hooks.lock:
-                live_before = state.live
-                bytes_before = sum(record.bytes for record in chunk)
-                _, problem = recount(state, chunk, hooks.active())
-                state.live = live_before + sum(record.bytes for record in chunk) - bytes_before
-            failure = failure or problem
+        """``recount`` of an owner's layers (``observer.CHUNK`` records per hold of ``hooks.lock``): the live bytes,
+        de-duplicated by storage, why they cannot be trusted, and the number of storages."""
         found: dict[StorageKey, int] = {}
-        for record in records:
-            layer = record()
-            if layer is not None and record.plan.unknown is None:
-                try:
-                    found.update(storages(layer, record.plan.attributes))
-                except Exception as error:
-                    failure = failure or f"a cache layer could not be read: {type(error).__name__}: {error}"
-        return sum(found.values()), failure, len(found)
+        live, failure = recount(state, records, hooks.active(), found)
+        return live, failure, len(found)
 
     def _silent(
         self, observations: Sequence[Observation], by_owner: Mapping[int, list[LayerRecord]]

@@ -140,15 +140,18 @@ class Observer:
                 _installed = None
 
 
-def recount(state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
+def recount(
+    state: OwnerState, records: list[LayerRecord], observing: bool, found: dict[StorageKey, int] | None = None
+) -> tuple[int, str | None]:
     """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected.
 
     Takes ``hooks.lock`` for ``CHUNK`` layers at a time (reentrant: a caller may hold it already, and then
     holds it throughout). Each layer is re-weighed and its change counted under the lock, as an update does,
     so a layer the model updates between two chunks is counted once. Returns the bytes live now
-    (de-duplicated by storage) and why they cannot be trusted, if they cannot.
+    (de-duplicated by storage) and why they cannot be trusted, if they cannot; ``found``, when given, receives
+    the storages weighed.
     """
-    found: dict[StorageKey, int] = {}
+    found = {} if found is None else found
     failure = None
     for start in range(0, len(records), CHUNK):
         with hooks.lock:
