@@ -66,14 +66,16 @@ $(VENV_LOWEST)/.test-installed: pyproject.toml requirements/test-sidecar-lowest.
 	$(VENV_LOWEST)/bin/python -m pip install -q -r requirements/test-sidecar-lowest.txt -e '.[sidecar]'
 	touch $@
 
-# Debian packages the tests run against: Prometheus and promtool, and headless Chromium for the landing page.
+# Debian packages the tests run against: Prometheus and promtool, VictoriaMetrics and vmalert (the rules on
+# VictoriaMetrics), and headless Chromium for the landing page.
 # Node.js and npm run the Kubernetes custom-resource checks (tests/k8s).
 system-deps:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
+		|| ! command -v victoria-metrics >/dev/null || ! command -v vmalert >/dev/null \
 		|| ! command -v chromium-headless-shell >/dev/null || ! command -v npm >/dev/null; then \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-			prometheus chromium-headless-shell fonts-dejavu-core $$(command -v npm >/dev/null || echo nodejs npm); \
+			prometheus victoria-metrics chromium-headless-shell fonts-dejavu-core $$(command -v npm >/dev/null || echo nodejs npm); \
 	fi
 	@# podman builds and runs the images (tests/deploy/test_image.py): runc and slirp4netns run them, mmdebstrap makes the base.
 	@if ! command -v podman >/dev/null || ! command -v runc >/dev/null \
