@@ -111,7 +111,7 @@ def rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def replay(rules: Path, url: str, start: float, end: float, *, rules_delay: str = "300ms") -> subprocess.Popen[bytes]:
+def replay(rules: Path, url: str, start: float, end: float, *, rules_delay: str = "500ms") -> subprocess.Popen[bytes]:
     """Start vmalert replaying ``rules`` from ``start`` to ``end`` over ``url``, writing back to it."""
     return subprocess.Popen(
         [
