@@ -336,6 +336,7 @@ def chart_values() -> dict[str, Any]:
             "enabled": True,
             "jobSelector": JOB_SELECTOR,
             "runbookUrl": RUNBOOK_URL,
+            "groups": [],
             "alerts": rule_defaults(),
         },
         "dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1", "folder": ""},
@@ -441,6 +442,14 @@ def chart_schema() -> dict[str, Any]:
                             "pattern": "^https?://[^\\s#]+$",
                             "description": "Absolute address of docs/runbook.md, without an anchor. Set it: the "
                             "default is a placeholder (.invalid) that leads nowhere.",
+                        },
+                        "groups": {
+                            "type": "array",
+                            "items": {"enum": [g["name"] for g in yaml.safe_load(RULES.read_text())["groups"]]},
+                            "uniqueItems": True,
+                            "description": "The rule groups this PrometheusRule holds; empty for all. Sharded by "
+                            "node, a shard's Prometheus loads every group but `modelkv.fleet`, and the Prometheus "
+                            "that sees every pod `modelkv.fleet` alone (docs/deploy.md).",
                         },
                         "alerts": _object("Thresholds and `for` durations, per alert.", alerts),
                     },

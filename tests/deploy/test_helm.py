@@ -28,7 +28,7 @@ from tests.deploy.test_kubernetes import (
     one,
 )
 from tests.support import ROOT
-from tests.support.promql import DASHBOARDS, RULES_FILE
+from tests.support.promql import DASHBOARDS, FLEET_GROUPS, RULES_FILE
 
 CHART = ROOT / "deploy" / "helm" / "modelkv-exporter"
 POST_RENDERER = ROOT / "deploy" / "helm" / "post-renderer" / "modelkv-sidecar.py"
@@ -181,6 +181,18 @@ def test_a_job_selector_that_misses_the_pod_monitors_job_is_refused() -> None:
     assert 'up{job="other"}' in str(rules_of(render(both)))
     regex = rules_of(render({"prometheusRule": {"jobSelector": 'job=~"modelkv-.*"'}}))
     assert 'up{job=~"modelkv-.*"}' in str(regex), "a regular expression is the user's to check"
+
+
+def test_a_shard_and_the_fleet_prometheus_load_their_groups_and_together_all() -> None:
+    everything = rules_of(render())
+    names = [g["name"] for g in everything]
+    shard_groups = [n for n in names if n not in FLEET_GROUPS]
+    shard = rules_of(render({"prometheusRule": {"groups": shard_groups}}))
+    fleet = rules_of(render({"prometheusRule": {"groups": list(FLEET_GROUPS)}}))
+    assert [g["name"] for g in fleet] == list(FLEET_GROUPS)
+    assert shard + fleet == everything
+    with pytest.raises(helm.HelmValuesError, match="groups"):
+        render({"prometheusRule": {"groups": ["modelkv.everything"]}})
 
 
 def test_values_file_is_valid_and_every_value_is_documented() -> None:

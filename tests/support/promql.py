@@ -17,6 +17,8 @@ RULES_FILE = ROOT / "deploy" / "prometheus" / "modelkv-rules.yaml"
 RULE_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.test.yaml"))
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_METRICS = {"up", "scrape_duration_seconds"}
+FLEET_GROUPS = ("modelkv.fleet",)
+"""The groups that need every pod's series where Prometheus is sharded by node; a shard loads every other group."""
 FEDERATION_MATCH = ('{__name__=~"modelkv_.+"}', '{__name__=~"up|scrape_duration_seconds", job="modelkv-exporter"}')
 """The match[] selectors a Prometheus federates for the dashboards (docs/deploy.md)."""
 _VARIABLES = {

@@ -1,0 +1,92 @@
+"""The rule file on sharded evaluation: two shards and a fleet-wide evaluator give every story its alerts.
+
+Sharded by node (docs/deploy.md, "Sharded Prometheus"), each shard scrapes the pods a hashmod of their
+node gives it (each simulated pod is on a node of its own: its instance stands for the node) and
+evaluates every group but ``FLEET_GROUPS``; the fleet-wide evaluator reads every pod's series (what
+federation brings it) and evaluates ``FLEET_GROUPS`` alone. Each of the three is a victoria-metrics
+with a ``vmalert -replay`` over it (the tests of test_vmalert_stories.py hold vmalert to Prometheus):
+the stories' checks, judged on the alerts of all three together, pass as they do unsharded. The
+evaluation is replayed, so the delay a real federation scrape adds (one interval) is not in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.deploy.simulation.on_victoria import Placed, failures, placed, replay_rules, replay_side_by_side, timeline
+from tests.deploy.simulation.replay import Labels, Timeline, episode_series
+from tests.deploy.test_vmalert_stories import MISSED_WITHOUT_KEEP_FIRING_FOR
+from tests.support.promql import FLEET_GROUPS, RULES_FILE, rule_groups
+from tests.support.victoria import STALE, query, remote_write, running_victoria_metrics
+
+SHARDS = 2
+
+
+def shard_of(labels: Labels) -> int:
+    """The shard that scrapes the series' target (a hashmod of its node; here, of its instance)."""
+    return zlib.crc32(dict(labels)["instance"].encode()) % SHARDS
+
+
+@dataclass
+class Sharded:
+    """The shards' and the fleet evaluator's victoria-metrics, and each episode's alerts from all of them."""
+
+    shards: list[str]
+    fleet: str
+    episodes: list[tuple[Placed, Timeline]]
+    spread: dict[str, set[int]]
+    """Per story, the shards its pods landed on."""
+
+    def answer(self, episode: Placed, expr: str, minute: int) -> dict[Labels, float]:
+        """``expr`` at ``minute`` of ``episode``, from whichever shard holds the series."""
+        found: dict[Labels, float] = {}
+        for url in self.shards:
+            for r in query(url, expr, episode.base + minute * 60):
+                found[tuple(sorted(r["metric"].items()))] = float(r["value"][1])
+        return found
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sharded]:
+    tmp = tmp_path_factory.mktemp("sharded")
+    shard_rules, fleet_rules = tmp / "shard.yaml", tmp / "fleet.yaml"
+    shard_rules.write_text(replay_rules(RULES_FILE.read_text(), lambda name: name not in FLEET_GROUPS))
+    fleet_rules.write_text(replay_rules(RULES_FILE.read_text(), lambda name: name in FLEET_GROUPS))
+    episodes = placed()
+    spread: dict[str, set[int]] = {}
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(running_victoria_metrics(tmp / f"vm-{k}")) for k in range(SHARDS + 1)]
+        shards, fleet = urls[:SHARDS], urls[SHARDS]
+        runs = []
+        for episode in episodes:
+            found = episode_series(episode.episode, episode.base, STALE)
+            remote_write(fleet, found)
+            runs.append((fleet_rules, fleet, episode))
+            for k, url in enumerate(shards):
+                mine = {labels: points for labels, points in found.items() if shard_of(labels) == k}
+                if mine:
+                    spread.setdefault(episode.story.name, set()).add(k)
+                    remote_write(url, mine)
+                    runs.append((shard_rules, url, episode))
+        replay_side_by_side(runs)
+        yield Sharded(shards, fleet, [(e, timeline(urls, e)) for e in episodes], spread)
+
+
+def test_the_groups_split_into_the_shards_and_the_fleets() -> None:
+    names = [g["name"] for g in rule_groups()]
+    assert names[-len(FLEET_GROUPS) :] == list(FLEET_GROUPS), "the fleet's groups read no shard's results"
+
+
+def test_every_story_holds_sharded(sharded: Sharded) -> None:
+    assert set().union(*sharded.spread.values()) == set(range(SHARDS)), "every shard scrapes some pods"
+    assert [name for name, shards in sharded.spread.items() if len(shards) == SHARDS], "a story spans the shards"
+    assert failures(sharded.episodes, sharded.answer, as_prometheus=True) == {}
+
+
+def test_vmalerts_own_states_sharded_miss_what_they_miss_unsharded(sharded: Sharded) -> None:
+    assert set(failures(sharded.episodes, sharded.answer, as_prometheus=False)) == MISSED_WITHOUT_KEEP_FIRING_FOR
