@@ -6,7 +6,8 @@ evaluates every group but ``FLEET_GROUPS``; the fleet-wide evaluator reads every
 federation brings it) and evaluates ``FLEET_GROUPS`` alone. Each of the three is a victoria-metrics
 with a ``vmalert -replay`` over it (the tests of test_vmalert_stories.py hold vmalert to Prometheus):
 the stories' checks, judged on the alerts of all three together, pass as they do unsharded. The
-evaluation is replayed, so the delay a real federation scrape adds (one interval) is not in it.
+evaluation is replayed, so the delay a real federation scrape adds (one interval) is not in it. A
+device's engines on two shards (a share of the pods, not of the nodes) is shown to lose the device.
 """
 
 from __future__ import annotations
@@ -14,12 +15,21 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
-from tests.deploy.simulation.on_victoria import Placed, failures, placed, replay_rules, replay_side_by_side, timeline
+from tests.deploy.simulation.on_victoria import (
+    SPACING,
+    Placed,
+    failures,
+    placed,
+    replay_rules,
+    replay_side_by_side,
+    timeline,
+)
 from tests.deploy.simulation.replay import Labels, Timeline, episode_series
+from tests.deploy.simulation.stories import STORIES
 from tests.deploy.test_vmalert_stories import MISSED_WITHOUT_KEEP_FIRING_FOR
 from tests.support.promql import FLEET_GROUPS, RULES_FILE, rule_groups
 from tests.support.victoria import STALE, query, remote_write, running_victoria_metrics
@@ -41,6 +51,9 @@ class Sharded:
     episodes: list[tuple[Placed, Timeline]]
     spread: dict[str, set[int]]
     """Per story, the shards its pods landed on."""
+    moved: tuple[Placed, Timeline, Timeline]
+    """The shared-device story with its device's engines in two pods on two shards: unsharded (in the fleet's
+    victoria-metrics, every group) and sharded."""
 
     def answer(self, episode: Placed, expr: str, minute: int) -> dict[Labels, float]:
         """``expr`` at ``minute`` of ``episode``, from whichever shard holds the series."""
@@ -51,13 +64,27 @@ class Sharded:
         return found
 
 
+def moved_apart(base: int) -> Placed:
+    """The shared-device story with one of GPU-s's two engines moved to a pod of its own, on the other shard."""
+    story = next(s for s in STORIES if s.name == "story-c-shared-device-over-commit")
+    episode = story.episodes[0]
+    (stays,) = [e for e in episode.engines if e.engine_id == "tight-thinker"]
+    home = shard_of((("instance", stays.instance),))
+    away = next(f"10.3.1.{n}:9400" for n in range(1, 64) if shard_of((("instance", f"10.3.1.{n}:9400"),)) != home)
+    engines = [replace(e, instance=away, pod="omni-1") if e.engine_id == "tight-talker" else e for e in episode.engines]
+    return Placed(story, 0, replace(episode, engines=engines), base)
+
+
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sharded]:
     tmp = tmp_path_factory.mktemp("sharded")
     shard_rules, fleet_rules = tmp / "shard.yaml", tmp / "fleet.yaml"
     shard_rules.write_text(replay_rules(RULES_FILE.read_text(), lambda name: name not in FLEET_GROUPS))
     fleet_rules.write_text(replay_rules(RULES_FILE.read_text(), lambda name: name in FLEET_GROUPS))
+    every_rule = tmp / "all.yaml"
+    every_rule.write_text(replay_rules(RULES_FILE.read_text()))
     episodes = placed()
+    moved = moved_apart(episodes[-1].base + SPACING)
     spread: dict[str, set[int]] = {}
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(running_victoria_metrics(tmp / f"vm-{k}")) for k in range(SHARDS + 1)]
@@ -73,8 +100,20 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sharded]:
                     spread.setdefault(episode.story.name, set()).add(k)
                     remote_write(url, mine)
                     runs.append((shard_rules, url, episode))
+        found = episode_series(moved.episode, moved.base, STALE)
+        remote_write(fleet, found)
+        runs.append((every_rule, fleet, moved))
+        for k, url in enumerate(shards):
+            remote_write(url, {labels: points for labels, points in found.items() if shard_of(labels) == k})
+            runs.append((shard_rules, url, moved))
         replay_side_by_side(runs)
-        yield Sharded(shards, fleet, [(e, timeline(urls, e)) for e in episodes], spread)
+        yield Sharded(
+            shards,
+            fleet,
+            [(e, timeline(urls, e)) for e in episodes],
+            spread,
+            (moved, timeline([fleet], moved), timeline(shards, moved)),
+        )
 
 
 def test_the_groups_split_into_the_shards_and_the_fleets() -> None:
@@ -90,3 +129,16 @@ def test_every_story_holds_sharded(sharded: Sharded) -> None:
 
 def test_vmalerts_own_states_sharded_miss_what_they_miss_unsharded(sharded: Sharded) -> None:
     assert set(failures(sharded.episodes, sharded.answer, as_prometheus=False)) == MISSED_WITHOUT_KEEP_FIRING_FOR
+
+
+def test_two_engines_of_one_device_on_two_shards_are_not_supported(sharded: Sharded) -> None:
+    """Unsharded, the story holds with GPU-s's engines in two pods; with the pods on two shards, each shard adds up
+    half the device's pending cache, and the device that cannot hold its engines' caches never pages."""
+    moved, whole, split = sharded.moved
+    unsharded = Sharded([sharded.fleet], sharded.fleet, [], {}, sharded.moved)
+    assert failures([(moved, whole)], unsharded.answer, as_prometheus=True) == {}
+    missed = failures([(moved, split)], sharded.answer, as_prometheus=True)
+    assert set(missed) == {
+        (moved.story.name, 0, "Value", "modelkv_engine:device_declared_pending_bytes:sum"),
+        (moved.story.name, 0, "Firing", "ModelKVDeclaredPeakWillNotFit"),
+    }, missed
