@@ -16,6 +16,10 @@ from tests.support import ROOT
 NOT_IN_ANY_STORY = {
     "modelkv_declarations_dropped": "no story engine drops a declaration (declarations.test.yaml has them)",
     "modelkv_discovery_census_exhausted": "no story engine's census runs out of its budget",
+    "modelkv_engine_paged_kv_reserved_bytes": "no story engine has vLLM 0.34's extensible KV cache yet",
+    "modelkv_engine_paged_kv_reserved_blocks": "no story engine has vLLM 0.34's extensible KV cache yet",
+    "modelkv_memory_paged_kv_committed_bytes": "no story engine has vLLM 0.34's extensible KV cache yet",
+    "modelkv_memory_paged_kv_committed_baseline_bytes": "no story engine has vLLM 0.34's extensible KV cache yet",
 }
 
 
