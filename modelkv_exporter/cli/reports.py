@@ -137,6 +137,8 @@ def _engine_heading(snapshot: Snapshot, state: EngineState) -> str:
     bits.append(f"max_num_seqs {_max_num_seqs(snapshot)}")
     if snapshot.settings.paged_kv_bytes is not None:
         bits.append(f"paged KV {human_bytes(snapshot.settings.paged_kv_bytes)}")
+    if snapshot.settings.paged_kv_reserved_bytes is not None:
+        bits.append(f"paged KV reserved {human_bytes(snapshot.settings.paged_kv_reserved_bytes)}")
     return ", ".join(bits)
 
 

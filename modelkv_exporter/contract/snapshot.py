@@ -123,10 +123,25 @@ class EngineSettings:
     )
     paged_kv_bytes: int | None = wire(
         "bytes of the paged KV cache's device backing allocation(s), each counted once however many KV-cache groups "
-        "view it (see [engine-hook.md](engine-hook.md#paged-kv-cache))",
+        "view it (see [engine-hook.md](engine-hook.md#paged-kv-cache)); for an extensible KV cache (vLLM 0.34), the "
+        "bytes committed at its last sizing step the engine saw (the final `extend_kv_cache`)",
         default=None,
     )
-    paged_kv_blocks: int | None = wire("blocks of the paged KV cache's shared pool", default=None)
+    paged_kv_blocks: int | None = wire(
+        "blocks of the paged KV cache's shared pool; for an extensible KV cache, the blocks committed at its last "
+        "sizing step",
+        default=None,
+    )
+    paged_kv_reserved_bytes: int | None = wire(
+        "bytes of address space an extensible KV cache (vLLM 0.34) reserved for its capacity, committed or not "
+        "(`ExtensibleKVCache.size`); absent for a paged KV cache allocated whole, and from older writers",
+        default=None,
+    )
+    paged_kv_reserved_blocks: int | None = wire(
+        "blocks an extensible KV cache can hold once fully committed (`ExtensibleKVCache.capacity_blocks`); absent "
+        "as `paged_kv_reserved_bytes` is",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)

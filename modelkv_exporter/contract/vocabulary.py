@@ -71,6 +71,13 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "profiled to the live tensors after initialisation",
         True,
     ),
+    Measurement(
+        "paged_kv_committed",
+        "bytes of the paged KV cache mapped on the device at the sample, outside torch's caching allocator (vLLM "
+        "0.34's extensible KV cache: ExtensibleKVCache.physical_bytes; 0 while released for sleep or a weight "
+        "update); absent for a paged KV cache torch allocates",
+        True,
+    ),
 )
 SOURCES: frozenset[str] = frozenset(m.source for m in MEASUREMENTS)
 

@@ -167,6 +167,21 @@ _METRICS: list[Metric] = [
         _E,
     ),
     Metric(
+        "modelkv_engine_paged_kv_reserved_bytes",
+        "gauge",
+        "Bytes of address space an extensible KV cache (vLLM 0.34) reserved for its capacity, committed or not "
+        "(absent for a KV cache allocated whole).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_paged_kv_reserved_blocks",
+        "gauge",
+        "Blocks an extensible KV cache (vLLM 0.34) holds once fully committed (absent for a KV cache allocated whole).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
         "modelkv_engine_up",
         "gauge",
         "1 when the engine's snapshot is fresh, 0 when its heartbeat is stale.",

@@ -75,6 +75,8 @@ def engine_samples(
         ("modelkv_engine_gpu_memory_utilization_ratio", settings.gpu_memory_utilization),
         ("modelkv_engine_paged_kv_bytes", settings.paged_kv_bytes),
         ("modelkv_engine_paged_kv_blocks", settings.paged_kv_blocks),
+        ("modelkv_engine_paged_kv_reserved_bytes", settings.paged_kv_reserved_bytes),
+        ("modelkv_engine_paged_kv_reserved_blocks", settings.paged_kv_reserved_blocks),
     )
     for name, value in optional:
         if value is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,8 @@ from tests.deploy.simulation.physics import GIB, Device, Engine, simulate, step
 from tests.deploy.simulation.render import series
 from tests.deploy.simulation.stories import STORIES
 from tests.support import ROOT
+from tests.support.processes import require_tool
+from tests.support.promql import RULES_FILE
 
 NOT_IN_ANY_STORY = {
     "modelkv_declarations_dropped": "no story engine drops a declaration (declarations.test.yaml has them)",
@@ -62,3 +66,32 @@ def test_a_hung_process_keeps_its_memory_on_the_device() -> None:
     used = [s.values["device_used"] for s in timeline.samples[first.key] if s is not None]
     assert used[0] == used[-1] == 2 * (16 + 10 + 1) * GIB
     assert timeline.heartbeats[hung.key][-1] == 4
+
+
+def test_the_extensible_kv_story_fails_when_the_baseline_is_taken_before_the_final_commit(tmp_path: Path) -> None:
+    """Break the baseline move on purpose: the vLLM 0.34 story's engines take it at the end of warm-up, as the
+    hook did before, and promtool finds the start-up paging where the operator expects silence."""
+    story = next(s for s in STORIES if s.name == "story-k-vllm-034-extensible-kv-cache")
+    first = story.episodes[0]
+    broken_engines = [
+        replace(e, extensible=replace(e.extensible, baseline_at_warm_up=True)) if e.extensible else e
+        for e in first.engines
+    ]
+    for name, episodes in (("kept", [first]), ("broken", [replace(first, engines=broken_engines)])):
+        directory = tmp_path / name / "tests"
+        directory.mkdir(parents=True)
+        (directory.parent / "modelkv-rules.yaml").write_text(RULES_FILE.read_text())
+        (directory / "story.test.yaml").write_text(replace(story, episodes=episodes).text())
+        result = subprocess.run(
+            [require_tool("promtool"), "test", "rules", "story.test.yaml"],
+            capture_output=True,
+            text=True,
+            cwd=directory,
+        )
+        if name == "kept":
+            assert result.returncode == 0, result.stdout + result.stderr
+        else:
+            assert result.returncode != 0, "a baseline before the final commit went unnoticed"
+            said = result.stdout + result.stderr
+            assert "ModelKVUndeclaredMemoryGrowth" in said, said
+            assert 'engine="v034-graphs"' in said and 'engine="v034-sleeper"' in said, said

@@ -21,6 +21,7 @@ NEED_VLLM_OMNI = {
     "test_discovery_omni.py",
     "test_diffusion_stage.py",
     "test_omni_stage.py",
+    "test_omni_worker_classes.py",
 }
 
 

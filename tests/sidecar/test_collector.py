@@ -63,7 +63,7 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
     dropped = (DroppedDeclaration("talker", "Talker", "declarer_raised", 1, "RuntimeError: boom"),)
     full = replace(
         full,
-        settings=EngineSettings(8, 0.9, 100, 10),
+        settings=EngineSettings(8, 0.9, 100, 10, 400, 40),
         dropped_declarations=dropped,
         discovered=(make_discovered(layout=kv_layout()),),
         discovery=discovery_status(budget_exhausted="objects"),

@@ -140,5 +140,6 @@ def golden_discovered_spool() -> dict[str, bytes]:
     )
     older = make_snapshot("older-writer", heartbeat_at=now, interval=5.0).to_dict()
     del older["discovered"], older["discovery"]
+    del older["settings"]["paged_kv_reserved_bytes"], older["settings"]["paged_kv_reserved_blocks"]
     documents = {"qwen3-tts-eager": running.to_dict(), "minicpmo-audio": off.to_dict(), "older-writer": older}
     return {f"{name}.json": (json.dumps(doc, indent=1) + "\n").encode() for name, doc in documents.items()}

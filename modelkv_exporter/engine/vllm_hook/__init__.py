@@ -2,8 +2,10 @@
 
 - ``plugin``: ``register()``, the ``vllm.general_plugins`` entry point, and the patching of
   worker classes, with its state kept per registration;
-- ``lifecycle``: the steps run after model load, after KV-cache set-up, after warm-up and
-  before shutdown;
+- ``lifecycle``: the steps run after model load, after KV-cache set-up, after warm-up, after
+  an extensible KV cache's final commit and before shutdown;
+- ``paged_kv``: the paged KV cache's bytes and blocks; ``extensible_kv``: vLLM 0.34's
+  extensible KV cache, committed and reserved;
 - ``identity``: who a worker is (model, stage, replica, ranks, device) and its engine id;
   ``diffusion``: the same for vLLM-Omni's diffusion workers; ``facts``: what both publish about a worker;
 The hook's settings are the engine side's (``engine.config``).

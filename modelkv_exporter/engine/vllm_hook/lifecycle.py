@@ -9,7 +9,10 @@
   paged KV cache, take the baseline;
 - after ``compile_or_warm_up_model``: take the baseline again (initialisation is over), with the
   activation peak vLLM profiled as the live tensors' headroom, and only from now on let the sampler
-  reset torch's peak statistics (vLLM resets and reads them while it loads and profiles);
+  reset torch's peak statistics (vLLM resets and reads them while it loads and profiles); a worker
+  with vLLM 0.34's extensible KV cache is not initialised yet: its cache gets its final size next;
+- after ``extend_kv_cache`` (vLLM 0.34, an extensible KV cache only): record the committed and the
+  reserved cache, and take that baseline now, after the final commit;
 - around ``determine_available_memory`` (vLLM's memory profile, which resets torch's peak and
   reads it; it runs again only when someone calls it after initialisation): hold the sampler's
   resets, so that the profile reads the whole peak;
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.snapshot import MemorySample, Snapshot
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.discover import Discovery, discover
@@ -35,6 +38,13 @@ from modelkv_exporter.engine.observe import Observer, install
 from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.samplers import MemorySampler, sampler_for
+from modelkv_exporter.engine.vllm_hook.extensible_kv import (
+    ExtensibleKV,
+    WithExtensibleKV,
+    committed_reader,
+    extensible_cache,
+    figures_of,
+)
 from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, facts_of
 from modelkv_exporter.engine.vllm_hook.paged_kv import paged_kv_blocks, paged_kv_bytes, runner_caches
 
@@ -62,7 +72,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     engine_id = engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank)
     snapshot = build_snapshot(facts.model, max_num_seqs=facts.max_num_seqs, engine_id=engine_id, **facts.identity)
     config.spool_dir.mkdir(parents=True, exist_ok=True)
-    sampler = sampler_for(getattr(worker, "device", None))
+    sampler = WithExtensibleKV(sampler_for(getattr(worker, "device", None)), committed_reader(worker))
     observer = install(declaring_owners(facts.model), enabled=config.observe)
     if previous is not None and previous.discovery is not None:
         previous.discovery.uninstall()
@@ -99,10 +109,15 @@ def after_kv_init(worker: Any, config: HookConfig, /, *args: Any, **kwargs: Any)
 
     ``args`` and ``kwargs`` are the call's, as given. The ``KVCacheConfig`` is its ``kv_cache_config``
     (``initialize_from_config``'s one parameter, by keyword or first by position; vllm-ascend's worker
-    does not copy its blocks to ``cache_config``) where that is one, else the runner's.
+    does not copy its blocks to ``cache_config``) where that is one, else the runner's. An extensible
+    KV cache (vLLM 0.34) has only reserved its capacity here: what it has committed is recorded apart.
     """
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is None:
+        return
+    extensible = figures_of(extensible_cache(worker))
+    if extensible is not None:
+        record_extensible(hook, extensible, hook.sampler())
         return
     runner = getattr(worker, "model_runner", None)
     given = kwargs["kv_cache_config"] if "kv_cache_config" in kwargs else args[0] if args else None
@@ -119,6 +134,22 @@ def after_kv_init(worker: Any, config: HookConfig, /, *args: Any, **kwargs: Any)
     hook.publisher.update(record)
 
 
+def record_extensible(hook: WorkerHook, figures: ExtensibleKV, sample: MemorySample) -> None:
+    """Publish an extensible KV cache's committed and reserved figures, with ``sample`` as the baseline."""
+
+    def record(snapshot: Snapshot) -> Snapshot:
+        settings = replace(
+            snapshot.settings,
+            paged_kv_bytes=figures.committed_bytes,
+            paged_kv_blocks=figures.committed_blocks,
+            paged_kv_reserved_bytes=figures.reserved_bytes,
+            paged_kv_reserved_blocks=figures.reserved_blocks,
+        )
+        return with_baseline(replace(snapshot, settings=settings), sample)
+
+    hook.publisher.update(record)
+
+
 def activation_budget(worker: Any) -> int | None:
     """The activation peak vLLM measured while profiling and budgeted for (``peak_activation_memory``), if known."""
     value = getattr(worker, "peak_activation_memory", None)
@@ -128,12 +159,25 @@ def activation_budget(worker: Any) -> int | None:
 
 
 def after_warm_up(worker: Any, config: HookConfig) -> None:
-    """Initialisation is over (graphs captured): this is the baseline growth is measured from."""
+    """Initialisation is over (graphs captured): this is the baseline growth is measured from.
+
+    Not yet for a worker with an extensible KV cache: ``extend_kv_cache`` commits its final size
+    next, outside torch, and the baseline follows that commit (``after_extend``).
+    """
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
         if hook.discovery is not None:
             hook.discovery.start(lambda: runner_caches(getattr(worker, "model_runner", None)))
-        hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
+        if figures_of(extensible_cache(worker)) is None:
+            hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
+
+
+def after_extend(worker: Any, config: HookConfig) -> None:
+    """The extensible KV cache has its final size: record it, and take the baseline growth is measured from."""
+    hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
+    figures = figures_of(extensible_cache(worker))
+    if hook is not None and figures is not None:
+        record_extensible(hook, figures, hook.sampler.initialised(activation_budget(worker)))
 
 
 def hold_peak_resets(worker: Any, config: HookConfig) -> Callable[[], None] | None:

@@ -79,6 +79,7 @@ def worker_plan() -> Plan:
         Method("load_model", "after", lifecycle.after_load_model),
         Method("initialize_from_config", "after", lifecycle.after_kv_init, with_arguments=True),
         Method("compile_or_warm_up_model", "after", lifecycle.after_warm_up),
+        Method("extend_kv_cache", "after", lifecycle.after_extend),
         Method("determine_available_memory", "around", lifecycle.hold_peak_resets),
         Method("shutdown", "before", lifecycle.before_shutdown),
     )

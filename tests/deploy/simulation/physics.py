@@ -8,6 +8,10 @@ process is the allocator's memory plus the CUDA context and whatever the process
 torch. A device's used memory is the sum over every process on it, hung ones included, plus
 processes that publish no snapshot. A CPU engine's resident memory keeps the most its caches ever
 held (the C allocator rarely returns freed heap) plus its own heap growth.
+
+A vLLM 0.34 engine with an extensible KV cache (``ExtensibleKV``) keeps its paged KV cache outside
+torch: pages mapped by the driver, in NVML's figure and the device's but in no torch figure, and
+committed in steps (reserve, warm-up, the final extend, released while asleep).
 """
 
 from __future__ import annotations
@@ -90,6 +94,43 @@ class Undeclared:
     """Two methods that find one owner see views of the same memory: the owner holds the larger figure."""
 
 
+NULL_BLOCK = 2 * MIB
+"""What an extensible KV cache commits when it is created, and keeps through warm-up's releases: one granule."""
+
+
+@dataclass(frozen=True)
+class ExtensibleKV:
+    """vLLM 0.34's extensible KV cache, minute by minute of an engine's start-up (``load_minutes`` long).
+
+    Four minutes before the engine is ready, ``initialize_from_config`` reserves ``reserved`` bytes of
+    address space and commits the null block; warm-up then commits ``warm_up`` bytes for two minutes
+    and, when it captures CUDA graphs, gives them back before capture; an ``eager`` engine (no graphs)
+    keeps them until the final ``extend_kv_cache``. That final commit (or shrink) to the engine's
+    ``paged_kv`` lands when the engine is ready. While asleep (``sleeps``: story minutes ``[start,
+    stop)``) the pages are released and then recommitted.
+    """
+
+    reserved: int = 120 * GIB
+    warm_up: int = 8 * GIB
+    eager: bool = False
+    sleeps: tuple[tuple[int, int], ...] = ()
+    baseline_at_warm_up: bool = False
+    """The hook before vLLM 0.34 support: its baseline at the end of warm-up, before the final commit."""
+
+    def committed(self, t: int, start: int, load_minutes: int, final: int) -> int:
+        """Bytes mapped at story minute ``t`` of a process that started at ``start``."""
+        since = t - start
+        if since < load_minutes - 4:
+            return 0
+        if since == load_minutes - 4:
+            return NULL_BLOCK
+        if since < load_minutes - 1:
+            return NULL_BLOCK + self.warm_up
+        if since < load_minutes:
+            return NULL_BLOCK + self.warm_up if self.eager else NULL_BLOCK
+        return 0 if any(a <= t < b for a, b in self.sleeps) else final
+
+
 @dataclass(frozen=True)
 class Engine:
     """One engine process (and the one that replaces it after a restart), as its hook measures it."""
@@ -127,6 +168,8 @@ class Engine:
     emptied_at: tuple[int, ...] = ()
     """Minutes at which vLLM empties torch's cache (``torch.cuda.empty_cache``)."""
     max_num_seqs: int = 8
+    extensible: ExtensibleKV | None = None
+    """vLLM 0.34's extensible KV cache: ``paged_kv`` lives outside torch, committed in steps."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -198,11 +241,16 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
             process.baseline = dict(values)
         return Sample(values, process.baseline, process.start, held, discovered, calls)
 
+    extensible = engine.extensible
+    in_torch_kv = 0 if extensible is not None else engine.paged_kv
+    committed = (
+        0 if extensible is None else extensible.committed(t, process.start, engine.load_minutes, engine.paged_kv)
+    )
     if not ready:
         live = int(engine.weights * loaded)
         window = live
     else:
-        live = engine.weights + engine.paged_kv + caches + engine.leak(t)
+        live = engine.weights + in_torch_kv + caches + engine.leak(t)
         window = live + engine.activation(t)
     if not ready:
         process.reserved = max(process.reserved, live)
@@ -215,7 +263,7 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
     high_water = max(window, process.previous_window) if process.baseline is not None else live
     process.previous_window = window
     process.peak_allocated = max(process.peak_allocated, window)
-    process_gpu = process.reserved + engine.context + (engine.non_torch(t) if ready else 0)
+    process_gpu = process.reserved + engine.context + (engine.non_torch(t) if ready else 0) + committed
     values = {
         "torch_allocated": live,
         "torch_allocated_high_water": high_water,
@@ -226,11 +274,17 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
     }
     if engine.nvml:
         values["process_gpu"] = process_gpu
-    if ready and process.baseline is None:
+    if extensible is not None:
+        values["paged_kv_committed"] = committed
+    early = extensible is not None and extensible.baseline_at_warm_up
+    settled = ready or early and t >= process.start + engine.load_minutes - 1
+    if settled and process.baseline is None:
         process.baseline = {k: values[k] for k in ("torch_allocated", "torch_reserved", "process_resident")}
         process.baseline["torch_allocated_high_water"] = live + engine.activation_budget
         if engine.nvml:
             process.baseline["process_gpu"] = process_gpu
+        if extensible is not None:
+            process.baseline["paged_kv_committed"] = committed
     return Sample(values, process.baseline, process.start, held, discovered, calls, process_gpu)
 
 

@@ -101,6 +101,8 @@ def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
             gpu_memory_utilization=0.9 if gpu else None,
             paged_kv_bytes=engine.paged_kv if gpu else None,
             paged_kv_blocks=engine.paged_kv // (2 * 1024**2) if gpu else None,
+            paged_kv_reserved_bytes=None if engine.extensible is None else engine.extensible.reserved,
+            paged_kv_reserved_blocks=None if engine.extensible is None else engine.extensible.reserved // (2 * 1024**2),
         ),
         declarations=tuple(declaration(engine, i) for i in range(len(engine.caches))),
         started_at=sample.started_minute * 60.0,

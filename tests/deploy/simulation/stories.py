@@ -13,6 +13,7 @@ from tests.deploy.simulation.physics import (
     Cache,
     Device,
     Engine,
+    ExtensibleKV,
     Undeclared,
     burst,
     bursts,
@@ -21,7 +22,7 @@ from tests.deploy.simulation.physics import (
     ramp,
     step,
 )
-from tests.deploy.simulation.render import ScrapeGap
+from tests.deploy.simulation.render import ScrapeGap, selector
 from tests.deploy.simulation.story import (
     AlertTest,
     Episode,
@@ -605,6 +606,125 @@ def _undeclared_bursts() -> Story:
     )
 
 
+def _extensible_kv() -> Story:
+    graphs = Engine(
+        "v034-graphs",
+        "llm-0",
+        "10.11.0.1:9400",
+        Device("GPU-k0"),
+        started=0,
+        paged_kv=50 * GIB,
+        extensible=ExtensibleKV(62 * GIB),
+    )
+    eager = Engine(
+        "v034-eager",
+        "llm-1",
+        "10.11.0.2:9400",
+        Device("GPU-k1"),
+        started=0,
+        paged_kv=50 * GIB,
+        extensible=ExtensibleKV(62 * GIB, warm_up=56 * GIB, eager=True),
+    )
+    sleeper = Engine(
+        "v034-sleeper",
+        "llm-2",
+        "10.11.0.3:9400",
+        Device("GPU-k2"),
+        started=0,
+        paged_kv=50 * GIB,
+        extensible=ExtensibleKV(62 * GIB, sleeps=((60, 90), (150, 155))),
+    )
+    leak = Engine(
+        "v034-leak",
+        "llm-3",
+        "10.11.0.4:9400",
+        Device("GPU-k3"),
+        started=0,
+        paged_kv=50 * GIB,
+        extensible=ExtensibleKV(62 * GIB),
+        leak=ramp(60, 3 * GIB // 20, 130),
+    )
+    old_hook = Engine(
+        "v034-old-hook",
+        "llm-4",
+        "10.11.0.5:9400",
+        Device("GPU-k4"),
+        started=0,
+        paged_kv=50 * GIB,
+        extensible=ExtensibleKV(62 * GIB, baseline_at_warm_up=True),
+    )
+    committed = "modelkv_memory_paged_kv_committed_bytes"
+    return Story(
+        "story-k-vllm-034-extensible-kv-cache",
+        """
+        vLLM 0.34 maps the paged KV cache outside torch and commits it in steps. Five engines start at
+        minute 0, each alone on an 80 GiB device with 16 GiB of weights, and are ready at minute 10.
+        Each reserves 62 GiB of address space for its KV cache at minute 6 and commits the null block;
+        warm-up commits 8 GiB at minutes 7 and 8. "v034-graphs" gives them back before it captures
+        CUDA graphs, and the final extend commits 50 GiB at minute 10. "v034-eager" runs without
+        graphs: its warm-up commits 56 GiB and keeps them, and the final extend shrinks them to 50 GiB.
+        "v034-sleeper" sleeps from minute 60 to 90 and from 150 to 155: its 50 GiB are released and
+        recommitted. "v034-leak" leaks 0.15 GiB of live tensors a minute from minute 60 to 130 and keeps them. The KV cache
+        shows in NVML's figure and the device's, never in torch's.
+        """,
+        [
+            Episode(
+                """
+                The operator expects no undeclared-growth page for the start-up, the shrink or the
+                sleeps: the hook takes its baseline after the final commit, so the 50 GiB the cache
+                commits then are not growth, and a cache released while asleep is less memory, not
+                more. The leak still pages: it passes the 2 GiB activation budget vLLM profiled
+                (plus the rule's 256 MiB) near minute 76 and pages 15 minutes later. The committed
+                bytes read 50 GiB when awake and 0 asleep; the reservation reads 62 GiB throughout.
+                Neither a start-up nor a wake-up predicts exhaustion; the leaking engine's device is
+                left to the exhaustion stories.
+                """,
+                [graphs, eager, sleeper, leak],
+                240,
+                [
+                    Quiet(UNDECLARED, 0, 240, 'engine=~"v034-graphs|v034-eager|v034-sleeper"'),
+                    Quiet(UNDECLARED, 0, 90, 'engine="v034-leak"'),
+                    Firing(UNDECLARED, 95, (engine_labels(leak, **WARNING),)),
+                    Firing(UNDECLARED, 240, (engine_labels(leak, **WARNING),)),
+                    Quiet(PREDICTED, 0, 240, 'device=~"GPU-k0|GPU-k1|GPU-k2"'),
+                    Quiet(IMMINENT, 0, 240, 'device=~"GPU-k0|GPU-k1|GPU-k2"'),
+                    Value(
+                        f'{committed}{{engine=~"v034-(graphs|eager|sleeper)"}}',
+                        30,
+                        _each(committed, 50 * GIB, graphs, eager, sleeper),
+                    ),
+                    Value(f'{committed}{{engine="v034-sleeper"}}', 70, _each(committed, 0, sleeper)),
+                    Value(f'{committed}{{engine="v034-sleeper"}}', 100, _each(committed, 50 * GIB, sleeper)),
+                    Value(
+                        'modelkv_engine_paged_kv_reserved_bytes{engine="v034-sleeper"}',
+                        70,
+                        _each("modelkv_engine_paged_kv_reserved_bytes", 62 * GIB, sleeper),
+                    ),
+                ],
+            ),
+            Episode(
+                """
+                The hook as it was before vLLM 0.34 took its baseline at the end of warm-up, before the
+                final commit. With that hook the operator expects the wrong page this change removes:
+                the 50 GiB committed at minute 10 count as growth outside torch, and the engine pages 15
+                minutes after it is ready though nothing leaks.
+                """,
+                [old_hook],
+                60,
+                [
+                    Quiet(UNDECLARED, 0, 24),
+                    Firing(UNDECLARED, 30, (engine_labels(old_hook, **WARNING),)),
+                ],
+            ),
+        ],
+    )
+
+
+def _each(name: str, value: float, *engines: Engine) -> tuple[tuple[str, float], ...]:
+    """The samples of the engine-level series ``name`` of ``engines``, each at ``value``."""
+    return tuple((selector(name, tuple(sorted(engine_labels(engine).items()))), value) for engine in engines)
+
+
 STORIES = [
     _steps(),
     _cpu(),
@@ -616,5 +736,6 @@ STORIES = [
     _scrape_gap(),
     _small_slice(),
     _undeclared_bursts(),
+    _extensible_kv(),
 ]
 """Every story, in the order their files sort."""

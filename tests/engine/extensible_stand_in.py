@@ -1,0 +1,231 @@
+"""A stand-in for vLLM 0.34's GPU worker with an extensible KV cache, on a simulated device.
+
+Built from vLLM 0.34.0's released source (``vllm/v1/worker/extensible_kv_cache.py``,
+``vllm/utils/extensible_tensor.py``, ``vllm/v1/worker/gpu_worker.py``, ``vllm/v1/engine/core.py``):
+
+- ``StandInKVCache`` keeps the figures ``ExtensibleKVCache`` keeps (``size``, ``capacity_blocks``,
+  ``num_committed_blocks``, ``physical_bytes``) and commits as it does: segments of
+  ``capacity_blocks`` blocks, each committed as a prefix mapped in 2 MiB granules, grow-only
+  unless ``shrink``; ``release_physical`` drops every page and keeps the block count,
+  ``recommit`` maps it again. Its pages are device memory outside torch's caching allocator.
+- ``StandInWorker`` has the 0.34 ``Worker`` methods the engine core calls, in their order
+  (``run_engine_core``): load, profile, ``initialize_from_config`` (reserve, commit the null
+  block), ``compile_or_warm_up_model`` (warm-up commits blocks, gives them back, captures graphs),
+  ``extend_kv_cache`` (the final commit, or a shrink), then ``sleep``/``wake_up``.
+- ``Gpu`` is the device: torch's allocator (live, reserved, peak), the CUDA context, and pages
+  mapped outside torch; it answers as ``torch.cuda`` and NVML do.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+MIB = 1024**2
+GIB = 1024**3
+GRANULE = 2 * MIB
+
+
+class Gpu:
+    """One device as torch and NVML see it: allocator figures, the context, pages mapped outside torch."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, total: int = 80 * GIB, context: int = 500 * MIB) -> None:
+        self.total = total
+        self.context = context
+        self.allocated = 0
+        self.reserved = 0
+        self.peak = 0
+        self.mapped = 0
+
+    @property
+    def process_bytes(self) -> int:
+        return self.reserved + self.context + self.mapped
+
+    def allocate(self, size: int) -> None:
+        self.allocated += size
+        self.reserved = max(self.reserved, self.allocated)
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, size: int) -> None:
+        self.allocated -= size
+
+    def empty_cache(self) -> None:
+        self.reserved = self.allocated
+
+    def memory_allocated(self, device: Any) -> int:
+        return self.allocated
+
+    def memory_reserved(self, device: Any) -> int:
+        return self.reserved
+
+    def max_memory_allocated(self, device: Any) -> int:
+        return self.peak
+
+    def reset_peak_memory_stats(self, device: Any) -> None:
+        self.peak = self.allocated
+
+    def mem_get_info(self, device: Any) -> tuple[int, int]:
+        return self.total - self.process_bytes, self.total
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return "gpu"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=self.process_bytes)]
+
+
+class StandInKVCache:
+    """``ExtensibleKVCache``'s figures and commit rules, mapping pages on a ``Gpu`` outside torch."""
+
+    def __init__(self, gpu: Gpu, capacity_blocks: int, segment_strides: list[int]) -> None:
+        self.gpu = gpu
+        self.capacity_blocks = capacity_blocks
+        self.segment_strides = segment_strides
+        self.size = capacity_blocks * sum(segment_strides)
+        self.bytes_per_block = sum(segment_strides)
+        self.num_committed_blocks = 0
+        self.min_committed_blocks = 1
+        self._mapped = 0
+
+    @property
+    def physical_bytes(self) -> int:
+        """Mapped bytes, granule rounding included."""
+        return self._mapped
+
+    def physical_bytes_for(self, num_blocks: int) -> int:
+        """Bytes a commit of ``num_blocks`` maps: each segment's prefix rounded up to granules."""
+        return sum(-(-num_blocks * stride // GRANULE) * GRANULE for stride in self.segment_strides)
+
+    def _map(self, num_bytes: int) -> None:
+        self.gpu.mapped += num_bytes - self._mapped
+        self._mapped = num_bytes
+
+    def allocate(self) -> None:
+        """``initialize_kv_cache``'s allocation: the reservation, with the null block committed."""
+        self.commit(self.min_committed_blocks)
+
+    def commit(self, num_blocks: int, shrink: bool = False) -> None:
+        """Back the first ``num_blocks`` blocks; grow-only unless ``shrink``, which remaps a smaller prefix."""
+        num_blocks = min(num_blocks, self.capacity_blocks)
+        if shrink and num_blocks < self.num_committed_blocks:
+            self.release_physical()
+            self.num_committed_blocks = 0
+        if num_blocks <= self.num_committed_blocks:
+            return
+        self._map(self.physical_bytes_for(num_blocks))
+        self.num_committed_blocks = num_blocks
+
+    def release_physical(self) -> None:
+        """Drop every page (sleep, a weight update borrowing the memory); the block count stays."""
+        self._map(0)
+
+    def recommit(self) -> None:
+        """Map fresh pages for the blocks committed before the release."""
+        num_blocks, self.num_committed_blocks = self.num_committed_blocks, 0
+        self.commit(num_blocks)
+
+
+class StandInWorker:
+    """vLLM 0.34's ``Worker`` as the engine core drives it, with an extensible KV cache on a ``Gpu``."""
+
+    def __init__(
+        self,
+        gpu: Gpu,
+        weights: int = 4 * GIB,
+        activation_peak: int = 2 * GIB,
+        graph_pool: int = 300 * MIB,
+        warm_up_blocks: int = 1000,
+        extensible: bool = True,
+    ) -> None:
+        self.gpu = gpu
+        self.weights = weights
+        self.activation_peak = activation_peak
+        self.graph_pool = graph_pool
+        self.warm_up_blocks = warm_up_blocks
+        self.device = SimpleNamespace(type="stand-in", index=0)
+        self.local_rank = 0
+        self.vllm_config = SimpleNamespace(
+            model_config=SimpleNamespace(model="/models/tiny", served_model_name="tiny", architectures=["Tiny"]),
+            scheduler_config=SimpleNamespace(max_num_seqs=8),
+            parallel_config=SimpleNamespace(data_parallel_rank=0),
+            cache_config=SimpleNamespace(enable_extensible_kv_cache=extensible, num_gpu_blocks=None),
+        )
+        self.model_runner = SimpleNamespace(model=None, extensible_kv_cache=None)
+        self.calls: list[str] = []
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        import torch
+
+        self.calls.append("load_model")
+        self.gpu.allocate(self.weights)
+        self.model_runner.model = torch.nn.Linear(2, 2)
+
+    def determine_available_memory(self) -> int:
+        self.calls.append("determine_available_memory")
+        self.gpu.reset_peak_memory_stats(None)
+        self.gpu.allocate(self.activation_peak)
+        self.gpu.free(self.activation_peak)
+        self.peak_activation_memory = self.gpu.max_memory_allocated(None) - self.gpu.memory_allocated(None)
+        return self.gpu.total - self.gpu.process_bytes
+
+    def initialize_from_config(self, kv_cache_config: Any) -> None:
+        self.calls.append("initialize_from_config")
+        if self.vllm_config.cache_config.enable_extensible_kv_cache:
+            cache = StandInKVCache(self.gpu, kv_cache_config.num_blocks, kv_cache_config.segment_strides)
+            cache.allocate()
+            self.model_runner.extensible_kv_cache = cache
+        else:
+            self.gpu.allocate(kv_cache_config.num_blocks * sum(kv_cache_config.segment_strides))
+            self.vllm_config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+
+    def compile_or_warm_up_model(self) -> None:
+        self.calls.append("compile_or_warm_up_model")
+        cache = self.model_runner.extensible_kv_cache
+        self.gpu.reset_peak_memory_stats(None)
+        if cache is not None:
+            cache.commit(self.warm_up_blocks)
+        self.gpu.allocate(self.activation_peak)
+        self.gpu.free(self.activation_peak)
+        if cache is not None:
+            cache.commit(cache.min_committed_blocks, shrink=True)
+        self.gpu.allocate(self.graph_pool)
+
+    def extend_kv_cache(self, num_blocks: int) -> None:
+        self.calls.append("extend_kv_cache")
+        cache = self.model_runner.extensible_kv_cache
+        cache.commit(num_blocks, shrink=True)
+        self.vllm_config.cache_config.num_gpu_blocks = num_blocks
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append("sleep")
+        cache = self.model_runner.extensible_kv_cache
+        if cache is not None:
+            cache.release_physical()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append("wake_up")
+        cache = self.model_runner.extensible_kv_cache
+        if cache is not None and (tags is None or "kv_cache" in tags):
+            cache.recommit()
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+def kv_cache_config(num_blocks: int, segment_strides: list[int]) -> SimpleNamespace:
+    """The part of a ``KVCacheConfig`` the stand-in reads: the capacity and each segment's block stride."""
+    return SimpleNamespace(num_blocks=num_blocks, segment_strides=segment_strides, kv_cache_tensors=[])
+
+
+def run_engine_core(worker: StandInWorker, config: Any, final_blocks: int) -> None:
+    """``EngineCore`` start-up, in 0.34's order: load, profile, reserve, warm up, then the final extend."""
+    worker.load_model()
+    worker.determine_available_memory()
+    worker.initialize_from_config(config)
+    worker.compile_or_warm_up_model()
+    if worker.vllm_config.cache_config.enable_extensible_kv_cache:
+        worker.extend_kv_cache(final_blocks)
