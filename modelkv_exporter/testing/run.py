@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from modelkv_exporter.contract.declaration_text import layout_figures
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
-from modelkv_exporter.contract.verdicts import Verdict, VerdictKind, judge
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
 from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
+from modelkv_exporter.judging.declaration_text import layout_figures
+from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, judge
 from modelkv_exporter.testing.caches import CacheTracker
 from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
 from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
