@@ -8,6 +8,8 @@ the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (`
 - ``publish``: ``build_snapshot`` and the one-shot ``publish``;
 - ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current;
 - ``samplers``: measured memory (CUDA allocator, device, NVML, host RSS);
+- ``observe``: what the declaring owners' ``transformers`` caches really hold;
+- ``discover``: modules that hold caches they do not declare;
 - ``config``: the engine side's settings, ``MODELKV_`` variables read into one typed object;
 - ``vllm_hook``: the vLLM general plugin and what it does at each step of a worker's life.
 """
