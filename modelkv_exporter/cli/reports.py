@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Sequence
 
 from modelkv_exporter.cli.capacity import Correction, Demand
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import (
     CLI,
@@ -20,7 +21,6 @@ from modelkv_exporter.sidecar.attention import (
 from modelkv_exporter.sidecar.discovered import discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
-from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 _NUMERIC = re.compile(r"\d+(\.\d+)?( [KMGT]?i?B)?")

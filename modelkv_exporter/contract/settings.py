@@ -15,7 +15,6 @@ The one setting engines and sidecars share is here: ``SPOOL_DIR``, the directory
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
@@ -168,22 +167,3 @@ class Table:
             except ValueError as error:
                 problems[row.dest] = f"{row.env}={raw!r}: {error}"
         return values, problems
-
-
-def number(text: str) -> float:
-    """A finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{text!r} is not a finite number")
-    return value
-
-
-def whole_number(text: str) -> int:
-    """A whole number."""
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None

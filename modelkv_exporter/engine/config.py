@@ -13,48 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelkv_exporter.contract.settings import Table, build, number, setting, whole_number
+from modelkv_exporter.contract.setting_values import interval_seconds, non_negative_int, positive_int, switch
+from modelkv_exporter.contract.settings import Table, build, setting
 from modelkv_exporter.engine.log import get_logger
 
 logger = get_logger("config")
-
-MIN_SAMPLE_INTERVAL = 1.0
-
-
-def sample_interval(text: str) -> float:
-    """Seconds between samples, at least 1."""
-    return max(MIN_SAMPLE_INTERVAL, number(text))
-
-
-def census_interval(text: str) -> float:
-    """Seconds between censuses, at least 1."""
-    return max(MIN_SAMPLE_INTERVAL, number(text))
-
-
-def at_least_one(text: str) -> int:
-    """A whole number, at least 1."""
-    value = whole_number(text)
-    if value < 1:
-        raise ValueError(f"{text!r} is less than 1")
-    return value
-
-
-def not_negative(text: str) -> int:
-    """A whole number, at least 0."""
-    value = whole_number(text)
-    if value < 0:
-        raise ValueError(f"{text!r} is negative")
-    return value
-
-
-def switch(text: str) -> bool:
-    """On or off: 1, true, yes, on; 0, false, no, off."""
-    value = text.lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{text!r} is neither on (1, true, yes, on) nor off (0, false, no, off)")
 
 
 @dataclass(frozen=True)
@@ -63,7 +26,7 @@ class HookConfig:
 
     spool_dir: Path
     sample_interval: float = setting(
-        5.0, sample_interval, "Seconds between the engine's memory samples and heartbeats (at least 1)."
+        5.0, interval_seconds, "Seconds between the engine's memory samples and heartbeats (at least 1)."
     )
     engine_id_prefix: str | None = setting(
         None,
@@ -95,30 +58,32 @@ class HookConfig:
     )
     census_interval: float = setting(
         30.0,
-        census_interval,
+        interval_seconds,
         "Seconds between two censuses of the tensors the model's modules hold (at least 1); the census runs on "
         "the heartbeat thread, at the first heartbeat after this much time.",
     )
     discover_floor_bytes: int = setting(
         1 << 20,
-        not_negative,
+        non_negative_int,
         "Bytes a discovered owner must have held at once to be published; smaller ones (rotary tables, "
         "scales) are only counted.",
     )
     discover_max_owners: int = setting(
-        32, not_negative, "Discovered owners one engine publishes at most (the largest first); the rest are counted."
+        32,
+        non_negative_int,
+        "Discovered owners one engine publishes at most (the largest first); the rest are counted.",
     )
     census_max_modules: int = setting(
-        100_000, at_least_one, "Modules one census visits at most; a census that stops there says so."
+        100_000, positive_int, "Modules one census visits at most; a census that stops there says so."
     )
     census_max_objects: int = setting(
         500_000,
-        at_least_one,
+        positive_int,
         "Objects (tensors, containers, plain objects) one census visits at most; a census that stops there says so.",
     )
     census_max_depth: int = setting(
         8,
-        at_least_one,
+        positive_int,
         "How deep the census follows a module's attributes through containers and plain objects; what lies "
         "deeper is not looked at, and the census says so.",
     )

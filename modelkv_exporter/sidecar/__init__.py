@@ -14,6 +14,5 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
 - ``exposition``: /metrics rendered once per spool change, content negotiation, gzip;
 - ``http``: the sidecar's configuration, the FastAPI app, its one router, the landing page, the JSON
   document, the uvicorn server;
-- ``sizes`` and ``setting_values``: byte sizes for people, and the kinds of value settings take;
-  ``log``: rate-limited logging.
+- ``log``: rate-limited logging.
 """

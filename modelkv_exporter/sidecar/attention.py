@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
 from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
 from modelkv_exporter.judging.declaration_text import Figure, layout_figures, resized_figures, spec_code
 from modelkv_exporter.sidecar.discovered import discovery_running
 from modelkv_exporter.sidecar.reader.state import EngineState
-from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 NAMED = 3

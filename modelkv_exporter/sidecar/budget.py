@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 
+from modelkv_exporter.contract.setting_values import byte_size, positive_int
 from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS
@@ -29,7 +30,6 @@ from modelkv_exporter.sidecar.labels import engine_labels
 from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError
 from modelkv_exporter.sidecar.reader.scan import SpoolEntry, SpoolReader, SpoolScan
 from modelkv_exporter.sidecar.samples import engine_samples
-from modelkv_exporter.sidecar.setting_values import byte_size, positive_int
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.contract.settings import REQUIRED, SPOOL_DIR, Table, build, group, number, setting
+from modelkv_exporter.contract.setting_values import number
+from modelkv_exporter.contract.settings import REQUIRED, SPOOL_DIR, Table, build, group, setting
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import CLI, NAMED, Concern, Finding, Status, findings, status
 from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
-from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
 
 SIDECAR_CONTAINER = "modelkv-exporter"

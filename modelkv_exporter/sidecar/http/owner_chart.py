@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE
 from modelkv_exporter.sidecar.attention import owner_name
 from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
-from modelkv_exporter.sidecar.sizes import human_bytes
 
 DECLARED, OBSERVED, OVER, DISCOVERED = "#4a78c2", "#3b9a5b", "#d64545", "#9b59b6"
 """Bar colours: declared, observed within the declaration, observed above it, discovered (not declared)."""

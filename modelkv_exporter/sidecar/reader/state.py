@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 
+from modelkv_exporter.contract.setting_values import non_negative_float
 from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolEntry, SpoolScan
-from modelkv_exporter.sidecar.setting_values import non_negative_float
 
 CLOCK_SKEW_SECONDS = 10.0
 """How far in the future a heartbeat may be before its engine is called stale (engine and sidecar share a node's clock)."""

@@ -1,21 +1,52 @@
-"""The kinds of value the sidecar's and the commands' settings take, parsed from a flag or a ``MODELKV_`` variable.
+"""The kinds of value settings take, each parsed from a flag's or a ``MODELKV_`` variable's text: one module for
+both sides (the engine's settings and the sidecar's and the commands').
 
-Each raises ``ValueError`` with a message naming what was wrong; the command names the flag or variable.
+Each raises ``ValueError`` with a message naming what was wrong; the program names the flag or variable.
 """
 
 from __future__ import annotations
 
+import math
 from urllib.parse import urlsplit
 
-from modelkv_exporter.contract.settings import number, whole_number
-from modelkv_exporter.sidecar.sizes import parse_bytes
+from modelkv_exporter.contract.sizes import parse_bytes
+
+MIN_INTERVAL_SECONDS = 1.0
+"""The shortest interval between two samples or two censuses an engine takes."""
+
+
+def number(text: str) -> float:
+    """A finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
+
+
+def whole_number(text: str) -> int:
+    """A whole number."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
 
 
 def positive_int(text: str) -> int:
-    """An integer >= 1."""
+    """A whole number, 1 or more."""
     value = whole_number(text)
     if value < 1:
         raise ValueError(f"{value} is not 1 or more")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number, 0 or more."""
+    value = whole_number(text)
+    if value < 0:
+        raise ValueError(f"{value} is not 0 or more")
     return value
 
 
@@ -28,7 +59,7 @@ def port_number(text: str) -> int:
 
 
 def non_negative_float(text: str) -> float:
-    """A number >= 0."""
+    """A number, 0 or more."""
     value = number(text)
     if value < 0:
         raise ValueError(f"{text} is not 0 or more")
@@ -36,11 +67,26 @@ def non_negative_float(text: str) -> float:
 
 
 def positive_float(text: str) -> float:
-    """A number > 0."""
+    """A number above 0."""
     value = number(text)
     if value <= 0:
         raise ValueError(f"{text} is not more than 0")
     return value
+
+
+def interval_seconds(text: str) -> float:
+    """Seconds between two samples or censuses: a number, raised to ``MIN_INTERVAL_SECONDS`` when below it."""
+    return max(MIN_INTERVAL_SECONDS, number(text))
+
+
+def switch(text: str) -> bool:
+    """On or off: 1, true, yes, on; 0, false, no, off (any case)."""
+    value = text.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is neither on (1, true, yes, on) nor off (0, false, no, off)")
 
 
 def log_level(text: str) -> str:
