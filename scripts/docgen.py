@@ -128,8 +128,13 @@ def settings_table() -> str:
     lines = ["| flag | environment variable | commands and defaults | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
         defaults = ", ".join(f"{program}: {_shown(default)}" for program, default in s.defaults.items())
-        flag = f"`{s.flag}`" if set(s.defaults) - {ENGINE} else "(environment only)"
-        lines.append(f"| {flag} | `{s.env}` | {defaults} | {s.full_help} |")
+        commands = set(s.defaults) - {ENGINE}
+        flag = f"`{s.flag}`" if commands else "(environment only)"
+        env = f"`{s.env}`"
+        if s.aliases:
+            flag += "".join(f"<br>`{alias}` (deprecated)" for alias in s.alias_flags) if commands else ""
+            env += "".join(f"<br>`{alias}` (deprecated)" for alias in s.alias_envs)
+        lines.append(f"| {flag} | {env} | {defaults} | {s.full_help} |")
     return "\n".join(lines)
 
 
