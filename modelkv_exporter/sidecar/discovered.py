@@ -1,7 +1,7 @@
 """Which of an engine's discovered owners the sidecar exports, and how a discovered layout is written.
 
 An engine publishes the modules that hold cache memory they do not declare (``Snapshot.discovered``);
-the sidecar exports at most ``MAX_DISCOVERED_OWNERS`` of them per engine (``Budget.max_discovered_owners``):
+the sidecar exports at most ``Budget.max_discovered_owners`` of them per engine:
 the largest by peak, listed in the snapshot's order, the rest counted as omitted. /metrics, the landing
 page and ``/api/v1/engines`` all pick them here, so they agree.
 """
@@ -11,9 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, KVLayout, Snapshot
-
-MAX_DISCOVERED_OWNERS = 64
-"""Discovered owners exported per engine by default: a model has a few; each costs three series."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +31,7 @@ def discovery_running(snapshot: Snapshot) -> bool:
     return reports_discovery(snapshot) and (snapshot.discovery is None or snapshot.discovery.enabled)
 
 
-def exported_discovery(snapshot: Snapshot, limit: int = MAX_DISCOVERED_OWNERS) -> ExportedDiscovery:
+def exported_discovery(snapshot: Snapshot, limit: int) -> ExportedDiscovery:
     """The ``limit`` discovered owners with the largest peaks (ties: the earlier entry), in the snapshot's order.
 
     Nothing when discovery is off: its owners are then not shown, and none counts as omitted.

@@ -33,9 +33,9 @@ NAMED = "named"
 
 DiscoverySource = Callable[[], Iterable[DiscoveredOwner]]
 """A source of discovered owners, read when the run ends (beside the check's own discovery)."""
-DISCOVERY = DiscoverySettings(floor_bytes=1, max_owners=1024)
+DISCOVERY = DiscoverySettings(discover_floor_bytes=1, engine_max_discovered_owners=1024)
 """The check reports every cache a module built without declaring it, whatever its size."""
-CENSUS_FLOOR = DiscoverySettings().floor_bytes
+CENSUS_FLOOR = DiscoverySettings().discover_floor_bytes
 """Census finds below this (the engine's default floor, 1 MiB) are left out, as an engine leaves them out:
 small tensors a module creates on first use (activation constants, lookup tables) are not caches."""
 

@@ -7,9 +7,12 @@
 - ``layout``: the key/value geometry seen in cache layers;
 - ``discovery``: ``Discovery`` (attribution, census, baseline, figures) and ``discover``, which starts it.
 
+Its settings are the engine's (``engine.config.DiscoverySettings``, ``HookConfig.discovery``), re-exported here.
+
 See docs/observed-caches.md ("Discovered owners").
 """
 
-from modelkv_exporter.engine.discover.discovery import Discovery, DiscoverySettings, discover
+from modelkv_exporter.engine.config import DiscoverySettings
+from modelkv_exporter.engine.discover.discovery import Discovery, discover
 
 __all__ = ["Discovery", "DiscoverySettings", "discover"]

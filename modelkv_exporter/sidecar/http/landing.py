@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import CLI, NAMED, Concern, Finding, Status, findings, status
-from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
+from modelkv_exporter.sidecar.discovered import exported_discovery
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
@@ -233,7 +233,7 @@ def _discovered(snapshot: Snapshot, limit: int) -> str:
     return f"{_table(headers, rows, numeric=(4, 5, 6))}{facts}{legend}"
 
 
-def _engine_section(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWNERS) -> str:
+def _engine_section(snapshot: Snapshot, max_discovered: int) -> str:
     engine = snapshot.engine
     title = f'<h3 id="engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</h3>'
     facts = [
@@ -363,7 +363,7 @@ def render_landing(
     *,
     spool_dir: str,
     version: str,
-    max_discovered: int = MAX_DISCOVERED_OWNERS,
+    max_discovered: int,
     cli: str = CLI,
     cli_spool: str = "",
     runbook_url: str = "",
