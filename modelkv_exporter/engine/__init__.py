@@ -4,6 +4,7 @@ Builds on ``modelkv_exporter.contract`` and on torch (and vLLM for ``vllm_hook``
 the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (``log``).
 
 - ``protocol``: the declaration protocol (``ModelLocalKVSpec``, ``collect_owned_specs``);
+- ``modules``: the one walk over a model's module tree;
 - ``resolve``: specs, ours or vLLM-Omni's, resolved at ``max_num_seqs`` into snapshot records;
 - ``publish``: ``build_snapshot`` and the one-shot ``publish``;
 - ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current;
