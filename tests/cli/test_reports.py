@@ -175,7 +175,7 @@ def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> Non
     assert row.split() == ["tokenizer.decoder", "cache_layer", "nothing", "18.0", "MiB", "18.0", "MiB", "18.0", "MiB",
                            "8x16x64x72", "float32,", "4", "rows"]  # fmt: skip
     words = " ".join(running.split())
-    assert "the census ran out of its objects budget" in words and "3 owners below the size floor" in words
+    assert "the census ran out of its objects budget" in words and "3 owners below the engine's size floor" in words
     summary = pasted(out.split("\nengine ", 1)[0])
     assert (
         "undeclared cache: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) holds 18.0 MiB it does not declare"

@@ -322,7 +322,7 @@ def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
     assert "StreamingAudioKVCache" not in details
     charts = "".join(re.findall(r"<svg.*?</svg>", html, re.S))
     assert "tokenizer.decoder" in charts and "encoder.&lt;img" not in charts, "pictures draw the exported owners"
-    assert "1 past this exporter's --max-discovered-owners, not exported" in html
+    assert "1 past this exporter's --sidecar-max-discovered-owners, not exported" in html
 
 
 def test_a_discovered_owner_renders_in_headless_chromium(spool: Path, tmp_path: Path) -> None:
