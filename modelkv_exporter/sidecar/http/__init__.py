@@ -8,6 +8,7 @@
   ``public``: what clients are shown of the spool;
 - ``sending``: cached bodies sent in small pieces; ``spool_watch``: the warning while the spool is missing;
 - ``server``: the uvicorn server that serves the app; ``guard``: uvicorn's httptools protocol held to
-  ``limits``, the limits every client is held to; ``answers``: the answers written below any framework;
+  ``limits``, the limits every client is held to, ``uvicorn_surface`` its start-up check of what it uses of
+  uvicorn; ``answers``: the answers written below any framework;
 - ``probe``: the liveness port, answered from its own thread.
 """
