@@ -7,9 +7,12 @@ Each raises ``ValueError`` with a message naming what was wrong; the program nam
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from modelkv_exporter.contract.sizes import parse_bytes
+
+N = TypeVar("N", int, float)
 
 MIN_INTERVAL_SECONDS = 1.0
 """The shortest interval between two samples or two censuses an engine takes."""
@@ -34,20 +37,23 @@ def whole_number(text: str) -> int:
         raise ValueError(f"{text!r} is not a whole number") from None
 
 
+def _within(value: N, holds: bool, shown: object, bound: str) -> N:
+    """``value`` where ``holds``, else the error that says ``shown`` is not ``bound``."""
+    if not holds:
+        raise ValueError(f"{shown} is not {bound}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A whole number, 1 or more."""
     value = whole_number(text)
-    if value < 1:
-        raise ValueError(f"{value} is not 1 or more")
-    return value
+    return _within(value, value >= 1, value, "1 or more")
 
 
 def non_negative_int(text: str) -> int:
     """A whole number, 0 or more."""
     value = whole_number(text)
-    if value < 0:
-        raise ValueError(f"{value} is not 0 or more")
-    return value
+    return _within(value, value >= 0, value, "0 or more")
 
 
 def port_number(text: str) -> int:
@@ -61,17 +67,13 @@ def port_number(text: str) -> int:
 def non_negative_float(text: str) -> float:
     """A number, 0 or more."""
     value = number(text)
-    if value < 0:
-        raise ValueError(f"{text} is not 0 or more")
-    return value
+    return _within(value, value >= 0, text, "0 or more")
 
 
 def positive_float(text: str) -> float:
     """A number above 0."""
     value = number(text)
-    if value <= 0:
-        raise ValueError(f"{text} is not more than 0")
-    return value
+    return _within(value, value > 0, text, "more than 0")
 
 
 def interval_seconds(text: str) -> float:
