@@ -131,7 +131,7 @@ def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(
         ),
     )
     html = render_landing(
-        classify(SpoolReader(spool).scan(), now, 30.0), spool_dir=str(spool), version="0", max_discovered=LIMIT
+        classify(SpoolReader(spool).scan(), now, 30.0, 0.0), spool_dir=str(spool), version="0", max_discovered=LIMIT
     )
     engines = html.split("<h2>Engines</h2>", 1)[1].split("<h2>Declarations</h2>", 1)[0]
     headers = re.findall(r"<th>([^<]*)</th>", engines)
@@ -149,7 +149,10 @@ def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(
 def test_an_engine_without_max_num_seqs_shows_none_of_it(spool: Path) -> None:
     write_snapshot(spool, make_snapshot("diffusion-s2", max_num_seqs=None))
     html = render_landing(
-        classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir=str(spool), version="0", max_discovered=LIMIT
+        classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
+        spool_dir=str(spool),
+        version="0",
+        max_discovered=LIMIT,
     )
     row = html[html.index("diffusion-s2</a>") :].split("</tr>")[0]
     assert '<td class="n">—</td>' in row and "None" not in row
@@ -209,7 +212,10 @@ def test_an_operator_sees_first_which_engines_need_attention_and_why(sidecar: Si
 def test_the_summary_says_when_nothing_needs_attention(spool: Path) -> None:
     write_snapshot(spool, make_snapshot("healthy-s0"))
     html = render_landing(
-        classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir=str(spool), version="0", max_discovered=LIMIT
+        classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
+        spool_dir=str(spool),
+        version="0",
+        max_discovered=LIMIT,
     )
     assert "Needs attention</h2><p>Nothing: 1 engine ok.</p>" in html
     assert _status_column(html) == {"healthy-s0": "ok"}
@@ -239,7 +245,10 @@ def test_every_concern_reaches_the_summary_bounded_and_escaped(spool: Path) -> N
     for i in range(5):
         (spool / f"junk{i}.json").write_text("{")
     html = render_landing(
-        classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir=str(spool), version="0", max_discovered=LIMIT
+        classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
+        spool_dir=str(spool),
+        version="0",
+        max_discovered=LIMIT,
     )
     summary = _summary(html)
     assert "layer.2<b> holds 2.00× its declaration" in summary["many"] and "and 9 more" in summary["many"]
@@ -286,7 +295,7 @@ def _fill_discovered(spool: Path) -> None:
 def test_landing_page_lists_discovered_owners_beside_declared_ones(spool: Path) -> None:
     _fill_discovered(spool)
     html = render_landing(
-        classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir="s", version="0", max_discovered=LIMIT
+        classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0), spool_dir="s", version="0", max_discovered=LIMIT
     )
     section = html.split('id="engine-code2wav-s1"', 1)[1].split("<h3", 1)[0]
     headers = re.findall(r"<th>([^<]*)</th>", section)
@@ -314,7 +323,7 @@ def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
     /metrics, and say how many they left out. (The summary names every owner the engine found: a finding is not
     an export.)"""
     _fill_discovered(spool)
-    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0)
     html = render_landing(view, spool_dir="s", version="0", max_discovered=2)
     summary, details = html.split("<h2>Engines</h2>", 1)
     assert "StreamingAudioKVCache" in summary
@@ -445,7 +454,7 @@ def test_a_runbook_address_links_each_problem_to_its_section(spool: Path) -> Non
     """Given --runbook-url (the chart's runbookUrl), the page links the section; a relative or fragment address is
     refused naming the flag and the variable."""
     write_snapshot(spool, replace(make_snapshot("hiding"), discovered=(make_discovered("vocoder"),)))
-    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0)
     url = "https://wiki.example.com/modelkv/runbook.md"
     html = render_landing(view, spool_dir="s", version="0", runbook_url=url, max_discovered=LIMIT)
     assert f'<a href="{url}#modelkvundeclaredcache">ModelKVUndeclaredCache</a>' in html
