@@ -1,8 +1,9 @@
 """The engine side's settings: one typed object read from ``MODELKV_`` variables (the engine owns the command line).
 
 ``TABLE`` is what the engine reads: ``MODELKV_SPOOL_DIR`` (which turns the hook on), then every
-setting of ``HookConfig``. A malformed variable is logged and its default kept: the engine never
-fails to start because of us.
+setting of ``HookConfig`` (discovery's are its ``DiscoverySettings``, which ``engine.discover`` reads as they
+are). Every variable is read here and nowhere else. A malformed variable is logged and its default kept, a
+former name of a setting is read with a warning: the engine never fails to start because of us.
 """
 
 from __future__ import annotations
