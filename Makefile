@@ -7,8 +7,8 @@ PIP := $(PY) -m pip
 VENV_VLLM032 ?= .venv-vllm-0.32
 # The low end of the sidecar's version range (requirements/test-sidecar-lowest.txt): no torch, no vLLM.
 VENV_LOWEST ?= .venv-sidecar-lowest
-# What runs there too: the HTTP layer's tests (the guard, the routes, sending, probes, negotiation).
-HTTP_TESTS := $(addprefix tests/sidecar/test_,hostile_clients.py http.py probes.py sending.py negotiation.py)
+# What runs there too: the HTTP layer's tests (the guard and its check of uvicorn, the routes, sending, probes, negotiation).
+HTTP_TESTS := $(addprefix tests/sidecar/test_,hostile_clients.py http.py probes.py sending.py negotiation.py uvicorn_surface.py)
 # Every environment here installs the sidecar extra (`.[sidecar]`; the base install brings no library) with the
 # image's pins as constraints, so the tests run what the image runs.
 SIDECAR_PINS := -c requirements/sidecar.txt

@@ -147,7 +147,7 @@ def measure() -> dict[str, Any]:
     for _ in range(7):
         gc.collect()
         wall, cpu = time.perf_counter(), time.process_time()
-        result = census.run(census.census(found.modules, settings.budget))
+        result = census.run(census.census(found.modules, found.budget))
         walks.append((time.process_time() - cpu, time.perf_counter() - wall, result))
     out["census cpu s"] = min(w[0] for w in walks)
     out["census wall s"] = statistics.median(w[1] for w in walks)
@@ -155,7 +155,7 @@ def measure() -> dict[str, Any]:
     out["objects"] = walks[0][2].objects
     slices: list[float] = []
     for _ in range(7):
-        walk = census.census(found.modules, settings.budget)
+        walk = census.census(found.modules, found.budget)
         began = time.thread_time()
         try:
             while True:
@@ -208,8 +208,8 @@ def callgrind_regions(library: str) -> None:
 
     helper.mkv_start()
     region("empty|1", lambda: None)
-    region("census|1", lambda: census.run(census.census(modules, found.settings.budget)))
-    region("baseline census|1", lambda: census.run(census.census(modules, found.settings.budget, parameters=True)))
+    region("census|1", lambda: census.run(census.census(modules, found.budget)))
+    region("baseline census|1", lambda: census.run(census.census(modules, found.budget, parameters=True)))
     region("engine step|5", lambda: [step() for _ in range(5)])
     for phase in ("off", "on"):
         hooks.discover = found.attribute if phase == "on" else None

@@ -2,8 +2,10 @@
 
 Three parts, one folder each: ``contract`` (the snapshot and its spool; standard library
 only), ``engine`` (inside the engine process: the protocol, publishing, the vLLM hook) and
-``sidecar`` (the exporter: metrics, HTTP, landing page). ``cli`` and ``demo`` use them.
-``publish`` needs the ``torch`` extra and is imported on first use; ``__version__`` is the
+``sidecar`` (the exporter: metrics, HTTP, landing page). ``cli`` and ``demo`` use them;
+``testing`` is a model author's check and ``judging`` the verdict it shares with ``cli`` and the
+sidecar; ``protocol`` is the model authors' import path of the declaration protocol. See
+docs/architecture.md. ``publish`` needs the ``torch`` extra and is imported on first use; ``__version__`` is the
 installed package's (``contract.version``).
 """
 

@@ -25,11 +25,11 @@ from modelkv_exporter.cli.ports import bind_probe_port
 from modelkv_exporter.cli.reports import MAX_WIDTH, attention_summary, table
 from modelkv_exporter.cli.settings import DemoSettings, ServerSettings
 from modelkv_exporter.contract.settings import build
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import build_server
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
-from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 STARTUP_TIMEOUT_SECONDS = 180.0

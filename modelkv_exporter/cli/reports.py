@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Sequence
 
 from modelkv_exporter.cli.capacity import Correction, Demand
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import (
     CLI,
@@ -17,10 +18,9 @@ from modelkv_exporter.sidecar.attention import (
     over_declaration,
     undeclared_text,
 )
-from modelkv_exporter.sidecar.discovered import discovery_running, reports_discovery
+from modelkv_exporter.sidecar.discovered import discovery_facts, discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
-from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 _NUMERIC = re.compile(r"\d+(\.\d+)?( [KMGT]?i?B)?")
@@ -211,17 +211,7 @@ def _discovery_status(snapshot: Snapshot) -> str:
         return ""
     if not status.enabled:
         return f"discovery off: {visible(status.reason or 'no reason given')}"
-    facts = []
-    if status.census_seconds is not None:
-        facts.append(
-            f"last census {status.modules} modules, {status.objects} objects in {status.census_seconds * 1000:.1f} ms"
-        )
-    if status.budget_exhausted:
-        facts.append(f"the census ran out of its {visible(status.budget_exhausted)} budget")
-    if status.owners_below_floor:
-        facts.append(f"{status.owners_below_floor} owners below the size floor")
-    if status.owners_over_budget:
-        facts.append(f"{status.owners_over_budget} past the engine's owner budget")
+    facts = [fact.text for fact in discovery_facts(status, visible)]
     return "discovery: " + "; ".join(facts) if facts else ""
 
 

@@ -1,7 +1,7 @@
 """``check``: per owner of every engine in a spool, the verdict on its declaration and a declaration to hand
 its model author.
 
-Made from snapshot figures alone (no torch): the verdict is ``contract.verdicts.judge``, the same
+Made from snapshot figures alone (no torch): the verdict is ``judging.verdicts.judge``, the same
 one ``modelkv_exporter.testing`` gives in a model's tests. A running engine never says whether it
 ran at its bound, so holding less than declared is "bound not reached", never "over-reports".
 Suggestions come from what the engine reports: a discovered owner's key/value layout, or a
@@ -14,10 +14,10 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
-from modelkv_exporter.contract.declaration_text import IMPORTS, Figure, evidence_lines, layout_figures, resized_figures
-from modelkv_exporter.contract.declaration_text import spec_code as code_of
 from modelkv_exporter.contract.snapshot import Snapshot
-from modelkv_exporter.contract.verdicts import Verdict, VerdictKind, judge
+from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, layout_figures, resized_figures
+from modelkv_exporter.judging.declaration_text import spec_code as code_of
+from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, judge
 from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER

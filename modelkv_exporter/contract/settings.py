@@ -7,7 +7,8 @@ what it means. ``group()`` nests a typed object whose settings are named with a 
 A ``Table`` is what one program reads (the engine hook, or one command): the spool directory, then
 the settings of its typed objects, with the defaults it changes; ``build`` makes a typed object from
 the values a table read. A new setting is one field and its use: flags, variables, parsing and the
-reference docs follow from the field.
+reference docs follow from the field. A renamed setting keeps its old names as ``aliases``: they are still
+read, each with a deprecation notice (``Table.deprecated``), and the docs name them.
 
 The one setting engines and sidecars share is here: ``SPOOL_DIR``, the directory both use.
 """
@@ -15,7 +16,6 @@ The one setting engines and sidecars share is here: ``SPOOL_DIR``, the directory
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
@@ -34,7 +34,8 @@ class Setting:
     """One setting: its flag, variable, parser and meaning, and its default in each program that reads it.
 
     A default is ``REQUIRED``, None (optional, and unset), or a value. ``notes`` holds a sentence per
-    program that only that program's help adds (the docs show them all).
+    program that only that program's help adds (the docs show them all). ``aliases`` are the setting's
+    former names, still read, deprecated.
     """
 
     dest: str
@@ -42,6 +43,7 @@ class Setting:
     help: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     notes: Mapping[str, str] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -52,6 +54,16 @@ class Setting:
     def env(self) -> str:
         """``MODELKV_SPOOL_DIR`` for ``spool_dir``."""
         return "MODELKV_" + self.dest.upper()
+
+    @property
+    def alias_flags(self) -> tuple[str, ...]:
+        """The flags of the former names, deprecated."""
+        return tuple("--" + alias.replace("_", "-") for alias in self.aliases)
+
+    @property
+    def alias_envs(self) -> tuple[str, ...]:
+        """The variables of the former names, deprecated."""
+        return tuple("MODELKV_" + alias.upper() for alias in self.aliases)
 
     def help_for(self, program: str) -> str:
         """The help of this setting as ``program`` shows it."""
@@ -69,11 +81,14 @@ class Setting:
         )
 
 
-def setting(default: Any, parse: Callable[[str], Any], help: str, *, name: str = "") -> Any:
+def setting(
+    default: Any, parse: Callable[[str], Any], help: str, *, name: str = "", aliases: tuple[str, ...] = ()
+) -> Any:
     """A dataclass field that is a setting: ``default`` (``REQUIRED`` for none), how a flag's or a variable's
-    text becomes its value, and what it means. ``name`` replaces the field's name as the setting's.
+    text becomes its value, and what it means. ``name`` replaces the field's name as the setting's;
+    ``aliases`` are its former names, still read, deprecated.
     ``REQUIRED`` is the snapshot fields' own "no default" (``contract/fields.py``): one sentinel for both."""
-    metadata = {_SETTING: Setting(name, parse, help)}
+    metadata = {_SETTING: Setting(name, parse, help, aliases=aliases)}
     return field(metadata=metadata) if default is REQUIRED else field(default=default, metadata=metadata)
 
 
@@ -92,7 +107,10 @@ def settings_of(kind: type, prefix: str = "") -> tuple[tuple[Setting, Any], ...]
         elif _SETTING in item.metadata:
             row: Setting = item.metadata[_SETTING]
             default = REQUIRED if item.default is dataclasses.MISSING else item.default
-            found.append((dataclasses.replace(row, dest=prefix + (row.dest or item.name)), default))
+            named = dataclasses.replace(
+                row, dest=prefix + (row.dest or item.name), aliases=tuple(prefix + alias for alias in row.aliases)
+            )
+            found.append((named, default))
     return tuple(found)
 
 
@@ -136,9 +154,9 @@ class Table:
     def settings(self) -> tuple[Setting, ...]:
         """Every setting of the program, its ``defaults`` and ``notes`` holding this program's alone."""
         rows = [(SPOOL_DIR, None)] + [row for kind in self.objects for row in settings_of(kind)]
-        names = [row.dest for row, _ in rows]
+        names = [name for row, _ in rows for name in (row.dest, *row.aliases)]
         repeated = {name for name in names if names.count(name) > 1}
-        unknown = (set(self.defaults) | set(self.notes)) - set(names)
+        unknown = (set(self.defaults) | set(self.notes)) - {row.dest for row, _ in rows}
         if repeated or unknown:
             raise ValueError(f"{self.program}: settings named twice {sorted(repeated)}, unknown {sorted(unknown)}")
         return tuple(
@@ -160,30 +178,29 @@ class Table:
         for row in self.settings():
             default = row.defaults[self.program]
             values[row.dest] = None if default is REQUIRED else default
-            raw = environ.get(row.env)
-            if raw is None or not raw.strip():
+            env, raw = _given(row, environ)
+            if raw is None:
                 continue
             try:
                 values[row.dest] = row.parse(raw.strip())
             except ValueError as error:
-                problems[row.dest] = f"{row.env}={raw!r}: {error}"
+                problems[row.dest] = f"{env}={raw!r}: {error}"
         return values, problems
 
-
-def number(text: str) -> float:
-    """A finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{text!r} is not a finite number")
-    return value
+    def deprecated(self, environ: Mapping[str, str]) -> list[str]:
+        """A notice for each former name of a setting that ``environ`` sets, naming the name to use instead."""
+        notices = []
+        for row in self.settings():
+            env, raw = _given(row, environ)
+            if raw is not None and env != row.env:
+                notices.append(f"{env} is deprecated: set {row.env} instead (read as {row.env} this time)")
+        return notices
 
 
-def whole_number(text: str) -> int:
-    """A whole number."""
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
+def _given(row: Setting, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """The variable that sets ``row`` and its text: the setting's own, else the first former name that is set."""
+    for env in (row.env, *row.alias_envs):
+        raw = environ.get(env)
+        if raw is not None and raw.strip():
+            return env, raw
+    return row.env, None

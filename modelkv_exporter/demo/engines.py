@@ -128,9 +128,9 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         dp_rank=0,
         device="cpu",
     )
-    observer = install(declaring_owners(model))
     config = HookConfig.from_environ({**os.environ, "MODELKV_SPOOL_DIR": spool_dir})
     assert config is not None
+    observer = install(declaring_owners(model), enabled=config.observe)
     declaring = {d.owner for d in snapshot.declarations}
     discovery = discover(model, config, observer, declaring)
     discovery.start()

@@ -4,10 +4,13 @@ Builds on ``modelkv_exporter.contract`` and on torch (and vLLM for ``vllm_hook``
 the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (``log``).
 
 - ``protocol``: the declaration protocol (``ModelLocalKVSpec``, ``collect_owned_specs``);
+- ``modules``: the one walk over a model's module tree;
 - ``resolve``: specs, ours or vLLM-Omni's, resolved at ``max_num_seqs`` into snapshot records;
 - ``publish``: ``build_snapshot`` and the one-shot ``publish``;
 - ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current;
 - ``samplers``: measured memory (CUDA allocator, device, NVML, host RSS);
+- ``observe``: what the declaring owners' ``transformers`` caches really hold;
+- ``discover``: modules that hold caches they do not declare;
 - ``config``: the engine side's settings, ``MODELKV_`` variables read into one typed object;
 - ``vllm_hook``: the vLLM general plugin and what it does at each step of a worker's life.
 """

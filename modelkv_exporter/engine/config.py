@@ -1,8 +1,9 @@
 """The engine side's settings: one typed object read from ``MODELKV_`` variables (the engine owns the command line).
 
 ``TABLE`` is what the engine reads: ``MODELKV_SPOOL_DIR`` (which turns the hook on), then every
-setting of ``HookConfig``. A malformed variable is logged and its default kept: the engine never
-fails to start because of us.
+setting of ``HookConfig`` (discovery's are its ``DiscoverySettings``, which ``engine.discover`` reads as they
+are). Every variable is read here and nowhere else. A malformed variable is logged and its default kept, a
+former name of a setting is read with a warning: the engine never fails to start because of us.
 """
 
 from __future__ import annotations
@@ -13,48 +14,59 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelkv_exporter.contract.settings import Table, build, number, setting, whole_number
+from modelkv_exporter.contract.setting_values import interval_seconds, non_negative_int, positive_int, switch
+from modelkv_exporter.contract.settings import Table, build, group, setting
 from modelkv_exporter.engine.log import get_logger
 
 logger = get_logger("config")
 
-MIN_SAMPLE_INTERVAL = 1.0
 
+@dataclass(frozen=True)
+class DiscoverySettings:
+    """The engine's settings that concern discovery: how often it takes a census, how far one goes, what it
+    publishes. Part of ``HookConfig`` (``HookConfig.discovery``); its defaults are the engine's."""
 
-def sample_interval(text: str) -> float:
-    """Seconds between samples, at least 1."""
-    return max(MIN_SAMPLE_INTERVAL, number(text))
-
-
-def census_interval(text: str) -> float:
-    """Seconds between censuses, at least 1."""
-    return max(MIN_SAMPLE_INTERVAL, number(text))
-
-
-def at_least_one(text: str) -> int:
-    """A whole number, at least 1."""
-    value = whole_number(text)
-    if value < 1:
-        raise ValueError(f"{text!r} is less than 1")
-    return value
-
-
-def not_negative(text: str) -> int:
-    """A whole number, at least 0."""
-    value = whole_number(text)
-    if value < 0:
-        raise ValueError(f"{text!r} is negative")
-    return value
-
-
-def switch(text: str) -> bool:
-    """On or off: 1, true, yes, on; 0, false, no, off."""
-    value = text.lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{text!r} is neither on (1, true, yes, on) nor off (0, false, no, off)")
+    discover_read_locals: bool = setting(
+        False,
+        switch,
+        "Attribute discovered cache layers by reading the locals of the frames on the stack (1 or 0), as before "
+        "issue 33: follows a cache handed under any argument name and tells caches apart exactly, but on "
+        "CPython 3.11 keeps the tensors those frames delete later alive until they return, and costs more per new "
+        "layer the deeper the caller's stack. Off: frames are matched by their code alone.",
+    )
+    census_interval: float = setting(
+        30.0,
+        interval_seconds,
+        "Seconds between two censuses of the tensors the model's modules hold (at least 1); the census runs on "
+        "the heartbeat thread, at the first heartbeat after this much time.",
+    )
+    discover_floor_bytes: int = setting(
+        1 << 20,
+        non_negative_int,
+        "Bytes a discovered owner must have held at once to be published; smaller ones (rotary tables, "
+        "scales) are only counted.",
+    )
+    engine_max_discovered_owners: int = setting(
+        32,
+        non_negative_int,
+        "Discovered owners one engine publishes at most (the largest first); the rest are counted. The sidecar "
+        "exports at most MODELKV_SIDECAR_MAX_DISCOVERED_OWNERS of those per engine.",
+        aliases=("discover_max_owners",),
+    )
+    census_max_modules: int = setting(
+        100_000, positive_int, "Modules one census visits at most; a census that stops there says so."
+    )
+    census_max_objects: int = setting(
+        500_000,
+        positive_int,
+        "Objects (tensors, containers, plain objects) one census visits at most; a census that stops there says so.",
+    )
+    census_max_depth: int = setting(
+        8,
+        positive_int,
+        "How deep the census follows a module's attributes through containers and plain objects; what lies "
+        "deeper is not looked at, and the census says so.",
+    )
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,7 @@ class HookConfig:
 
     spool_dir: Path
     sample_interval: float = setting(
-        5.0, sample_interval, "Seconds between the engine's memory samples and heartbeats (at least 1)."
+        5.0, interval_seconds, "Seconds between the engine's memory samples and heartbeats (at least 1)."
     )
     engine_id_prefix: str | None = setting(
         None,
@@ -85,43 +97,8 @@ class HookConfig:
         "declaring owner runs, and tensors modules hold that they did not hold after load. MODELKV_OBSERVE=0 "
         "turns discovery off too.",
     )
-    discover_read_locals: bool = setting(
-        False,
-        switch,
-        "Attribute discovered cache layers by reading the locals of the frames on the stack (1 or 0), as before "
-        "issue 33: follows a cache handed under any argument name and tells caches apart exactly, but on "
-        "CPython 3.11 keeps the tensors those frames delete later alive until they return, and costs more per new "
-        "layer the deeper the caller's stack. Off: frames are matched by their code alone.",
-    )
-    census_interval: float = setting(
-        30.0,
-        census_interval,
-        "Seconds between two censuses of the tensors the model's modules hold (at least 1); the census runs on "
-        "the heartbeat thread, at the first heartbeat after this much time.",
-    )
-    discover_floor_bytes: int = setting(
-        1 << 20,
-        not_negative,
-        "Bytes a discovered owner must have held at once to be published; smaller ones (rotary tables, "
-        "scales) are only counted.",
-    )
-    discover_max_owners: int = setting(
-        32, not_negative, "Discovered owners one engine publishes at most (the largest first); the rest are counted."
-    )
-    census_max_modules: int = setting(
-        100_000, at_least_one, "Modules one census visits at most; a census that stops there says so."
-    )
-    census_max_objects: int = setting(
-        500_000,
-        at_least_one,
-        "Objects (tensors, containers, plain objects) one census visits at most; a census that stops there says so.",
-    )
-    census_max_depth: int = setting(
-        8,
-        at_least_one,
-        "How deep the census follows a module's attributes through containers and plain objects; what lies "
-        "deeper is not looked at, and the census says so.",
-    )
+    discovery: DiscoverySettings = group(DiscoverySettings)
+    """How discovery runs (``engine.discover``): its settings, read from here alone."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HookConfig | None:
@@ -139,7 +116,16 @@ TABLE = Table(
 
 def read_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every engine setting by name, from ``environ`` (the process's by default); each malformed one is logged."""
-    values, problems = TABLE.from_environ(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    values, problems = TABLE.from_environ(environ)
     for problem in problems.values():
         logger.warning("modelkv: %s; using the default", problem)
+    for notice in TABLE.deprecated(environ):
+        logger.warning("modelkv: %s", notice)
     return values
+
+
+def observation_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """``MODELKV_OBSERVE`` (on unless turned off), for a caller that has no ``HookConfig``: the hook passes
+    ``HookConfig.observe`` instead."""
+    return bool(read_environ(environ)["observe"])

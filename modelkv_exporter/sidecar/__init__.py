@@ -7,11 +7,12 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
 - ``budget``: what the sidecar admits from the spool; ``source``: the spool as the sidecar sees
   it at an instant (scan, admission, classification);
 - ``catalogue``: every metric the exporter emits, in one table; ``vocabulary``: the label values only it speaks;
+- ``attention``: what about an engine needs a person's attention, in one wording;
+- ``discovered``: which discovered owners are exported, and how a discovered layout is written;
 - ``labels`` and ``samples``: an engine's snapshot as label values and samples;
 - ``collector``: a prometheus_client collector over the spool (the reference rendering);
 - ``exposition``: /metrics rendered once per spool change, content negotiation, gzip;
 - ``http``: the sidecar's configuration, the FastAPI app, its one router, the landing page, the JSON
   document, the uvicorn server;
-- ``sizes`` and ``setting_values``: byte sizes for people, and the kinds of value settings take;
-  ``log``: rate-limited logging.
+- ``log``: rate-limited logging.
 """

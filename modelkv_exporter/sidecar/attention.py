@@ -4,7 +4,7 @@ The landing page, ``inspect``'s summary, ``plan``'s warnings and the demo's summ
 finding in these words (``Problem.text``) and give its next step from here (``NEXT_STEPS``): the
 change that fixes it, the command to run, the runbook section of the alert that fires for it, and,
 where the snapshot shows enough, the declaration to add (``Problem.suggestion``, written by
-``contract.declaration_text`` as ``check`` writes it).
+``judging.declaration_text`` as ``check`` writes it).
 
 The findings mirror the alerts an operator would get from the rules
 (``deploy/prometheus/modelkv-rules.yaml``), with the figures one snapshot holds: an owner observed
@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from modelkv_exporter.contract.declaration_text import Figure, layout_figures, resized_figures, spec_code
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
 from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
+from modelkv_exporter.judging.declaration_text import Figure, layout_figures, resized_figures, spec_code
 from modelkv_exporter.sidecar.discovered import discovery_running
 from modelkv_exporter.sidecar.reader.state import EngineState
-from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 NAMED = 3
@@ -138,7 +138,7 @@ class Problem:
 
     @property
     def suggestion(self) -> str | None:
-        """The suggested declaration as code (``contract.declaration_text``), or None."""
+        """The suggested declaration as code (``judging.declaration_text``), or None."""
         return None if self.figures is None else spec_code(self.figures)
 
 

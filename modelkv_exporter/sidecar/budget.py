@@ -22,14 +22,13 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 
+from modelkv_exporter.contract.setting_values import byte_size, positive_int
 from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
-from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS
 from modelkv_exporter.sidecar.labels import engine_labels
 from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError
 from modelkv_exporter.sidecar.reader.scan import SpoolEntry, SpoolReader, SpoolScan
 from modelkv_exporter.sidecar.samples import engine_samples
-from modelkv_exporter.sidecar.setting_values import byte_size, positive_int
 
 
 @dataclass(frozen=True)
@@ -45,12 +44,16 @@ class Budget:
     """Real models declare a few: one per cache-owning module class."""
 
     max_discovered_owners: int = setting(
-        MAX_DISCOVERED_OWNERS,
+        64,
         positive_int,
-        "Discovered owners exported per engine, the largest by peak; the others are counted in "
-        'modelkv_discovery_owners_omitted{reason="exporter_budget"}, not exported.',
+        "Discovered owners the sidecar exports per engine, the largest by peak; the others are counted in "
+        'modelkv_discovery_owners_omitted{reason="exporter_budget"}, not exported. Each engine publishes at most '
+        "MODELKV_ENGINE_MAX_DISCOVERED_OWNERS itself.",
+        name="sidecar_max_discovered_owners",
+        aliases=("max_discovered_owners",),
     )
-    """An engine's own owner budget and size floor come first; this bounds what a writer that ignores them costs."""
+    """A model has a few, each three series. An engine's own owner budget and size floor come first; this bounds
+    what a writer that ignores them costs."""
 
     max_label_bytes: int = setting(
         256 * 1024,
@@ -81,7 +84,7 @@ class Cost:
     label_bytes: int
 
 
-def snapshot_cost(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWNERS) -> Cost:
+def snapshot_cost(snapshot: Snapshot, max_discovered: int) -> Cost:
     """The series and label bytes ``snapshot`` exports when fresh (its snapshot age included), with at most
     ``max_discovered`` of its discovered owners.
 

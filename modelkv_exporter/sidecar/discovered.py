@@ -1,19 +1,20 @@
-"""Which of an engine's discovered owners the sidecar exports, and how a discovered layout is written.
+"""Which of an engine's discovered owners the sidecar exports, how a discovered layout is written, and what
+discovery's state says in words.
 
 An engine publishes the modules that hold cache memory they do not declare (``Snapshot.discovered``);
-the sidecar exports at most ``MAX_DISCOVERED_OWNERS`` of them per engine (``Budget.max_discovered_owners``):
+the sidecar exports at most ``Budget.max_discovered_owners`` of them per engine:
 the largest by peak, listed in the snapshot's order, the rest counted as omitted. /metrics, the landing
-page and ``/api/v1/engines`` all pick them here, so they agree.
+page and ``/api/v1/engines`` all pick them here, so they agree; the landing page and ``inspect`` say what
+discovery covered in the words of ``discovery_facts``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from modelkv_exporter.contract.snapshot import DiscoveredOwner, KVLayout, Snapshot
-
-MAX_DISCOVERED_OWNERS = 64
-"""Discovered owners exported per engine by default: a model has a few; each costs three series."""
+from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Snapshot
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ def discovery_running(snapshot: Snapshot) -> bool:
     return reports_discovery(snapshot) and (snapshot.discovery is None or snapshot.discovery.enabled)
 
 
-def exported_discovery(snapshot: Snapshot, limit: int = MAX_DISCOVERED_OWNERS) -> ExportedDiscovery:
+def exported_discovery(snapshot: Snapshot, limit: int) -> ExportedDiscovery:
     """The ``limit`` discovered owners with the largest peaks (ties: the earlier entry), in the snapshot's order.
 
     Nothing when discovery is off: its owners are then not shown, and none counts as omitted.
@@ -55,3 +56,31 @@ def layout_text(layout: KVLayout | None) -> str:
         f"layers={layout.layers} kv_heads={layout.kv_heads} head_dim={layout.head_dim} dtype={layout.dtype} "
         f"positions={layout.positions} rows={layout.rows}"
     )
+
+
+class Fact(NamedTuple):
+    """One thing discovery's status says, and whether it calls for attention (a census cut short)."""
+
+    text: str
+    urgent: bool = False
+
+
+def discovery_facts(status: DiscoveryStatus, quote: Callable[[str], str]) -> tuple[Fact, ...]:
+    """What a running discovery covered and left out, in order; ``quote`` makes the snapshot's text safe to show.
+
+    Discovery that is off says only why (``status.reason``): the caller words that one itself.
+    """
+    facts = []
+    if status.census_seconds is not None:
+        facts.append(
+            Fact(
+                f"last census {status.modules} modules, {status.objects} objects in {status.census_seconds * 1000:.1f} ms"
+            )
+        )
+    if status.budget_exhausted:
+        facts.append(Fact(f"the census ran out of its {quote(status.budget_exhausted)} budget", urgent=True))
+    if status.owners_below_floor:
+        facts.append(Fact(f"{status.owners_below_floor} owners below the engine's size floor"))
+    if status.owners_over_budget:
+        facts.append(Fact(f"{status.owners_over_budget} past the engine's owner budget"))
+    return tuple(facts)

@@ -12,7 +12,6 @@ from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.sidecar.discovered import (
-    MAX_DISCOVERED_OWNERS,
     discovery_running,
     exported_discovery,
     layout_text,
@@ -44,9 +43,7 @@ def refusal_samples(refusals: Mapping[str, int], add: Add) -> None:
         add("modelkv_exporter_http_refusals_total", [refusal.value], refusals.get(refusal.value, 0))
 
 
-def engine_samples(
-    snapshot: Snapshot, stale: bool, add: Add, info: Info, max_discovered: int = MAX_DISCOVERED_OWNERS
-) -> None:
+def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info, max_discovered: int) -> None:
     """Every sample of one engine that depends only on its snapshot and staleness (not on the clock); at most
     ``max_discovered`` of its discovered owners."""
     who = snapshot.engine

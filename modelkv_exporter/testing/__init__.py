@@ -23,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from modelkv_exporter.contract.verdicts import Verdict, VerdictKind
+    from modelkv_exporter.judging.verdicts import Verdict, VerdictKind
     from modelkv_exporter.testing.diagnosis import FieldProblem as FieldProblem
     from modelkv_exporter.testing.layout import CallPeak as CallPeak
     from modelkv_exporter.testing.layout import LayerGroup as LayerGroup
@@ -61,7 +61,7 @@ a report holds), but are not part of it."""
 
 def __getattr__(name: str) -> Any:
     if name in ("Verdict", "VerdictKind"):
-        return getattr(importlib.import_module("modelkv_exporter.contract.verdicts"), name)
+        return getattr(importlib.import_module("modelkv_exporter.judging.verdicts"), name)
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

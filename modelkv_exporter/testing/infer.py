@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from modelkv_exporter.contract.declaration_text import (
+from modelkv_exporter.contract.snapshot import Declaration
+from modelkv_exporter.contract.vocabulary import RowDriver
+from modelkv_exporter.judging.declaration_text import (
     CAPACITY_SOURCE_UNKNOWN,
     SCOPE_UNKNOWN,
     Figure,
@@ -19,8 +21,6 @@ from modelkv_exporter.contract.declaration_text import (
     python_string,
     spec_name,
 )
-from modelkv_exporter.contract.snapshot import Declaration
-from modelkv_exporter.contract.vocabulary import RowDriver
 from modelkv_exporter.testing.layout import CallPeak, Shape
 
 

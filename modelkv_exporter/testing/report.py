@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelkv_exporter.contract.declaration_text import IMPORTS, Figure, evidence_lines, spec_code
 from modelkv_exporter.contract.snapshot import Declaration, DroppedDeclaration
-from modelkv_exporter.contract.verdicts import Verdict, byte_text
+from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, spec_code
+from modelkv_exporter.judging.verdicts import Verdict, byte_text
 from modelkv_exporter.testing.diagnosis import FieldProblem
 from modelkv_exporter.testing.layout import CallPeak
 

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from modelkv_exporter.contract.declaration_text import layout_figures
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
-from modelkv_exporter.contract.verdicts import Verdict, VerdictKind, judge
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
 from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
+from modelkv_exporter.judging.declaration_text import layout_figures
+from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, judge
 from modelkv_exporter.testing.caches import CacheTracker
 from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
 from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
@@ -33,9 +33,9 @@ NAMED = "named"
 
 DiscoverySource = Callable[[], Iterable[DiscoveredOwner]]
 """A source of discovered owners, read when the run ends (beside the check's own discovery)."""
-DISCOVERY = DiscoverySettings(floor_bytes=1, max_owners=1024)
+DISCOVERY = DiscoverySettings(discover_floor_bytes=1, engine_max_discovered_owners=1024)
 """The check reports every cache a module built without declaring it, whatever its size."""
-CENSUS_FLOOR = DiscoverySettings().floor_bytes
+CENSUS_FLOOR = DiscoverySettings().discover_floor_bytes
 """Census finds below this (the engine's default floor, 1 MiB) are left out, as an engine leaves them out:
 small tensors a module creates on first use (activation constants, lookup tables) are not caches."""
 

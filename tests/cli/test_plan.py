@@ -21,11 +21,11 @@ import pytest
 
 from modelkv_exporter.cli.capacity import Demand
 from modelkv_exporter.cli.command_line import cli_command
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDECLARED, UNDER_DECLARING, run_engine
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
-from modelkv_exporter.sidecar.sizes import human_bytes
 from tests.cli.test_reports import pasted
 from tests.support.polling import eventually
 

@@ -55,7 +55,7 @@ def test_inspect_names_states_as_the_page_and_metrics_do(spool: Path) -> None:
     out = run_cli("inspect", str(spool)).stdout
     assert "[exported]" in out and "[stale]" in out and "[ended]" in out
     assert "[live]" not in out
-    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0)
     assert {item.state for item in view.usable} == {EngineState.EXPORTED, EngineState.STALE, EngineState.ENDED}
 
 
@@ -80,7 +80,7 @@ def test_inspect_and_plan_fit_120_columns_and_keep_every_word(spool: Path) -> No
 def test_the_width_limit_is_what_keeps_lines_short(spool: Path) -> None:
     """The same report without a width limit is far wider: the limit, not the data, keeps it at 120."""
     _fill(spool)
-    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0)
     assert max(len(line) for line in inspect_report(view, 120).splitlines()) <= 120
     assert max(len(line) for line in inspect_report(view, 10_000).splitlines()) > 200
 
@@ -175,7 +175,7 @@ def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> Non
     assert row.split() == ["tokenizer.decoder", "cache_layer", "nothing", "18.0", "MiB", "18.0", "MiB", "18.0", "MiB",
                            "8x16x64x72", "float32,", "4", "rows"]  # fmt: skip
     words = " ".join(running.split())
-    assert "the census ran out of its objects budget" in words and "3 owners below the size floor" in words
+    assert "the census ran out of its objects budget" in words and "3 owners below the engine's size floor" in words
     summary = pasted(out.split("\nengine ", 1)[0])
     assert (
         "undeclared cache: tokenizer.decoder (Qwen3TTSTokenizerV2Decoder) holds 18.0 MiB it does not declare"

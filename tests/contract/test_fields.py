@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 import jsonschema
 import pytest
 
-from modelkv_exporter.contract import schema, snapshot
+from modelkv_exporter.contract import snapshot
 from modelkv_exporter.contract.fields import fields_of, wire
 from modelkv_exporter.sidecar.reader import decode
 from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError, parse_snapshot
+from scripts import snapshot_schema as schema
 from tests.support import ROOT
 from tests.support.snapshots import make_observation, make_snapshot
 

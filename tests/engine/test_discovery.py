@@ -32,7 +32,7 @@ from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.publish import build_snapshot
 from tests.support.polling import eventually
 
-EVERYTHING = DiscoverySettings(census_interval=0, floor_bytes=0)
+EVERYTHING = DiscoverySettings(census_interval=0, discover_floor_bytes=0)
 """A census at every beat, every owner published."""
 LAYERS, EMBED, PAGE = 4, 64, 250
 
@@ -275,8 +275,8 @@ def test_the_census_yields_in_slices_and_finds_the_same(started) -> None:
     model.audio.encoder(10)
     model.more = nn.ModuleList(nn.Linear(2, 2) for _ in range(200))
     found.modules = ModuleMap(model)
-    whole = census.run(census.census(found.modules, EVERYTHING.budget, slice_seconds=1.0), pause=False)
-    walk = census.census(found.modules, EVERYTHING.budget, slice_seconds=0.0)
+    whole = census.run(census.census(found.modules, found.budget, slice_seconds=1.0), pause=False)
+    walk = census.census(found.modules, found.budget, slice_seconds=0.0)
     slices = 0
     while True:
         try:
@@ -298,7 +298,12 @@ def test_the_census_yields_in_slices_and_finds_the_same(started) -> None:
 )
 def test_a_spent_budget_is_reported(observer: Observer, budget: census.Budget, exhausted: str) -> None:
     model = Model()
-    found = Discovery(model, replace(EVERYTHING, budget=budget), observer=observer)
+    limits = {
+        "census_max_modules": budget.modules,
+        "census_max_objects": budget.objects,
+        "census_max_depth": budget.depth,
+    }
+    found = Discovery(model, replace(EVERYTHING, **limits), observer=observer)
     found.start()
     model.talker("a", 10)
     try:
@@ -314,7 +319,7 @@ def test_the_floor_and_the_owner_budget_are_counted_not_hidden(started) -> None:
     model, found, _ = started
     model.audio.encoder(10)
     model.talker("a", 10)
-    found.settings = replace(EVERYTHING, floor_bytes=10_000, max_owners=0)
+    found.settings = replace(EVERYTHING, discover_floor_bytes=10_000, engine_max_discovered_owners=0)
     published, status = found.beat()
     assert published == ()
     assert (status.owners_below_floor, status.owners_over_budget) == (1, 1)
@@ -342,17 +347,30 @@ def test_the_switches_turn_discovery_off(environ: dict[str, str], reason: str) -
 
 
 def test_the_settings_reach_discovery() -> None:
-    settings = DiscoverySettings.of(
-        config(
-            MODELKV_CENSUS_INTERVAL="60",
-            MODELKV_DISCOVER_FLOOR_BYTES="4096",
-            MODELKV_DISCOVER_MAX_OWNERS="3",
-            MODELKV_CENSUS_MAX_MODULES="10",
-            MODELKV_CENSUS_MAX_OBJECTS="20",
-            MODELKV_CENSUS_MAX_DEPTH="2",
-        )
+    settings = config(
+        MODELKV_CENSUS_INTERVAL="60",
+        MODELKV_DISCOVER_FLOOR_BYTES="4096",
+        MODELKV_ENGINE_MAX_DISCOVERED_OWNERS="3",
+        MODELKV_CENSUS_MAX_MODULES="10",
+        MODELKV_CENSUS_MAX_OBJECTS="20",
+        MODELKV_CENSUS_MAX_DEPTH="2",
+    ).discovery
+    assert settings == DiscoverySettings(
+        census_interval=60.0,
+        discover_floor_bytes=4096,
+        engine_max_discovered_owners=3,
+        census_max_modules=10,
+        census_max_objects=20,
+        census_max_depth=2,
     )
-    assert settings == DiscoverySettings(60.0, 4096, 3, census.Budget(10, 20, 2))
+    assert Discovery(Model(), settings).budget == census.Budget(10, 20, 2)
+
+
+def test_the_engines_owner_budget_keeps_its_former_name(caplog) -> None:
+    assert config(MODELKV_DISCOVER_MAX_OWNERS="3").discovery.engine_max_discovered_owners == 3
+    assert "MODELKV_DISCOVER_MAX_OWNERS is deprecated: set MODELKV_ENGINE_MAX_DISCOVERED_OWNERS" in caplog.text
+    both = config(MODELKV_DISCOVER_MAX_OWNERS="3", MODELKV_ENGINE_MAX_DISCOVERED_OWNERS="5")
+    assert both.discovery.engine_max_discovered_owners == 5, "the new name wins"
 
 
 def test_a_failing_census_is_logged_once_turns_discovery_off_and_never_reaches_the_model(
@@ -523,7 +541,7 @@ def test_a_cache_handed_under_another_name_is_followed_outward_only_when_reading
     """What the code-only walk loses, and the opt-in walk (``MODELKV_DISCOVER_READ_LOCALS=1``) keeps."""
     root = nn.Module()
     root.maker = Maker()
-    found = Discovery(root, replace(EVERYTHING, read_locals=read_locals), observer=observer)
+    found = Discovery(root, replace(EVERYTHING, discover_read_locals=read_locals), observer=observer)
     found.start()
     try:
         root.maker()
@@ -534,5 +552,5 @@ def test_a_cache_handed_under_another_name_is_followed_outward_only_when_reading
 
 
 def test_reading_locals_is_opted_into_by_its_setting() -> None:
-    assert DiscoverySettings.of(config(MODELKV_DISCOVER_READ_LOCALS="1")).read_locals
-    assert not DiscoverySettings.of(config()).read_locals
+    assert config(MODELKV_DISCOVER_READ_LOCALS="1").discovery.discover_read_locals
+    assert not config().discovery.discover_read_locals

@@ -2,9 +2,11 @@
 
 - ``contract``: the standard library and itself;
 - ``engine``: the contract and itself (torch, vLLM); never the sidecar or its libraries;
-- ``sidecar``: the contract and itself (prometheus_client, FastAPI, uvicorn); never the engine, torch or vLLM;
+- ``sidecar``: the contract, judging and itself (prometheus_client, FastAPI, uvicorn); never the engine, torch or vLLM;
 - ``demo``: the contract, the engine and itself (torch); never the sidecar or its libraries;
-- ``testing``: the contract, the engine and itself (torch, pytest); never the sidecar or its libraries;
+- ``testing``: the contract, judging, the engine and itself (torch, pytest); never the sidecar or its libraries;
+- ``judging``: the standard library, the contract and itself (a declaration's verdict and suggested code, shared by
+  ``testing``, ``cli`` and ``sidecar``);
 - ``cli``: anything but the engine, and none of torch or vLLM (it loads ``demo`` when asked);
 - no part imports the package root; the root imports no part at import time (``publish`` and
   ``__version__`` are imported on first use).
@@ -39,14 +41,15 @@ class Rule:
     stdlib_only: bool = False
 
 
-PARTS = ("contract", "engine", "sidecar", "cli", "demo", "testing")
+PARTS = ("contract", "judging", "engine", "sidecar", "cli", "demo", "testing")
 RULES = {
     "contract": Rule(frozenset({"contract"}), stdlib_only=True),
+    "judging": Rule(frozenset({"contract", "judging"}), stdlib_only=True),
     "engine": Rule(frozenset({"contract", "engine"}), SIDECAR_LIBRARIES),
-    "sidecar": Rule(frozenset({"contract", "sidecar"}), ENGINE_LIBRARIES),
-    "cli": Rule(frozenset({"contract", "cli", "sidecar", "demo"}), ENGINE_LIBRARIES),
+    "sidecar": Rule(frozenset({"contract", "judging", "sidecar"}), ENGINE_LIBRARIES),
+    "cli": Rule(frozenset({"contract", "judging", "cli", "sidecar", "demo"}), ENGINE_LIBRARIES),
     "demo": Rule(frozenset({"contract", "engine", "demo"}), SIDECAR_LIBRARIES),
-    "testing": Rule(frozenset({"contract", "engine", "testing"}), SIDECAR_LIBRARIES),
+    "testing": Rule(frozenset({"contract", "judging", "engine", "testing"}), SIDECAR_LIBRARIES),
 }
 
 
@@ -176,6 +179,9 @@ def test_a_circle_of_imports_is_caught(tmp_path: Path) -> None:
         ("contract/spool.py", "import yaml", "contract imports yaml, which is not in the standard library"),
         ("contract/spool.py", "from ..engine import log", "contract imports modelkv_exporter.engine"),
         ("contract/spool.py", "from ..sidecar.reader import scan", "contract imports modelkv_exporter.sidecar"),
+        ("contract/spool.py", "from ..judging import verdicts", "contract imports modelkv_exporter.judging"),
+        ("judging/verdicts.py", "from modelkv_exporter.engine import log", "judging imports modelkv_exporter.engine"),
+        ("engine/log.py", "from modelkv_exporter.judging import verdicts", "engine imports modelkv_exporter.judging"),
         ("cli/reports.py", "import vllm", "cli imports vllm"),
         ("demo/owners.py", "from modelkv_exporter.cli import reports", "demo imports modelkv_exporter.cli"),
         ("demo/owners.py", "from modelkv_exporter.sidecar import catalogue", "demo imports modelkv_exporter.sidecar"),
@@ -222,7 +228,7 @@ def _loaded_after(code: str) -> set[str]:
 
 
 def test_the_sidecar_and_the_cli_load_neither_torch_nor_vllm() -> None:
-    modules = _modules("contract", "sidecar", "cli")
+    modules = _modules("contract", "judging", "sidecar", "cli")
     code = (
         f"for name in {modules!r}: __import__(name)\nfrom modelkv_exporter.cli.main import build_parser; build_parser()"
     )
@@ -268,5 +274,7 @@ def test_model_authors_import_path_is_the_engines_protocol() -> None:
 def test_the_model_authors_check_loads_none_of_the_sidecars_libraries() -> None:
     code = f"for name in {_modules('testing')!r}: __import__(name)\nimport modelkv_exporter.testing as t; t.check"
     loaded = _ours_loaded_after(code)
-    assert {name.split(".")[1] for name in loaded - {PACKAGE}} == {"contract", "engine", "testing"}, sorted(loaded)
+    assert {name.split(".")[1] for name in loaded - {PACKAGE}} == {"contract", "judging", "engine", "testing"}, sorted(
+        loaded
+    )
     assert _loaded_after(code) & SIDECAR_LIBRARIES == set()

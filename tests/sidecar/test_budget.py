@@ -15,6 +15,8 @@ from tests.support.exposition import Exposition
 from tests.support.snapshots import make_declaration, make_snapshot
 from tests.support.worst_spool import write_worst_spool
 
+LIMIT = Budget().max_discovered_owners
+
 
 def source(spool: Path, budget: Budget) -> SpoolSource:
     return SpoolSource.budgeted(spool, budget=budget)
@@ -38,7 +40,7 @@ def test_a_snapshot_over_its_budget_is_rejected_and_counted_and_others_stay(spoo
     write_snapshot(spool, make_snapshot("many", declarations=declarations(11)))
     write_snapshot(spool, make_snapshot("wordy", declarations=declarations(10, owner="o" * 100)))
     write_snapshot(spool, make_snapshot("fine", declarations=declarations(10)))
-    fine_bytes = snapshot_cost(make_snapshot("fine", declarations=declarations(10))).label_bytes
+    fine_bytes = snapshot_cost(make_snapshot("fine", declarations=declarations(10)), LIMIT).label_bytes
     src = source(spool, Budget(max_declarations=10, max_label_bytes=fine_bytes))
     found = rejected(src)
     assert found["many.json"] == ("over_budget", "11 declarations > limit 10")
@@ -66,7 +68,7 @@ def test_entries_of_dropped_declarations_are_held_to_the_declaration_budget(spoo
 
 def test_the_scrape_takes_engines_in_file_order_until_its_series_budget(spool: Path) -> None:
     one = make_snapshot("a", declarations=declarations(5))
-    per_engine = snapshot_cost(one).series
+    per_engine = snapshot_cost(one, LIMIT).series
     for name in ("a", "b", "c"):
         write_snapshot(spool, replace(one, engine=replace(one.engine, engine_id=name)))
     src = source(spool, Budget(max_series=2 * per_engine))
@@ -86,7 +88,7 @@ def test_the_scrape_label_byte_budget(spool: Path) -> None:
     one = make_snapshot("a" * 100, declarations=declarations(3))
     write_snapshot(spool, one)
     write_snapshot(spool, replace(one, engine=replace(one.engine, engine_id="b" * 100)))
-    src = source(spool, Budget(max_scrape_label_bytes=snapshot_cost(one).label_bytes + 10))
+    src = source(spool, Budget(max_scrape_label_bytes=snapshot_cost(one, LIMIT).label_bytes + 10))
     assert [reason for reason, _ in rejected(src).values()] == ["over_budget"]
 
 
@@ -112,7 +114,7 @@ def test_cost_counts_what_a_stale_engine_would_not_export(spool: Path) -> None:
     fresh = make_snapshot("e", declarations=declarations(4), interval=1.0)
     write_snapshot(spool, fresh)
     src = source(spool, Budget())
-    cost = snapshot_cost(fresh)
+    cost = snapshot_cost(fresh, LIMIT)
     exposition = rendered(src)
     mine = [s for s in exposition.samples if s.labels.get("engine") == "e"]
     assert cost.series == len(mine)

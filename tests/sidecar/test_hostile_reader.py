@@ -84,7 +84,7 @@ def test_the_reader_reads_the_first_files_within_its_file_and_byte_budgets(spool
     assert [e.file_name for e in scan.entries] == [f"e{i:02}.json" for i in range(8)]
     assert scan.skipped == 4 and reader.rejections["over_budget"] == 4
     assert set(opened) == {f"e{i:02}.json" for i in range(8)}, "files past the budget are never opened"
-    assert classify(scan, time.time(), 30).counts[EngineState.REJECTED] == 4
+    assert classify(scan, time.time(), 30, 0.0).counts[EngineState.REJECTED] == 4
     time.sleep(0.06)
     write_snapshot(spool, make_snapshot("zz-new"))
     reader.scan()
@@ -104,11 +104,11 @@ def test_a_heartbeat_from_the_future_is_stale_until_the_clock_reaches_it(spool: 
     write_snapshot(spool, make_snapshot("decade", heartbeat_at=now + 10 * 365 * 86400, interval=5.0))
     write_snapshot(spool, make_snapshot("skewed", heartbeat_at=now + CLOCK_SKEW_SECONDS / 2, interval=5.0))
     write_snapshot(spool, make_snapshot("soon", heartbeat_at=now + 60))  # one-shot, a minute ahead
-    view = classify(SpoolReader(spool).scan(), now, 30.0)
+    view = classify(SpoolReader(spool).scan(), now, 30.0, 0.0)
     states = {item.snapshot.engine.engine_id: item.state for item in view.entries}
     assert states == {"decade": EngineState.STALE, "skewed": EngineState.EXPORTED, "soon": EngineState.STALE}
     assert view.until == pytest.approx(now + CLOCK_SKEW_SECONDS / 2 + 30.0, abs=0.01), "skewed goes stale first"
-    later = classify(view.scan, now + 60, 30.0)
+    later = classify(view.scan, now + 60, 30.0, 0.0)
     assert {i.snapshot.engine.engine_id: i.state for i in later.entries}["soon"] is EngineState.EXPORTED
 
 

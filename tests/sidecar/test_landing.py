@@ -20,6 +20,7 @@ from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
 from modelkv_exporter.demo.engines import UNDECLARED, UNDER_DECLARING
 from modelkv_exporter.sidecar.attention import NEXT_STEPS, Concern, findings
+from modelkv_exporter.sidecar.budget import Budget
 from modelkv_exporter.sidecar.http.landing import escape, render_landing
 from modelkv_exporter.sidecar.http.owner_chart import OVER, owner_chart
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
@@ -33,6 +34,9 @@ from tests.support.promql import RULES_FILE
 from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
+
+LIMIT = Budget().max_discovered_owners
+"""The sidecar's default discovered-owner budget."""
 
 
 def _fill(spool: Path) -> None:
@@ -126,7 +130,9 @@ def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(
             heartbeat_at=now,
         ),
     )
-    html = render_landing(classify(SpoolReader(spool).scan(), now, 30.0), spool_dir=str(spool), version="0")
+    html = render_landing(
+        classify(SpoolReader(spool).scan(), now, 30.0, 0.0), spool_dir=str(spool), version="0", max_discovered=LIMIT
+    )
     engines = html.split("<h2>Engines</h2>", 1)[1].split("<h2>Declarations</h2>", 1)[0]
     headers = re.findall(r"<th>([^<]*)</th>", engines)
     assert "growth since baseline" in headers and "growth source" in headers and "growth" not in headers
@@ -142,7 +148,12 @@ def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(
 
 def test_an_engine_without_max_num_seqs_shows_none_of_it(spool: Path) -> None:
     write_snapshot(spool, make_snapshot("diffusion-s2", max_num_seqs=None))
-    html = render_landing(classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir=str(spool), version="0")
+    html = render_landing(
+        classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
+        spool_dir=str(spool),
+        version="0",
+        max_discovered=LIMIT,
+    )
     row = html[html.index("diffusion-s2</a>") :].split("</tr>")[0]
     assert '<td class="n">—</td>' in row and "None" not in row
 
@@ -200,7 +211,12 @@ def test_an_operator_sees_first_which_engines_need_attention_and_why(sidecar: Si
 
 def test_the_summary_says_when_nothing_needs_attention(spool: Path) -> None:
     write_snapshot(spool, make_snapshot("healthy-s0"))
-    html = render_landing(classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir=str(spool), version="0")
+    html = render_landing(
+        classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
+        spool_dir=str(spool),
+        version="0",
+        max_discovered=LIMIT,
+    )
     assert "Needs attention</h2><p>Nothing: 1 engine ok.</p>" in html
     assert _status_column(html) == {"healthy-s0": "ok"}
 
@@ -228,7 +244,12 @@ def test_every_concern_reaches_the_summary_bounded_and_escaped(spool: Path) -> N
     write_snapshot(spool, make_snapshot("idle", observations=(idle,)))
     for i in range(5):
         (spool / f"junk{i}.json").write_text("{")
-    html = render_landing(classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir=str(spool), version="0")
+    html = render_landing(
+        classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
+        spool_dir=str(spool),
+        version="0",
+        max_discovered=LIMIT,
+    )
     summary = _summary(html)
     assert "layer.2<b> holds 2.00× its declaration" in summary["many"] and "and 9 more" in summary["many"]
     assert "layer.3" not in summary["many"] and "<b>" not in html.split("</section>", 1)[0].replace("&lt;b&gt;", "")
@@ -273,7 +294,9 @@ def _fill_discovered(spool: Path) -> None:
 
 def test_landing_page_lists_discovered_owners_beside_declared_ones(spool: Path) -> None:
     _fill_discovered(spool)
-    html = render_landing(classify(SpoolReader(spool).scan(), time.time(), 30.0), spool_dir="s", version="0")
+    html = render_landing(
+        classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0), spool_dir="s", version="0", max_discovered=LIMIT
+    )
     section = html.split('id="engine-code2wav-s1"', 1)[1].split("<h3", 1)[0]
     headers = re.findall(r"<th>([^<]*)</th>", section)
     first = headers.index("discovered owner")
@@ -300,7 +323,7 @@ def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
     /metrics, and say how many they left out. (The summary names every owner the engine found: a finding is not
     an export.)"""
     _fill_discovered(spool)
-    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0)
     html = render_landing(view, spool_dir="s", version="0", max_discovered=2)
     summary, details = html.split("<h2>Engines</h2>", 1)
     assert "StreamingAudioKVCache" in summary
@@ -308,7 +331,7 @@ def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
     assert "StreamingAudioKVCache" not in details
     charts = "".join(re.findall(r"<svg.*?</svg>", html, re.S))
     assert "tokenizer.decoder" in charts and "encoder.&lt;img" not in charts, "pictures draw the exported owners"
-    assert "1 past this exporter's --max-discovered-owners, not exported" in html
+    assert "1 past this exporter's --sidecar-max-discovered-owners, not exported" in html
 
 
 def test_a_discovered_owner_renders_in_headless_chromium(spool: Path, tmp_path: Path) -> None:
@@ -400,7 +423,7 @@ def test_the_picture_draws_each_owner_to_one_scale() -> None:
         snapshot = replace(
             make_snapshot("e", declarations=(declared,), observations=(observed, blind)), discovered=(found,)
         )
-        svg = owner_chart(snapshot, escape)
+        svg = owner_chart(snapshot, escape, LIMIT)
         rects = re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*><title>([^<]*)</title>', svg)
         by_title = {title: float(width) for width, title in rects}
         talker_declared = by_title["talker: declared 35.5 MiB"]
@@ -413,7 +436,7 @@ def test_the_picture_draws_each_owner_to_one_scale() -> None:
         assert red == (
             [next(t for t in by_title if t.startswith("talker: observed"))] if factor > UNDER_REPORT_TOLERANCE else []
         ), "an owner above its declaration, in red"
-    assert owner_chart(make_snapshot("nothing", declarations=()), escape) == ""
+    assert owner_chart(make_snapshot("nothing", declarations=()), escape, LIMIT) == ""
 
 
 def test_every_next_step_names_an_alert_with_a_runbook_section() -> None:
@@ -431,11 +454,13 @@ def test_a_runbook_address_links_each_problem_to_its_section(spool: Path) -> Non
     """Given --runbook-url (the chart's runbookUrl), the page links the section; a relative or fragment address is
     refused naming the flag and the variable."""
     write_snapshot(spool, replace(make_snapshot("hiding"), discovered=(make_discovered("vocoder"),)))
-    view = classify(SpoolReader(spool).scan(), time.time(), 30.0)
+    view = classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0)
     url = "https://wiki.example.com/modelkv/runbook.md"
-    html = render_landing(view, spool_dir="s", version="0", runbook_url=url)
+    html = render_landing(view, spool_dir="s", version="0", runbook_url=url, max_discovered=LIMIT)
     assert f'<a href="{url}#modelkvundeclaredcache">ModelKVUndeclaredCache</a>' in html
-    assert "docs/runbook.md#modelkvundeclaredcache" in render_landing(view, spool_dir="s", version="0")
+    assert "docs/runbook.md#modelkvundeclaredcache" in render_landing(
+        view, spool_dir="s", version="0", max_discovered=LIMIT
+    )
     for flag, environ in ((["--runbook-url", "docs/runbook.md"], {}), ([], {"MODELKV_RUNBOOK_URL": url + "#top"})):
         result = subprocess.run(
             [sys.executable, "-m", "modelkv_exporter", "serve", "--spool-dir", str(spool), *flag],

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, KVLayout
-from modelkv_exporter.contract.verdicts import judge
 from modelkv_exporter.engine.observe import installed
+from modelkv_exporter.judging.verdicts import judge
 from modelkv_exporter.testing import VerdictKind, check, observe
 from modelkv_exporter.testing import layout as layout_module
 from tests.testing.owners import HEAD_DIM, HEADS, LAYERS, LENGTH, ROW, Generator, Idle, Windowed, drive, spec

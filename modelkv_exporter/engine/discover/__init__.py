@@ -1,13 +1,18 @@
 """Discovered owners: modules of the model that hold caches they do not declare.
 
 - ``modules``: the model's modules by path, and the innermost of them on the call stack;
-- ``census``: the sliced walk over the tensors the modules hold;
+- ``census``: the sliced walk over the tensors the modules hold; ``safe``: reading what an object
+  holds without running its code;
+- ``locals_walk``: the opt-in attribution that reads frames' locals;
 - ``layout``: the key/value geometry seen in cache layers;
 - ``discovery``: ``Discovery`` (attribution, census, baseline, figures) and ``discover``, which starts it.
+
+Its settings are the engine's (``engine.config.DiscoverySettings``, ``HookConfig.discovery``), re-exported here.
 
 See docs/observed-caches.md ("Discovered owners").
 """
 
-from modelkv_exporter.engine.discover.discovery import Discovery, DiscoverySettings, discover
+from modelkv_exporter.engine.config import DiscoverySettings
+from modelkv_exporter.engine.discover.discovery import Discovery, discover
 
 __all__ = ["Discovery", "DiscoverySettings", "discover"]

@@ -32,6 +32,7 @@ import torch
 from modelkv_exporter.engine.discover import safe
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.discover.safe import Kind
+from modelkv_exporter.engine.modules import MODULE_DICT
 from modelkv_exporter.engine.observe.layers import StorageKey
 
 SLICE_SECONDS = 0.0005
@@ -43,8 +44,6 @@ CHECK_EVERY = 8
 MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)
 """``nn.Module``'s own attributes: hooks, flags, parameters, buffers (read apart) and the children (each visited
 as a module of its own)."""
-MODULE_DICT = torch.nn.Module.__dict__["__dict__"]
-"""The real ``__dict__`` of every module (never a subclass's ``__dict__`` property)."""
 SEEN_SHARDS = 1024
 """The ids of objects visited are kept in this many sets: growing one huge set rehashes it all at once (about 10 ms
 at 500 000 ids), beyond a slice."""

@@ -23,7 +23,6 @@ import copy
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Observation
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
+from modelkv_exporter.engine.config import DiscoverySettings, HookConfig
 from modelkv_exporter.engine.discover import census, locals_walk, safe
 from modelkv_exporter.engine.discover.census import CensusResult
 from modelkv_exporter.engine.discover.layout import seen_layout, widest
@@ -51,29 +51,6 @@ OBSERVE_OFF = "discovery is turned off with observation (MODELKV_OBSERVE=0)"
 
 PagedKV = Callable[[], Iterable[torch.Tensor]]
 """The paged KV cache's tensors now (their storages are never discovered)."""
-
-
-@dataclass(frozen=True)
-class DiscoverySettings:
-    """How discovery runs: the engine's settings (``engine.config.HookConfig``) that concern it."""
-
-    census_interval: float = 30.0
-    floor_bytes: int = 1 << 20
-    max_owners: int = 32
-    budget: census.Budget = census.Budget(modules=100_000, objects=500_000, depth=8)
-    read_locals: bool = False
-    """Attribute by the frames' locals (``locals_walk``), not by their code alone."""
-
-    @classmethod
-    def of(cls, config: Any) -> DiscoverySettings:
-        """From a ``HookConfig``."""
-        return cls(
-            census_interval=config.census_interval,
-            floor_bytes=config.discover_floor_bytes,
-            max_owners=config.discover_max_owners,
-            budget=census.Budget(config.census_max_modules, config.census_max_objects, config.census_max_depth),
-            read_locals=config.discover_read_locals,
-        )
 
 
 class CensusOwner:
@@ -131,6 +108,8 @@ class Discovery:
         reason: str | None = None,
     ) -> None:
         self.settings = settings
+        self.budget = census.Budget(settings.census_max_modules, settings.census_max_objects, settings.census_max_depth)
+        """What one census may visit at most, from ``settings``."""
         self.reason = reason
         self.declaring = frozenset(declaring)
         self.modules: ModuleMap | None = None
@@ -192,7 +171,7 @@ class Discovery:
     def take_baseline(self) -> None:
         """What the modules hold now (after load), parameters included: never discovered."""
         assert self.modules is not None
-        result = census.run(census.census(self.modules, self.settings.budget, parameters=True), pause=False)
+        result = census.run(census.census(self.modules, self.budget, parameters=True), pause=False)
         self.baseline = set(result.found) | result.parameters
 
     def start(self, paged: PagedKV | None = None) -> None:
@@ -242,7 +221,7 @@ class Discovery:
         """
         modules = self.modules
         assert modules is not None
-        if self.settings.read_locals:
+        if self.settings.discover_read_locals:
             found_by_locals, cache = locals_walk.find(modules, self._cache_class, sys._getframe(2))
             if found_by_locals is None:
                 return self._outside, cache
@@ -341,9 +320,7 @@ class Discovery:
         assert self.modules is not None
         began = time.perf_counter()
         result = census.run(
-            census.census(
-                self.modules, self.settings.budget, layer_class=self._layer_class, cache_class=self._cache_class
-            )
+            census.census(self.modules, self.budget, layer_class=self._layer_class, cache_class=self._cache_class)
         )
         self._place_layers(result)
         excluded = self.baseline | self._paged_storages() | self._layer_storages()
@@ -501,25 +478,16 @@ class Discovery:
             report(logger, "modelkv: the caches %s builds are not published: %s", path or "the root module", problem)
 
     def _publishable(self, owners: list[DiscoveredOwner]) -> tuple[tuple[DiscoveredOwner, ...], int, int]:
-        above = [o for o in owners if o.peak_bytes >= self.settings.floor_bytes]
+        above = [o for o in owners if o.peak_bytes >= self.settings.discover_floor_bytes]
         above.sort(key=lambda o: (-o.peak_bytes, o.owner, o.found_by))
-        kept = above[: self.settings.max_owners]
+        kept = above[: self.settings.engine_max_discovered_owners]
         kept.sort(key=lambda o: (o.owner, o.found_by))
         return tuple(kept), len(owners) - len(above), len(above) - len(kept)
 
 
-def discover(model: object, config: Any, observer: Observer | None, declaring: Iterable[str] = ()) -> Discovery:
-    """Start discovering in ``model`` as ``config`` (a ``HookConfig``) says; a disabled ``Discovery`` when off.
-
-    Never raises: a failure is the returned discovery's ``reason``.
-    """
-    try:
-        settings = DiscoverySettings.of(config)
-    except Exception as error:
-        off = Discovery(model, DiscoverySettings(), reason="unreadable settings")
-        off.fail("settings", error)
-        return off
+def discover(model: object, config: HookConfig, observer: Observer | None, declaring: Iterable[str] = ()) -> Discovery:
+    """Start discovering in ``model`` as ``config`` says (``config.discovery``); a disabled ``Discovery`` when off."""
     reason = None if config.observe else OBSERVE_OFF
     if reason is None and not config.discover:
         reason = OFF
-    return Discovery(model, settings, observer=observer, declaring=declaring, reason=reason)
+    return Discovery(model, config.discovery, observer=observer, declaring=declaring, reason=reason)

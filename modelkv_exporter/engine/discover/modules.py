@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from modelkv_exporter.engine.discover import safe
+from modelkv_exporter.engine.modules import walk_modules
 
 MAX_FRAMES = 64
 """Frames attribution looks through at most, whatever the depth of the caller's stack."""
@@ -27,38 +28,7 @@ CACHE_SLOTS = frozenset({"past_key_values", "past_key_value"})
 """Parameter names through which ``transformers`` modules are handed a cache, or an empty slot they fill with a
 cache they build and return: such a module only passes the cache along, and the walk goes on outward."""
 
-MODULE_DICT = torch.nn.Module.__dict__["__dict__"]
-"""The real ``__dict__`` of every module."""
 ModuleEntry = tuple[str, "weakref.ReferenceType[torch.nn.Module]"]
-
-
-def children_of(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
-    """``module._modules``, read through ``nn.Module``'s real ``__dict__`` (never a subclass's attribute hooks)."""
-    found = MODULE_DICT.__get__(module, type(module)).get("_modules")
-    return found if type(found) is dict else {}
-
-
-def walk_modules(root: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
-    """``(path, module)`` for ``root`` and every module below it, each once, in ``named_modules()`` order."""
-    yield "", root
-    seen = {id(root)}
-    children = [iter(list(children_of(root).items()))]
-    names: list[str] = []
-    while children:
-        for name, child in children[-1]:
-            if child is None or id(child) in seen or safe.kind(type(child)) is not safe.Kind.SKIP:
-                continue
-            seen.add(id(child))
-            yield ".".join([*names, name]), child
-            below = children_of(child)
-            if below:
-                children.append(iter(list(below.items())))
-                names.append(name)
-                break
-        else:
-            children.pop()
-            if names:
-                names.pop()
 
 
 def _function_codes(value: Any) -> Iterator[types.CodeType]:

@@ -15,6 +15,7 @@ into the snapshot's ``Observation`` records at every heartbeat.
 - ``observer``: ``install``, ``Observer`` and its sampling.
 """
 
-from modelkv_exporter.engine.observe.observer import Observer, install, installed, observation_enabled
+from modelkv_exporter.engine.config import observation_enabled
+from modelkv_exporter.engine.observe.observer import Observer, install, installed
 
 __all__ = ["Observer", "install", "installed", "observation_enabled"]

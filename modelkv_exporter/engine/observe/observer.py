@@ -7,12 +7,11 @@ number of live layers.
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from modelkv_exporter.contract.snapshot import Observation
-from modelkv_exporter.engine.config import TABLE
+from modelkv_exporter.engine.config import observation_enabled
 from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import hooks, probe
 from modelkv_exporter.engine.observe.layers import (
@@ -33,12 +32,6 @@ CHUNK = 64
 
 _installed: Observer | None = None
 _lock = threading.Lock()
-
-
-def observation_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MODELKV_OBSERVE`` read through the engine's settings table (on unless turned off)."""
-    values, _ = TABLE.from_environ(os.environ if environ is None else environ)
-    return bool(values["observe"])
 
 
 class Observer:

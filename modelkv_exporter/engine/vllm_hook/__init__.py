@@ -8,5 +8,8 @@
   extensible KV cache, committed and reserved;
 - ``identity``: who a worker is (model, stage, replica, ranks, device) and its engine id;
   ``diffusion``: the same for vLLM-Omni's diffusion workers; ``facts``: what both publish about a worker;
+- ``paged_kv``: the bytes and blocks of a worker's paged KV cache;
+- ``imports``: running a callback on a module right after the process imports it.
+
 The hook's settings are the engine side's (``engine.config``).
 """

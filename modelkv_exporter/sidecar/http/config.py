@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelkv_exporter.contract.setting_values import port_number, web_address
 from modelkv_exporter.contract.settings import group, setting
 from modelkv_exporter.sidecar.attention import CLI
 from modelkv_exporter.sidecar.budget import Budget
@@ -16,7 +17,6 @@ from modelkv_exporter.sidecar.http.limits import HttpLimits
 from modelkv_exporter.sidecar.http.spool_watch import DEFAULT_CHECK_INTERVAL_SECONDS
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 from modelkv_exporter.sidecar.reader.state import Staleness
-from modelkv_exporter.sidecar.setting_values import port_number, web_address
 
 PROBE_PORT = 9401
 """The liveness port ``serve`` listens on unless told otherwise; the Kubernetes manifests probe it."""

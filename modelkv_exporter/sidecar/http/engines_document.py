@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
-from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, discovery_running, exported_discovery
+from modelkv_exporter.sidecar.discovered import discovery_running, exported_discovery
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import Classified, EngineState, SpoolView
 
 
-def entry_document(item: Classified, max_discovered: int = MAX_DISCOVERED_OWNERS) -> dict[str, Any]:
+def entry_document(item: Classified, max_discovered: int) -> dict[str, Any]:
     """One file: an engine's snapshot with its state, or a rejected file with its reason.
 
     The snapshot is the whole of it, every discovered owner included; where the engine runs discovery,
@@ -38,10 +38,10 @@ def document_fields(view: SpoolView, spool_name: str) -> dict[str, Any]:
     }
 
 
-def engines_document(view: SpoolView, spool_name: str, max_discovered: int = MAX_DISCOVERED_OWNERS) -> dict[str, Any]:
+def engines_document(view: SpoolView, spool_name: str, max_discovered: int) -> dict[str, Any]:
     """Every engine's snapshot with its state, and every rejected file with its reason."""
     return {
         **document_fields(view, spool_name),
         "engines": [entry_document(i, max_discovered) for i in view.entries if i.state is not EngineState.REJECTED],
-        "rejected": [entry_document(i) for i in view.entries if i.state is EngineState.REJECTED],
+        "rejected": [entry_document(i, max_discovered) for i in view.entries if i.state is EngineState.REJECTED],
     }

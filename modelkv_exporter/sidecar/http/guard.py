@@ -48,8 +48,9 @@ sends, so it reads the status rather than a reset. Each refusal is counted by ``
 #   extension), ``cycle`` with its ``response_started``, ``response_complete``, ``disconnected`` and
 #   ``message_event`` (to drop the app's answer when a refusal comes first), ``pipeline`` (pipelined
 #   requests waiting); ``parser`` is cleared for a refused connection, as uvicorn clears it.
-# The method names are checked when a server is built (``check_uvicorn_surface``); pyproject.toml caps
-# uvicorn at the newest version whose tests pass, and `make test` runs them on the lowest one too.
+# Every one of these names, methods and instance attributes (the cycle's too), is checked when a server is
+# built (``uvicorn_surface.check_uvicorn_surface``); pyproject.toml caps uvicorn at the newest version whose
+# tests pass, and `make test` runs them on the lowest one too.
 
 from __future__ import annotations
 
@@ -63,24 +64,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from modelkv_exporter.sidecar.http.answers import closing_answer
 from modelkv_exporter.sidecar.http.limits import LINGER_SECONDS, HttpLimits
 from modelkv_exporter.sidecar.http.sending import ABORT
+from modelkv_exporter.sidecar.http.uvicorn_surface import check_uvicorn_surface
 from modelkv_exporter.sidecar.vocabulary import Refusal
-
-UVICORN_SURFACE = (
-    "connection_made",
-    "connection_lost",
-    "data_received",
-    "on_message_begin",
-    "on_url",
-    "on_header",
-    "on_headers_complete",
-    "on_body",
-    "on_message_complete",
-    "on_response_complete",
-    "send_400_response",
-    "_unset_keepalive_if_required",
-)
-"""uvicorn's protocol methods this module overrides or calls (the comment above says why each); checked when a
-server is built."""
 
 STATUS_REFUSAL = {
     400: Refusal.INVALID_REQUEST,
@@ -96,13 +81,6 @@ ANSWERS = {status: closing_answer(status) for status in STATUS_REFUSAL}
 
 class _Refused(Exception):
     """Raised in a parser callback; httptools passes it to uvicorn as a parser error."""
-
-
-def check_uvicorn_surface() -> None:
-    """Fail when the server is built, not under attack, if uvicorn's protocol lost a name this module uses."""
-    missing = [name for name in UVICORN_SURFACE if not hasattr(HttpToolsProtocol, name)]
-    if missing:
-        raise RuntimeError(f"uvicorn's HttpToolsProtocol has no {missing}: this uvicorn is not supported")
 
 
 class GuardedProtocol(HttpToolsProtocol):

@@ -21,13 +21,13 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import CLI, NAMED, Concern, Finding, Status, findings, status
-from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
+from modelkv_exporter.sidecar.discovered import discovery_facts, exported_discovery
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
-from modelkv_exporter.sidecar.sizes import human_bytes
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
 
 SIDECAR_CONTAINER = "modelkv-exporter"
@@ -206,18 +206,9 @@ def _discovery_facts(snapshot: Snapshot, omitted: int) -> str:
     if status is not None:
         if not status.enabled:
             return f'<p class="muted">Discovery is off: {escape(status.reason or "no reason given")}.</p>'
-        if status.census_seconds is not None:
-            facts.append(
-                f"last census {status.modules} modules, {status.objects} objects in {status.census_seconds * 1000:.1f} ms"
-            )
-        if status.budget_exhausted:
-            facts.append(f"<strong>the census ran out of its {escape(status.budget_exhausted)} budget</strong>")
-        if status.owners_below_floor:
-            facts.append(f"{status.owners_below_floor} owners below the engine's size floor")
-        if status.owners_over_budget:
-            facts.append(f"{status.owners_over_budget} past the engine's owner budget")
+        facts += [f"<strong>{f.text}</strong>" if f.urgent else f.text for f in discovery_facts(status, escape)]
     if omitted:
-        facts.append(f"{omitted} past this exporter's --max-discovered-owners, not exported")
+        facts.append(f"{omitted} past this exporter's --sidecar-max-discovered-owners, not exported")
     return f'<p class="muted">{" · ".join(facts)}</p>' if facts else ""
 
 
@@ -233,7 +224,7 @@ def _discovered(snapshot: Snapshot, limit: int) -> str:
     return f"{_table(headers, rows, numeric=(4, 5, 6))}{facts}{legend}"
 
 
-def _engine_section(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWNERS) -> str:
+def _engine_section(snapshot: Snapshot, max_discovered: int) -> str:
     engine = snapshot.engine
     title = f'<h3 id="engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</h3>'
     facts = [
@@ -363,7 +354,7 @@ def render_landing(
     *,
     spool_dir: str,
     version: str,
-    max_discovered: int = MAX_DISCOVERED_OWNERS,
+    max_discovered: int,
     cli: str = CLI,
     cli_spool: str = "",
     runbook_url: str = "",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from modelkv_exporter.contract.setting_values import byte_size, positive_float, positive_int
 from modelkv_exporter.contract.settings import setting
-from modelkv_exporter.sidecar.setting_values import byte_size, positive_float, positive_int
 
 LINGER_SECONDS = 1.0
 """After an error answer: how long the request's remaining bytes are read and dropped, so the client

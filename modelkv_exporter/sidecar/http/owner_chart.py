@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE
 from modelkv_exporter.sidecar.attention import owner_name
-from modelkv_exporter.sidecar.discovered import MAX_DISCOVERED_OWNERS, exported_discovery
-from modelkv_exporter.sidecar.sizes import human_bytes
+from modelkv_exporter.sidecar.discovered import exported_discovery
 
 DECLARED, OBSERVED, OVER, DISCOVERED = "#4a78c2", "#3b9a5b", "#d64545", "#9b59b6"
 """Bar colours: declared, observed within the declaration, observed above it, discovered (not declared)."""
@@ -35,7 +35,7 @@ class Bar:
     note: str = ""
 
 
-def owner_bars(snapshot: Snapshot, max_discovered: int = MAX_DISCOVERED_OWNERS) -> list[tuple[str, list[Bar]]]:
+def owner_bars(snapshot: Snapshot, max_discovered: int) -> list[tuple[str, list[Bar]]]:
     """Per owner (declaring owners, then discovered ones not among them), the bars of its picture."""
     rows: dict[str, list[Bar]] = {}
     for owner, observation in snapshot.owners().items():
@@ -63,7 +63,7 @@ def _label(owner: str) -> str:
     return name if len(name) <= MAX_LABEL else "…" + name[len(name) - MAX_LABEL + 1 :]
 
 
-def owner_chart(snapshot: Snapshot, escape: Callable[[str], str], max_discovered: int = MAX_DISCOVERED_OWNERS) -> str:
+def owner_chart(snapshot: Snapshot, escape: Callable[[str], str], max_discovered: int) -> str:
     """The engine's picture as an ``<svg>`` element; empty when it has no owner to draw."""
     rows = owner_bars(snapshot, max_discovered)
     if not rows:

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelkv_exporter.contract.setting_values import byte_size, positive_int
 from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import SUFFIX, snapshot_file_name
 from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError, parse_snapshot
-from modelkv_exporter.sidecar.setting_values import byte_size, positive_int
 
 FULL_SCAN_EVERY_SECONDS = 1.0
 SETTLE_NS = 50_000_000

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 
+from modelkv_exporter.contract.setting_values import non_negative_float
 from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolEntry, SpoolScan
-from modelkv_exporter.sidecar.setting_values import non_negative_float
 
 CLOCK_SKEW_SECONDS = 10.0
 """How far in the future a heartbeat may be before its engine is called stale (engine and sidecar share a node's clock)."""
@@ -91,7 +91,7 @@ def forget_at(snapshot: Snapshot, forget_after: float) -> float:
     return snapshot.heartbeat_at + forget_after if forget_after > 0 else math.inf
 
 
-def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_after: float = 0.0) -> EngineState:
+def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_after: float) -> EngineState:
     """``ENDED``, ``STALE``, ``EXPORTED`` or ``FORGOTTEN`` for a usable snapshot.
 
     An ended or stale snapshot whose heartbeat is older than ``forget_after`` seconds (0: never) is
@@ -170,7 +170,7 @@ class SpoolView:
         return [item.entry for item in self.entries if item.state is EngineState.REJECTED]
 
 
-def classify(scan: SpoolScan, now: float, stale_after: float, forget_after: float = 0.0) -> SpoolView:
+def classify(scan: SpoolScan, now: float, stale_after: float, forget_after: float) -> SpoolView:
     """Every entry of ``scan`` with its state at ``now``; ``forget_after`` 0 never forgets."""
     entries = []
     until = math.inf
