@@ -24,12 +24,7 @@ CHECKS = {
         str(VENV_BIN / "ruff"),
         "format",
         "--check",
-        "modelkv_exporter",
-        "tests",
-        "bench",
-        "dashboards",
-        "scripts",
-        "deploy",
+        ".",
     ],
     "mypy": [
         sys.executable,
