@@ -29,8 +29,8 @@ class DiscoverySettings:
     discover_read_locals: bool = setting(
         False,
         switch,
-        "Attribute discovered cache layers by reading the locals of the frames on the stack (1 or 0), as before "
-        "issue 33: follows a cache handed under any argument name and tells caches apart exactly, but on "
+        "Attribute discovered cache layers by reading the locals of the frames on the stack (1 or 0), as earlier "
+        "versions did: follows a cache handed under any argument name and tells caches apart exactly, but on "
         "CPython 3.11 keeps the tensors those frames delete later alive until they return, and costs more per new "
         "layer the deeper the caller's stack. Off: frames are matched by their code alone.",
     )
