@@ -26,7 +26,7 @@ from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine import log
 from modelkv_exporter.engine.config import TABLE, HookConfig
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census, discover, discovery
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.modules import ModuleMap, takes_cache
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.publish import build_snapshot
@@ -554,3 +554,25 @@ def test_a_cache_handed_under_another_name_is_followed_outward_only_when_reading
 def test_reading_locals_is_opted_into_by_its_setting() -> None:
     assert config(MODELKV_DISCOVER_READ_LOCALS="1").discovery.discover_read_locals
     assert not config().discovery.discover_read_locals
+
+
+def test_transformers_own_layers_are_seen_handed_the_cache_whatever_its_parameter_is_called() -> None:
+    """Qwen2's model, decoder layer and attention take the cache as ``past_key_values`` up to 5.19 and as ``cache``
+    in 5.25: either way they only pass it along. ``make test`` runs this on the lowest and the newest transformers."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    model = Qwen2Model(
+        Qwen2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=100,
+        )
+    )
+    for module in (model, model.layers[0], model.layers[0].self_attn):
+        forward = type(module).forward
+        while hasattr(forward, "__wrapped__"):
+            forward = forward.__wrapped__
+        assert takes_cache(forward.__code__), type(module).__name__

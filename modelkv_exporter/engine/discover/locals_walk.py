@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from types import CodeType, FrameType
 from typing import Any
 
-from modelkv_exporter.engine.discover.modules import CACHE_SLOTS, ModuleMap
+from modelkv_exporter.engine.discover.modules import ModuleMap, cache_slots
 
 MAX_FRAMES = 200
 """Frames this walk looks through at most."""
@@ -31,9 +31,10 @@ def handed(code: CodeType, local: Mapping[str, Any], cache: object) -> bool:
     empty cache slot (``past_key_values=None``) that it fills with a cache it returns to its caller."""
     count = code.co_argcount + code.co_kwonlyargcount
     names = code.co_varnames
+    slots = cache_slots(code)
     for name in names[1:count]:
         value = local.get(name)
-        if value is cache or (value is None and name in CACHE_SLOTS):
+        if value is cache or (value is None and name in slots):
             return True
     extra = count
     if code.co_flags & inspect.CO_VARARGS:
@@ -44,7 +45,7 @@ def handed(code: CodeType, local: Mapping[str, Any], cache: object) -> bool:
         keywords = local.get(names[extra])
         if isinstance(keywords, dict):
             for name, value in keywords.items():
-                if value is cache or (value is None and name in CACHE_SLOTS):
+                if value is cache or (value is None and name in slots):
                     return True
     return False
 

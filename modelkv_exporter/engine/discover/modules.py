@@ -12,6 +12,8 @@ tensor the frame deletes later alive until it returns).
 
 from __future__ import annotations
 
+import os
+import sys
 import types
 import weakref
 from collections.abc import Iterator
@@ -27,6 +29,9 @@ MAX_FRAMES = 64
 CACHE_SLOTS = frozenset({"past_key_values", "past_key_value"})
 """Parameter names through which ``transformers`` modules are handed a cache, or an empty slot they fill with a
 cache they build and return: such a module only passes the cache along, and the walk goes on outward."""
+TRANSFORMERS_CACHE_SLOTS = CACHE_SLOTS | {"cache"}
+"""The same in code of ``transformers`` itself: its models take the cache as ``cache`` in 5.25 (5.19 still named it
+``past_key_values``, now a deprecated keyword). Elsewhere ``cache`` is too common a name to mean that."""
 
 ModuleEntry = tuple[str, "weakref.ReferenceType[torch.nn.Module]"]
 
@@ -65,10 +70,19 @@ def class_codes(cls: type) -> set[types.CodeType]:
     return found
 
 
+def cache_slots(code: types.CodeType) -> frozenset[str]:
+    """The parameter names that hand code a cache: ``TRANSFORMERS_CACHE_SLOTS`` in ``transformers``' own files
+    (found from its imported package, never importing it), else ``CACHE_SLOTS``."""
+    package = getattr(sys.modules.get("transformers"), "__file__", None)
+    if isinstance(package, str) and code.co_filename.startswith(os.path.dirname(package) + os.sep):
+        return TRANSFORMERS_CACHE_SLOTS
+    return CACHE_SLOTS
+
+
 def takes_cache(code: types.CodeType) -> bool:
-    """Whether a function with ``code`` has a ``past_key_values`` (or ``past_key_value``) parameter."""
+    """Whether a function with ``code`` has a cache parameter (``cache_slots``)."""
     count = code.co_argcount + code.co_kwonlyargcount
-    return not CACHE_SLOTS.isdisjoint(code.co_varnames[:count])
+    return not cache_slots(code).isdisjoint(code.co_varnames[:count])
 
 
 class ModuleMap:
