@@ -9,6 +9,18 @@ VENV_VLLM032 ?= .venv-vllm-0.32
 VENV_LOWEST ?= .venv-sidecar-lowest
 # What runs there too: the HTTP layer's tests (the guard and its check of uvicorn, the routes, sending, probes, negotiation).
 HTTP_TESTS := $(addprefix tests/sidecar/test_,hostile_clients.py http.py probes.py sending.py negotiation.py uvicorn_surface.py)
+# The engine side's transformers tests, run again on the lowest transformers pyproject admits and on the newest
+# release (requirements/test-transformers-lowest.txt, -newest.txt): the files that import transformers and no vLLM
+# (tests/project/test_dependencies.py checks the list), and test_transformers_version.py, which fails when what runs
+# is not what is pinned or a dependency of it is missing. Each end is installed with --no-deps into
+# build/transformers-<end>, holding only what .venv lacks for it (pip's own resolution against .venv, `pip install
+# --dry-run --report`), and put first on PYTHONPATH: .venv's torch and other libraries run it, so each end costs a
+# 10-15 s install of 120-160 MB instead of a venv with its own torch. vLLM is left out: it pins its own transformers.
+TRANSFORMERS_ENDS := lowest newest
+TRANSFORMERS_TESTS := tests/engine/test_transformers_version.py \
+	$(addprefix tests/engine/test_,discovery.py examples.py hostile_copies.py hostile_discovery.py hostile_failures.py \
+		hostile_reading.py hostile_stalls.py observe_bytes.py observe_safety.py real_caches.py) \
+	$(addprefix tests/testing/test_,check.py patterns.py pytest_plugin.py same_verdict_from_a_spool.py)
 # Every environment here installs the sidecar extra (`.[sidecar]`; the base install brings no library) with the
 # image's pins as constraints, so the tests run what the image runs.
 SIDECAR_PINS := -c requirements/sidecar.txt
@@ -20,10 +32,14 @@ demo: $(VENV)/.demo-installed
 	$(VENV)/bin/modelkv-exporter demo
 
 test: system-deps $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed $(VENV_LOWEST)/.test-installed \
-		tests/k8s/node_modules/.package-lock.json
+		$(TRANSFORMERS_ENDS:%=build/transformers-%/.installed) tests/k8s/node_modules/.package-lock.json
 	$(PY) -m pytest -q
 	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python -m pytest -q tests/engine
 	$(VENV_LOWEST)/bin/python -m pytest -q $(HTTP_TESTS)
+	for end in $(TRANSFORMERS_ENDS); do \
+		MODELKV_TEST_TRANSFORMERS_PINS=requirements/test-transformers-$$end.txt PYTHONPATH=build/transformers-$$end \
+			$(PY) -m pytest -q $(TRANSFORMERS_TESTS) || exit 1; \
+	done
 
 docs: $(VENV)/.demo-installed
 	$(PY) scripts/docgen.py
@@ -58,6 +74,11 @@ $(VENV_VLLM032)/.test-installed: pyproject.toml requirements/test-vllm-0.32.txt 
 	$(VENV_VLLM032)/bin/python -m pip install -q --upgrade pip
 	$(VENV_VLLM032)/bin/python -m pip install -q -r requirements/test-vllm-0.32.txt $(SIDECAR_PINS) -e '.[torch,sidecar]'
 	$(VENV_VLLM032)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
+	touch $@
+
+build/transformers-%/.installed: requirements/test-transformers-%.txt | $(VENV)/.test-installed
+	rm -rf $(@D)
+	$(PIP) install -q --no-deps --target $(@D) -r $<
 	touch $@
 
 $(VENV_LOWEST)/.test-installed: pyproject.toml requirements/test-sidecar-lowest.txt

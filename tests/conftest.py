@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.processes import Sidecar, start_sidecar, stop_process
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name the transformers the engine tests ran against (``make test`` runs some of them on several)."""
+    try:
+        found = importlib.metadata.distribution("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        terminalreporter.write_line("transformers: not installed")
+        return
+    terminalreporter.write_line(f"transformers {found.version} ({found.locate_file('')})")
 
 
 @pytest.fixture
