@@ -21,6 +21,11 @@ Two measures:
 
     .venv/bin/python bench/observe.py              # both (about 10 minutes, 6 of them under valgrind)
     .venv/bin/python bench/observe.py --no-callgrind
+    .venv/bin/python bench/observe.py --before TREE  # TREE's bench/observe.py first, then this tree's, side by side
+
+``--before TREE`` runs another checkout's ``bench/observe.py`` (a ``git worktree`` or ``git archive`` of an older
+commit, which imports its own package) in a subprocess with the same options, then this tree's, and prints each
+case's hook cost of both: the instructions are the figures to compare; CPU times are each run's own minimum.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import copy
 import dataclasses
 import gc
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -315,22 +322,64 @@ def report(cpu: dict[str, Any], ir: dict[str, dict[str, float]] | str) -> None:
         )
 
 
+def hook_costs(figures: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each case's added cost, less the owner call every per-call case runs inside (as ``report`` computes it)."""
+    entry = figures["owner call (nothing inside)"]["on"] - figures["owner call (nothing inside)"]["off"]
+    return {
+        name: r["on"] - r["off"] - (0 if name.startswith(("owner call", "forward")) else entry)
+        for name, r in figures.items()
+    }
+
+
+def run_before(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The other tree's own ``bench/observe.py``, with this run's options, in a subprocess; its figures."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "before.json"
+        command = [sys.executable, str(tree / "bench" / "observe.py"), "--repetitions", str(args.repetitions)]
+        command += ["--json", str(out)] + (["--no-callgrind"] if args.no_callgrind else [])
+        print(f"BEFORE: {tree}", flush=True)
+        subprocess.run(command, cwd=tree, check=True)
+        print(f"\nAFTER: {ROOT}", flush=True)
+        return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> None:
+    """Each case's hook cost in the other tree and this one, instructions first."""
+    print("\nBEFORE AND AFTER: hook cost per call (instructions; CPU us, each run's own minimum)")
+    print(f"{'case':44s} {'ir before':>10s} {'ir after':>10s} {'change':>8s} {'us before':>10s} {'us after':>9s}")
+    cpu_before, cpu_after = hook_costs(before["cpu_seconds"]), hook_costs(after["cpu_seconds"])
+    ir_ok = all(isinstance(f["instructions"], dict) for f in (before, after))
+    ir_before = hook_costs(before["instructions"]) if ir_ok else {}
+    ir_after = hook_costs(after["instructions"]) if ir_ok else {}
+    for name in cpu_after:
+        if name not in cpu_before:
+            continue
+        ir = "" if name not in ir_after or name not in ir_before else f"{ir_before[name]:10.0f} {ir_after[name]:10.0f}"
+        change = f"{(ir_after[name] / ir_before[name] - 1) * 100:+7.1f}%" if ir and ir_before[name] else ""
+        print(f"{name:44s} {ir:21s} {change:>8s} {cpu_before[name] * 1e6:10.2f} {cpu_after[name] * 1e6:9.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--no-callgrind", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--before", type=Path, help="another checkout, measured first with the same options")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         callgrind_regions(args.child)
         return
+    before = run_before(args.before.resolve(), args) if args.before else None
     torch.manual_seed(0)
     cpu = cpu_time(args.repetitions)
     ir = "turned off (--no-callgrind)" if args.no_callgrind else instructions()
     report(cpu, ir)
+    figures = {"cpu_seconds": cpu, "instructions": ir}
+    if before is not None:
+        compare(before, figures)
     if args.json:
-        args.json.write_text(json.dumps({"cpu_seconds": cpu, "instructions": ir}, indent=2))
+        args.json.write_text(json.dumps({**figures, **({"before": before} if before else {})}, indent=2))
     assert not hooks.records, "every observer was uninstalled"
 
 
