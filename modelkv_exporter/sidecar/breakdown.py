@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
 
 
@@ -163,3 +164,36 @@ def breakdown(snapshot: Snapshot) -> Breakdown | None:
         parts[UNEXPLAINED] = total - sum(value for value in parts.values() if value is not None)
     known = {name: value for name in COMPONENT_NAMES if (value := parts.get(name)) is not None}
     return Breakdown(total_source, total, known)
+
+
+def signed_bytes(value: int) -> str:
+    """``human_bytes`` of a figure that may be negative (the rest, when the parts over-count)."""
+    return human_bytes(value) if value >= 0 else "-" + human_bytes(-value)
+
+
+def part_words(parts: Breakdown) -> list[tuple[str, str]]:
+    """Each known part in words: its bytes and its share of the process figure."""
+    total = parts.total
+    return [
+        (name, f"{name} {signed_bytes(value)}{f' ({value / total:.0%})' if total else ''}")
+        for name, value in parts.parts.items()
+    ]
+
+
+def whole_and_missing(parts: Breakdown) -> tuple[str, str]:
+    """The process figure the parts split, and the parts of this kind of engine that are unknown (in words); an
+    engine without a paged KV cache is not missing one."""
+    whole = (
+        f"{parts.total_source} {human_bytes(parts.total)}"
+        if parts.total is not None
+        else f"{parts.total_source} unknown"
+    )
+    device = parts.total_source == "process_gpu"
+    missing = [c.name for c in COMPONENTS if c.name not in parts.parts and (device or c.host) and c.name != PAGED_KV]
+    return whole, f"; unknown: {', '.join(missing)}" if missing else ""
+
+
+def parts_text(parts: Breakdown) -> str:
+    """The parts in one line of words: the process figure, each part with its share, then what is unknown."""
+    whole, missing = whole_and_missing(parts)
+    return f"memory by part of {whole}: {', '.join(words for _, words in part_words(parts)) or 'none known'}{missing}"

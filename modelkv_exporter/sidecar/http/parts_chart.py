@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
-from modelkv_exporter.sidecar.breakdown import COMPONENTS, PAGED_KV, Breakdown, breakdown
+from modelkv_exporter.sidecar.breakdown import breakdown, part_words, parts_text, whole_and_missing
 
 COLOURS = {
     "weights": "#4a78c2",
@@ -25,38 +25,6 @@ COLOURS = {
 }
 """One colour per part."""
 WIDTH, HEIGHT, TOP = 560, 18, 4
-
-
-def _signed(value: int) -> str:
-    return human_bytes(value) if value >= 0 else "−" + human_bytes(-value)
-
-
-def part_words(parts: Breakdown) -> list[tuple[str, str]]:
-    """Each known part in words: its bytes and its share of the process figure."""
-    total = parts.total
-    return [
-        (name, f"{name} {_signed(value)}{f' ({value / total:.0%})' if total else ''}")
-        for name, value in parts.parts.items()
-    ]
-
-
-def whole_and_missing(parts: Breakdown) -> tuple[str, str]:
-    """The process figure the parts split, and the parts of this kind of engine that are unknown (in words); an
-    engine without a paged KV cache is not missing one."""
-    whole = (
-        f"{parts.total_source} {human_bytes(parts.total)}"
-        if parts.total is not None
-        else f"{parts.total_source} unknown"
-    )
-    device = parts.total_source == "process_gpu"
-    missing = [c.name for c in COMPONENTS if c.name not in parts.parts and (device or c.host) and c.name != PAGED_KV]
-    return whole, f"; unknown: {', '.join(missing)}" if missing else ""
-
-
-def parts_text(parts: Breakdown) -> str:
-    """The parts in one line of words: the process figure, each part with its share, then what is unknown."""
-    whole, missing = whole_and_missing(parts)
-    return f"memory by part of {whole}: {', '.join(words for _, words in part_words(parts)) or 'none known'}{missing}"
 
 
 def parts_chart(snapshot: Snapshot, escape: Callable[[str], str]) -> str:
