@@ -61,8 +61,9 @@ COMPONENTS: tuple[Component, ...] = (
     Component(
         ACTIVATION_PEAK,
         "what torch's caching allocator holds for activations",
-        "the activation peak vLLM profiled (`settings.activation_peak_bytes`), at most what `torch_reserved` "
-        "holds beyond the weights, a paged KV cache torch allocates, the graph pools and the model-local caches",
+        "the activation peak vLLM profiled (`settings.activation_peak_bytes`), at most the free blocks torch's "
+        "allocator keeps (`torch_reserved` − `torch_allocated`) and at most what `torch_reserved` holds beyond the "
+        "weights, a paged KV cache torch allocates, the graph pools and the model-local caches",
         False,
     ),
     Component(
@@ -82,8 +83,8 @@ COMPONENTS: tuple[Component, ...] = (
     ),
     Component(
         UNEXPLAINED,
-        "the rest: free blocks torch's allocator keeps, tensors no other part names (a leak shows here); on a "
-        "host engine also the interpreter, its libraries and activations",
+        "the rest: live tensors no other part names (a leak shows here), free blocks torch's allocator keeps "
+        "beyond the activation peak; on a host engine also the interpreter, its libraries and activations",
         "the process figure less every other part; present only when all of them are known (a part that is "
         "absent leaves it absent too); negative when the parts count more than the process holds",
         True,
@@ -152,7 +153,8 @@ def breakdown(snapshot: Snapshot) -> Breakdown | None:
         activation = settings.activation_peak_bytes
         if activation is not None and reserved is not None:
             room = reserved - sum(part for part in torch_parts if part is not None)
-            activation = max(0, min(activation, room))
+            free = reserved - values.get("torch_allocated", reserved - room)
+            activation = max(0, min(activation, room, free))
         non_torch = None if total is None or reserved is None else total - reserved - (committed or 0)
         parts |= {CUDA_GRAPHS: settings.cuda_graph_bytes, ACTIVATION_PEAK: activation}
         parts |= {MODEL_LOCAL_CACHES: local, NON_TORCH: non_torch}

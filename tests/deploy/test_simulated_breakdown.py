@@ -87,3 +87,20 @@ def test_a_part_missing_from_the_export_fails_the_sum() -> None:
     }
     wrong, _, _ = sums(broken)
     assert wrong, f"{name}: the sum held without non_torch"
+
+
+def test_a_leak_is_the_unexplained_part_and_the_rest_of_the_engine_holds_still() -> None:
+    """vLLM 0.34's leaking engine: its unexplained part grows by the leak (0.15 GiB a minute from minute 60 to 130),
+    while its weights, paged KV cache and non-torch parts stay as they were when it became ready."""
+    name, found = next(item for item in EPISODES if item[0].startswith("story-k"))
+    parts = {
+        dict(labels)["component"]: values
+        for (metric, labels), values in found.items()
+        if metric == PART and dict(labels)["engine"] == "v034-leak"
+    }
+    leak = 3 * 1024**3 // 20
+    rest = parts["unexplained"]
+    assert rest[131] is not None and rest[59] is not None
+    assert rest[131] - rest[59] == 70 * leak, name
+    for steady in ("weights", "paged_kv", "non_torch"):
+        assert parts[steady][131] == parts[steady][59], steady
