@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.vocabulary import DiscoveryMethod
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,11 @@ class Breakdown:
 
 
 def model_local_bytes(snapshot: Snapshot) -> int | None:
-    """Bytes the model's own caches hold, each once; None while a declaring owner's caches cannot be observed."""
+    """Bytes the model's own caches hold, each once; None while a declaring owner's caches cannot be observed.
+
+    An observed owner that declares nothing is also a discovered owner (``cache_layer``) with the same
+    figures: it counts once, as observed. A declaring owner that discovery finds holding more counts its
+    observed caches and, beyond them, what was discovered."""
     total = 0
     observed: set[str] = set()
     for owner, observation in snapshot.owners().items():
@@ -124,7 +129,7 @@ def model_local_bytes(snapshot: Snapshot) -> int | None:
         observed.add(owner)
         total += observation.live_bytes
     for found in snapshot.discovered:
-        if found.owner in observed and not found.declares and found.found_by == "cache_layer":
+        if found.owner in observed and not found.declares and found.found_by == DiscoveryMethod.CACHE_LAYER.value:
             continue
         total += found.live_bytes
     return total
