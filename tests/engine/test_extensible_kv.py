@@ -18,6 +18,7 @@ import pytest
 
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.engine.config import HookConfig
+from modelkv_exporter.engine.observe import installed
 from modelkv_exporter.engine.samplers import CudaSampler
 from modelkv_exporter.engine.vllm_hook import lifecycle
 from modelkv_exporter.engine.vllm_hook import plugin as vllm_plugin
@@ -97,6 +98,9 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     yield make
     for one in made:
         one.close()
+    left = installed()
+    if left is not None:
+        left.uninstall()
 
 
 def test_the_final_commit_is_exported_exactly_and_the_baseline_follows_it(engine: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.engine.observe import installed
 from modelkv_exporter.engine.vllm_hook import memory_parts
 from modelkv_exporter.sidecar import breakdown as breakdown_module
 from modelkv_exporter.sidecar.samples import engine_samples
@@ -70,6 +71,9 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     yield make
     for one in made:
         one.close()
+    left = installed()
+    if left is not None:
+        left.uninstall()
 
 
 def test_each_part_of_an_extensible_engine_is_what_its_device_holds(engine: Any) -> None:
