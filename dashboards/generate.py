@@ -270,6 +270,29 @@ def growth_by_part() -> timeseries.Panel:
     )
 
 
+def memory_by_part() -> timeseries.Panel:
+    return (
+        graph(
+            "Memory by part",
+            "Where each engine's memory goes, stacked: weights, paged KV cache, CUDA graph pools, the activation "
+            "reserve, model-local caches, memory outside torch (CUDA context, libraries) and the unexplained rest. "
+            "A device engine's parts add up to the device bytes NVML gives its process, a CPU engine's to its "
+            "resident memory. A part that cannot be known is absent, and so is the rest: the stack is then short "
+            "of the whole. One panel per engine id (replicas of one id in several pods: pick a pod).",
+            "bytes",
+            query(
+                f"sum by (namespace, pod, engine, component) (modelkv_memory_breakdown_bytes{{{ENGINE_SELECTOR}}})",
+                f"{ENGINE} {{{{component}}}}",
+            ),
+        )
+        .fill_opacity(60)
+        .stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL).group("parts"))
+        .repeat("engine")
+        .repeat_direction("h")
+        .max_per_row(2)
+    )
+
+
 def dropped_declarations() -> timeseries.Panel:
     return graph(
         "Dropped declarations",
@@ -445,6 +468,7 @@ LAYOUT: list[Row] = [
             (18, dropped_declarations, 8, 8),
             (7, measured_memory, 12, 8),
             (8, paged_kv, 12, 8),
+            (23, memory_by_part, 24, 9),
         ],
     ),
     (9, "Declarations", [(10, declarations_table, 24, 10), (22, discovered_table, 24, 8)]),

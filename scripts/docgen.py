@@ -22,6 +22,7 @@ from modelkv_exporter.contract.settings import REQUIRED, Setting, Table  # noqa:
 from modelkv_exporter.contract.sizes import SIZE_RULE  # noqa: E402
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS  # noqa: E402
 from modelkv_exporter.engine import config as engine_config  # noqa: E402
+from modelkv_exporter.sidecar.breakdown import COMPONENTS, TOLERANCE_BYTES  # noqa: E402
 from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_INFO_LABELS, MAX_LABELS, UNITS  # noqa: E402
 from scripts.snapshot_schema import field_reference, json_schema_text, reader_checks  # noqa: E402
 
@@ -109,6 +110,19 @@ def metrics_markdown() -> str:
         "| source | has a baseline | meaning |",
         "|---|---|---|",
         *[f"| `{m.source}` | {'yes' if m.baseline else 'no'} | {m.meaning} |" for m in MEASUREMENTS],
+        "",
+        "## Memory breakdown components",
+        "",
+        "The `component` values of `modelkv_memory_breakdown_bytes`, in the order they stack. On a device engine "
+        "(one that measures torch's caching allocator) the parts split `process_gpu`; on a host engine (a CPU "
+        "engine) they split `process_resident`, and only the parts marked for it apply. The sidecar computes them "
+        "from the figures of one sample of the snapshot, so the parts add up to the process figure exactly "
+        f"(tolerance {TOLERANCE_BYTES} bytes) whenever `unexplained` is present; a part that cannot be known is "
+        "absent, never 0, and then `unexplained` is absent too.",
+        "",
+        "| component | host engine | what it is | source |",
+        "|---|---|---|---|",
+        *[f"| `{c.name}` | {'yes' if c.host else 'no'} | {c.meaning} | {c.source} |" for c in COMPONENTS],
         "",
     ]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from modelkv_exporter.sidecar.attention import (
     over_declaration,
     undeclared_text,
 )
+from modelkv_exporter.sidecar.breakdown import breakdown, signed_bytes, whole_and_missing
 from modelkv_exporter.sidecar.discovered import discovery_facts, discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
@@ -182,6 +183,22 @@ def _observed(snapshot: Snapshot, width: int) -> list[str]:
     return [table(headers, rows, width, narrow=(0,)), *notes]
 
 
+def _parts(snapshot: Snapshot, width: int) -> list[str]:
+    """Where the engine's memory goes: each known part, its bytes and share of the process figure, then the unknown."""
+    parts = breakdown(snapshot)
+    if parts is None:
+        return []
+    whole, missing = whole_and_missing(parts)
+    total = parts.total
+    rows = [
+        [name, signed_bytes(value), f"{value / total:.1%}" if total else "-"] for name, value in parts.parts.items()
+    ]
+    lines = [_wrapped(f"memory by part of {whole}{missing}", width)]
+    if rows:
+        lines.append(table(["part", "bytes", "share"], rows, width, narrow=(0,)))
+    return lines
+
+
 def _rejected_lines(view: SpoolView, width: int) -> list[str]:
     """Every file the scan could not use, with its reason, and how many it did not read."""
     lines = [
@@ -298,7 +315,8 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH, spool: str = "DIR", 
     The table holds what compares across declarations; long text (owner class, capacity source,
     reasons, notes) follows it, one wrapped line per declaration. Then, per owner, what it declares
     beside what its caches were observed to hold, and why an owner is not observed; then the owners the
-    engine discovered holding caches, and what each that declares nothing should declare.
+    engine discovered holding caches, and what each that declares nothing should declare; then where the
+    engine's memory goes, part by part (``sidecar.breakdown``).
     """
     if not view.scan.ok:
         return _wrapped(f"cannot read the spool: {view.scan.error}", width) + "\n"
@@ -327,6 +345,7 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH, spool: str = "DIR", 
             parts.append(_wrapped(text, width))
         parts += _observed(snapshot, width)
         parts += _discovered(snapshot, width)
+        parts += _parts(snapshot, width)
         parts.append("")
     if any(item.snapshot.declarations for item in view.usable):
         parts += [GEOMETRY_LEGEND, ""]

@@ -142,6 +142,22 @@ class EngineSettings:
         "as `paged_kv_reserved_bytes` is",
         default=None,
     )
+    weights_bytes: int | None = wire(
+        "bytes the model's weights take on the engine's device: vLLM's `model_runner.model_memory_usage` (what "
+        "loading the model took), else the bytes of the model's parameters and buffers, each storage once; absent "
+        "when unknown and from older writers",
+        default=None,
+    )
+    activation_peak_bytes: int | None = wire(
+        "the activation peak the engine profiled and budgeted for (vLLM's `peak_activation_memory`, less the CUDA "
+        "graph estimate vLLM 0.34 adds to it); absent when unknown and from older writers",
+        default=None,
+    )
+    cuda_graph_bytes: int | None = wire(
+        "bytes of the CUDA graph pools the engine captured (what vLLM's `capture_model` returned; 0 for an engine "
+        "that captures none, `enforce_eager`); absent when unknown and from older writers",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)

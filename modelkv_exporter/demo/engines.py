@@ -28,6 +28,7 @@ from modelkv_exporter.engine.observe import install
 from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.engine.samplers import sample_host_memory
+from modelkv_exporter.engine.weights import model_weight_bytes
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         pp_rank=0,
         dp_rank=0,
         device="cpu",
+        weights_bytes=model_weight_bytes(model),
     )
     config = HookConfig.from_environ({**os.environ, "MODELKV_SPOOL_DIR": spool_dir})
     assert config is not None

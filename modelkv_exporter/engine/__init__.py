@@ -8,7 +8,8 @@ the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (`
 - ``resolve``: specs, ours or vLLM-Omni's, resolved at ``max_num_seqs`` into snapshot records;
 - ``publish``: ``build_snapshot`` and the one-shot ``publish``;
 - ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current;
-- ``samplers``: measured memory (CUDA allocator, device, NVML, host RSS);
+- ``samplers``: measured memory (CUDA allocator, device, NVML, host RSS); ``weights``: the bytes of a
+  model's weights as its tensors hold them;
 - ``observe``: what the declaring owners' ``transformers`` caches really hold;
 - ``discover``: modules that hold caches they do not declare;
 - ``config``: the engine side's settings, ``MODELKV_`` variables read into one typed object;

@@ -30,7 +30,7 @@ def build_snapshot(model: object, /, *, max_num_seqs: int | None, engine_id: str
 
     Keyword arguments name ``EngineIdentity`` fields (``model``, ``stage_name``,
     ``tp_rank``, ...) or ``EngineSettings`` fields (``gpu_memory_utilization``,
-    ``paged_kv_bytes``, ``paged_kv_blocks``); anything else is a ``TypeError``.
+    ``paged_kv_bytes``, ``paged_kv_blocks``, ``weights_bytes``, ...); anything else is a ``TypeError``.
     """
     unknown = identity.keys() - _IDENTITY_FIELDS - _SETTING_FIELDS
     if unknown:

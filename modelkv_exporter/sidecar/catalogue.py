@@ -12,6 +12,7 @@ from typing import Literal
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
+from modelkv_exporter.sidecar.breakdown import COMPONENT_NAMES
 from modelkv_exporter.sidecar.reader.state import EngineState
 
 Kind = Literal["gauge", "counter", "info"]
@@ -217,6 +218,16 @@ _METRICS: list[Metric] = [
         "gauge",
         "1 when the engine reports this measured-memory source, 0 when it cannot be measured.",
         (*ENGINE, "source"),
+        _M,
+    ),
+    Metric(
+        "modelkv_memory_breakdown_bytes",
+        "gauge",
+        "The engine's process memory by part (component: "
+        + ", ".join(COMPONENT_NAMES)
+        + "): the device bytes NVML gives the process on a device engine, resident memory on a host engine; a part "
+        "that cannot be known is absent, and unexplained only present when the parts add up to the process figure.",
+        (*ENGINE, "component"),
         _M,
     ),
     Metric(

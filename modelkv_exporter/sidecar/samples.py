@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, Snapshot
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
+from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.discovered import (
     discovery_running,
     exported_discovery,
@@ -124,6 +125,9 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info, max_di
         base = None if baseline is None else baseline.values.get(m.source)
         if m.baseline and base is not None:
             add(f"modelkv_memory_{m.source}_baseline_bytes", engine, base)
+    parts = breakdown(snapshot)
+    for component, value in () if parts is None else parts.parts.items():
+        add("modelkv_memory_breakdown_bytes", [*engine, component], value)
 
 
 def observation_samples(snapshot: Snapshot, engine: list[str], add: Add) -> None:

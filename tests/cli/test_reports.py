@@ -220,3 +220,29 @@ def test_inspect_opens_with_a_summary_of_the_problems_and_what_to_do(spool: Path
     for name in ("eager-s1", "streaming-s0"):
         (spool / f"{name}.json").unlink()
     assert run_cli("inspect", str(spool)).stdout.startswith("summary: 3 engines, none with a problem\n")
+
+
+def test_inspect_prints_each_engine_s_memory_by_part(spool: Path) -> None:
+    """The parts as the page and /metrics give them, with their shares; the unknown ones named, never printed as 0."""
+    golden = Path(__file__).parents[1] / "sidecar" / "golden" / "memory-breakdown"
+    for name in ("qwen3-vllm034-dp0.json", "before-breakdown-dp0.json"):
+        (spool / name).write_bytes((golden / name).read_bytes())
+    out = run_cli("inspect", str(spool), "--stale-after", "1e12").stdout
+    lines = [line.split() for line in out.splitlines()]
+    assert "memory by part of process_gpu 76.5 GiB" in out
+    for row in (
+        ["weights", "15.0", "GiB", "19.6%"],
+        ["paged_kv", "57.0", "GiB", "74.5%"],
+        ["cuda_graphs", "768.0", "MiB", "1.0%"],
+        ["activation_peak", "2.0", "GiB", "2.6%"],
+        ["model_local_caches", "712.0", "MiB", "0.9%"],
+        ["non_torch", "512.0", "MiB", "0.7%"],
+        ["unexplained", "568.0", "MiB", "0.7%"],
+    ):
+        assert row in lines, row
+    older = out[out.index("engine before-breakdown-dp0") : out.index("engine qwen3-vllm034-dp0")]
+    assert (
+        "memory by part of process_gpu 20.0 GiB; unknown: weights, cuda_graphs, activation_peak, model_local_caches, "
+        "unexplained" in " ".join(older.split())
+    )
+    assert ["non_torch", "1.0", "GiB", "5.0%"] in lines and ["weights", "0", "B"] not in [row[:3] for row in lines]

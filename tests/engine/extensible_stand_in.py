@@ -53,6 +53,12 @@ class Gpu:
     def free(self, size: int) -> None:
         self.allocated -= size
 
+    def allocate_pool(self, size: int) -> None:
+        """A private pool's segment (CUDA graph capture): reserved for it alone, live from the start."""
+        self.allocated += size
+        self.reserved += size
+        self.peak = max(self.peak, self.allocated)
+
     def empty_cache(self) -> None:
         self.reserved = self.allocated
 
@@ -129,6 +135,23 @@ class StandInKVCache:
         self.commit(num_blocks)
 
 
+class StandInRunner:
+    """The runner's figures the hook reads: the model, the extensible cache, ``model_memory_usage``, ``capture_model``."""
+
+    def __init__(self, gpu: Gpu, graph_pool: int) -> None:
+        self.gpu = gpu
+        self.graph_pool = graph_pool
+        self.model: Any = None
+        self.extensible_kv_cache: StandInKVCache | None = None
+        self.model_memory_usage = 0
+
+    def capture_model(self, *, profile_only: bool = False) -> int:
+        """Capture the graphs into their private pool; return the bytes capture took, as vLLM's runner does."""
+        if not profile_only:
+            self.gpu.allocate_pool(self.graph_pool)
+        return self.graph_pool
+
+
 class StandInWorker:
     """vLLM 0.34's ``Worker`` as the engine core drives it, with an extensible KV cache on a ``Gpu``."""
 
@@ -140,21 +163,26 @@ class StandInWorker:
         graph_pool: int = 300 * MIB,
         warm_up_blocks: int = 1000,
         extensible: bool = True,
+        device_type: str = "stand-in",
+        graph_estimate: int = 0,
     ) -> None:
         self.gpu = gpu
         self.weights = weights
         self.activation_peak = activation_peak
         self.graph_pool = graph_pool
         self.warm_up_blocks = warm_up_blocks
-        self.device = SimpleNamespace(type="stand-in", index=0)
+        self.graph_estimate = graph_estimate
+        self.device = SimpleNamespace(type=device_type, index=0)
         self.local_rank = 0
         self.vllm_config = SimpleNamespace(
-            model_config=SimpleNamespace(model="/models/tiny", served_model_name="tiny", architectures=["Tiny"]),
+            model_config=SimpleNamespace(
+                model="/models/tiny", served_model_name="tiny", architectures=["Tiny"], enforce_eager=False
+            ),
             scheduler_config=SimpleNamespace(max_num_seqs=8),
             parallel_config=SimpleNamespace(data_parallel_rank=0),
             cache_config=SimpleNamespace(enable_extensible_kv_cache=extensible, num_gpu_blocks=None),
         )
-        self.model_runner = SimpleNamespace(model=None, extensible_kv_cache=None)
+        self.model_runner = StandInRunner(gpu, graph_pool)
         self.calls: list[str] = []
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
@@ -163,13 +191,16 @@ class StandInWorker:
         self.calls.append("load_model")
         self.gpu.allocate(self.weights)
         self.model_runner.model = torch.nn.Linear(2, 2)
+        self.model_runner.model_memory_usage = self.weights
 
     def determine_available_memory(self) -> int:
         self.calls.append("determine_available_memory")
         self.gpu.reset_peak_memory_stats(None)
         self.gpu.allocate(self.activation_peak)
         self.gpu.free(self.activation_peak)
-        self.peak_activation_memory = self.gpu.max_memory_allocated(None) - self.gpu.memory_allocated(None)
+        headroom = self.gpu.max_memory_allocated(None) - self.gpu.memory_allocated(None)
+        self.cudagraph_memory_estimate = self.graph_estimate
+        self.peak_activation_memory = headroom + self.graph_estimate
         return self.gpu.total - self.gpu.process_bytes
 
     def initialize_from_config(self, kv_cache_config: Any) -> None:
@@ -192,7 +223,8 @@ class StandInWorker:
         self.gpu.free(self.activation_peak)
         if cache is not None:
             cache.commit(cache.min_committed_blocks, shrink=True)
-        self.gpu.allocate(self.graph_pool)
+        if not self.vllm_config.model_config.enforce_eager:
+            self.model_runner.capture_model()
 
     def extend_kv_cache(self, num_blocks: int) -> None:
         self.calls.append("extend_kv_cache")

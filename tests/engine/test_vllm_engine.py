@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from modelkv_exporter.sidecar.breakdown import TOLERANCE_BYTES
 from tests.engine.fixtures.tiny_model import make_tiny_gemma2, make_tiny_qwen2, save_random_weights
 from tests.support import ROOT
 from tests.support.exposition import Exposition
@@ -144,6 +145,18 @@ def only(samples: list[tuple[dict[str, str], float]]) -> tuple[dict[str, str], f
     return samples[0]
 
 
+def assert_parts_sum(sidecar: Sidecar) -> None:
+    """A CPU engine's resident memory by part: the model's weights, the paged KV cache vLLM allocated, the observed
+    caches, and the rest, summing to the resident figure of the same sample."""
+    m = metrics(sidecar)
+    parts = {labels["component"]: value for labels, value in m["modelkv_memory_breakdown_bytes"]}
+    assert set(parts) == {"weights", "paged_kv", "model_local_caches", "unexplained"}, parts
+    assert parts["paged_kv"] == 1024**3 and 0 < parts["weights"] < 64 * 2**20, "the tiny model's tensors"
+    assert parts["model_local_caches"] == ROW_BYTES * MAX_NUM_SEQS, "the declared cache, held live, counted once"
+    resident = only(m["modelkv_memory_process_resident_bytes"])[1]
+    assert abs(sum(parts.values()) - resident) <= TOLERANCE_BYTES
+
+
 def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
     engine_and_sidecar: tuple[Engine, Sidecar],
 ) -> None:
@@ -196,6 +209,7 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
         return observed().get("talker.kv_owner", {}).get("modelkv_observed_calls_total", 0)
 
     eventually(lambda: cache_calls() >= 8, "a cache write in each of the 8 generate steps to be published")
+    assert_parts_sum(sidecar)
     talker = observed()["talker.kv_owner"]
     assert talker["modelkv_observation_available"] == 1
     assert talker["modelkv_observed_peak_bytes"] == ROW_BYTES * MAX_NUM_SEQS, "observed during generate: as declared"

@@ -114,6 +114,8 @@ def discovering_snapshot(engine_id: str = "qwen3-tts-eager", **kwargs: object) -
 
 
 GOLDEN_NOW = 1_800_000_000.0
+BREAKDOWN_SETTINGS = ("weights_bytes", "activation_peak_bytes", "cuda_graph_bytes")
+"""The settings the memory breakdown added: an older writer has none of them."""
 """The golden spools' clock (``tests/sidecar/test_golden.py``)."""
 HOSTILE_OWNER = "blocks.0\n.attn\u202e\t" + "deeply_nested_submodule." * 12 + "cache"
 """A module path with a newline, a bidi override, a tab and 300-odd characters: every rule of ``label`` applies."""
@@ -140,6 +142,7 @@ def golden_discovered_spool() -> dict[str, bytes]:
     )
     older = make_snapshot("older-writer", heartbeat_at=now, interval=5.0).to_dict()
     del older["discovered"], older["discovery"]
-    del older["settings"]["paged_kv_reserved_bytes"], older["settings"]["paged_kv_reserved_blocks"]
+    for field in ("paged_kv_reserved_bytes", "paged_kv_reserved_blocks", *BREAKDOWN_SETTINGS):
+        del older["settings"][field]
     documents = {"qwen3-tts-eager": running.to_dict(), "minicpmo-audio": off.to_dict(), "older-writer": older}
     return {f"{name}.json": (json.dumps(doc, indent=1) + "\n").encode() for name, doc in documents.items()}

@@ -1,14 +1,15 @@
 """What the hook does inside a worker process, at each point of the worker's life.
 
 - after ``load_model``: collect the model's declarations once, resolve them at
-  ``max_num_seqs``, add the engine's identity, start observing the declaring owners'
+  ``max_num_seqs``, add the engine's identity and the weights' bytes, arrange to record the bytes
+  of the CUDA graph pools when the runner captures them, start observing the declaring owners'
   caches, publish, start the heartbeat (which samples memory and observations; a diffusion
   worker, which has no later initialisation step, also takes its baseline; its sampler never
   resets torch's peak statistics, which vLLM-Omni resets and reads around every request);
 - after ``initialize_from_config`` (a diffusion worker: ``set_kv_cache_configs``): add the
   paged KV cache, take the baseline;
-- after ``compile_or_warm_up_model``: take the baseline again (initialisation is over), with the
-  activation peak vLLM profiled as the live tensors' headroom, and only from now on let the sampler
+- after ``compile_or_warm_up_model``: record the activation peak vLLM profiled and the graph pools;
+  take the baseline again (initialisation is over), with the activation peak as the live tensors' headroom, and only from now on let the sampler
   reset torch's peak statistics (vLLM resets and reads them while it loads and profiles); a worker
   with vLLM 0.34's extensible KV cache is not initialised yet: its cache gets its final size next;
 - after ``extend_kv_cache`` (vLLM 0.34, an extensible KV cache only): record the committed and the
@@ -24,6 +25,7 @@
 from __future__ import annotations
 
 import atexit
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,6 +48,12 @@ from modelkv_exporter.engine.vllm_hook.extensible_kv import (
     figures_of,
 )
 from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, facts_of
+from modelkv_exporter.engine.vllm_hook.memory_parts import (
+    activation_peak_bytes,
+    eager,
+    record_graph_capture,
+    weights_bytes,
+)
 from modelkv_exporter.engine.vllm_hook.paged_kv import paged_kv_blocks, paged_kv_bytes, runner_caches
 
 logger = get_logger("lifecycle")
@@ -70,7 +78,8 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
         previous.publisher.stop()
     facts = facts_of(worker)
     engine_id = engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank)
-    snapshot = build_snapshot(facts.model, max_num_seqs=facts.max_num_seqs, engine_id=engine_id, **facts.identity)
+    identity = {**facts.identity, "weights_bytes": weights_bytes(worker, facts.model)}
+    snapshot = build_snapshot(facts.model, max_num_seqs=facts.max_num_seqs, engine_id=engine_id, **identity)
     config.spool_dir.mkdir(parents=True, exist_ok=True)
     sampler = WithExtensibleKV(sampler_for(getattr(worker, "device", None)), committed_reader(worker))
     observer = install(declaring_owners(facts.model), enabled=config.observe)
@@ -81,6 +90,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
     publisher.start_heartbeat(config.sample_interval, sampler, observer.sample, discovery)
     setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler, observer, discovery))
+    record_graph_capture(worker, graph_recorder(worker))
     atexit.register(_end_at_exit, publisher)
     if facts.settled_at_load:
         discovery.start()
@@ -166,10 +176,39 @@ def after_warm_up(worker: Any, config: HookConfig) -> None:
     """
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
+        record_plan(hook, worker)
         if hook.discovery is not None:
             hook.discovery.start(lambda: runner_caches(getattr(worker, "model_runner", None)))
         if figures_of(extensible_cache(worker)) is None:
             hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
+
+
+def graph_recorder(worker: Any) -> Callable[[int], None]:
+    """What records the bytes of the worker's CUDA graph pools into its current snapshot (holding the worker weakly)."""
+    ref = weakref.ref(worker)
+
+    def record(size: int) -> None:
+        hook: WorkerHook | None = getattr(ref(), ATTRIBUTE, None)
+        if hook is not None:
+            hook.publisher.update(lambda snapshot: _with_settings(snapshot, cuda_graph_bytes=size))
+
+    return record
+
+
+def _with_settings(snapshot: Snapshot, **changes: Any) -> Snapshot:
+    return replace(snapshot, settings=replace(snapshot.settings, **changes))
+
+
+def record_plan(hook: WorkerHook, worker: Any) -> None:
+    """Publish the activation peak vLLM profiled, and 0 graph bytes for a worker that captures none."""
+    activation = activation_peak_bytes(worker)
+    captures_none = eager(worker) and hook.publisher.snapshot.settings.cuda_graph_bytes is None
+
+    def record(snapshot: Snapshot) -> Snapshot:
+        graphs = 0 if captures_none else snapshot.settings.cuda_graph_bytes
+        return _with_settings(snapshot, activation_peak_bytes=activation, cuda_graph_bytes=graphs)
+
+    hook.publisher.update(record)
 
 
 def after_extend(worker: Any, config: HookConfig) -> None:

@@ -3,7 +3,8 @@
 - ``config``: ``SidecarConfig``, the sidecar's configuration, every field a setting but the spool directory;
 - ``app``: ``make_app``, the app factory (one spool, its exposition cache, its router);
 - ``routes``: every route: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/engines``, ``/``;
-- ``landing``: the landing page; ``owner_chart``: its picture of an engine's owners;
+- ``landing``: the landing page; ``owner_chart``: its picture of an engine's owners; ``parts_chart``: its bar of
+  an engine's memory by part;
   ``engines_document``: the JSON document of the spool; ``pages``: both rendered once per spool change;
   ``public``: what clients are shown of the spool;
 - ``sending``: cached bodies sent in small pieces; ``spool_watch``: the warning while the spool is missing;

@@ -7,7 +7,7 @@ clusters. It leads with what needs attention: per engine, each finding of
 declared caches, a stale heartbeat) in the words ``inspect``, ``plan`` and the demo use, with its
 next step: the change that fixes it, the suggested declaration where the snapshot shows enough to
 write one, the command to run and the runbook section; and the engine's picture
-(``owner_chart``). Then rejected files and an unreadable spool; the engines table carries each
+(``owner_chart``). Each engine's section draws its memory by part (``parts_chart``) above its owners. Then rejected files and an unreadable spool; the engines table carries each
 engine's status; the details follow. Every value from a snapshot is HTML-escaped, and its
 unprintable characters (controls, bidi overrides, bytes of file names that are not UTF-8) are shown
 as escapes.
@@ -26,6 +26,7 @@ from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Sna
 from modelkv_exporter.sidecar.attention import CLI, NAMED, Concern, Finding, Status, findings, status
 from modelkv_exporter.sidecar.discovered import discovery_facts, exported_discovery
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
+from modelkv_exporter.sidecar.http.parts_chart import parts_chart
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
@@ -76,6 +77,8 @@ th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;f
 .what{font-size:15px}.concern{background:#f9d0d0;padding:1px 7px;border-radius:9px;font-size:12px}
 pre{background:#f6f7f9;border:1px solid #e3e6ea;padding:6px 10px;margin:4px 0;font-size:12px;overflow-x:auto}
 svg.owners{display:block;margin:8px 0 4px;font-size:12px}svg .owner{fill:#1d2330}svg .value{fill:#4b5563}
+figure.parts{margin:8px 0 4px}figure.parts figcaption{font-size:12px;color:#4b5563}
+.key{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:baseline}
 """
 
 
@@ -245,7 +248,12 @@ def _engine_section(snapshot: Snapshot, max_discovered: int) -> str:
     ]
     if dropped:
         line += "</p><p><strong>Dropped declarations:</strong> " + "; ".join(dropped)
-    observed = owner_chart(snapshot, escape, max_discovered) + observed + _discovered(snapshot, max_discovered)
+    observed = (
+        parts_chart(snapshot, escape)
+        + owner_chart(snapshot, escape, max_discovered)
+        + observed
+        + _discovered(snapshot, max_discovered)
+    )
     if not snapshot.declarations:
         return f'{title}<p class="muted">{line}</p>{observed}<p>No model-local KV caches declared.</p>'
     headers = ["owner", "cache", "scope", "rows", "per row", "declared peak", "geometry", "capacity", "notes"]

@@ -39,6 +39,8 @@ POSITION_BYTES = 2 * 32 * 8 * 128 * 2
 DISCOVERY_FLOOR = 16 * 1024**2
 """The engines' size floor: discovered owners below it are counted, not published."""
 
+HOST_RUNTIME = 1024**3
+"""What a CPU engine's resident base holds besides its weights: the interpreter, torch, libraries."""
 SIMULATED_VERSION = "0+simulated"
 """The build_info version label: the installed version would make the files depend on the environment."""
 Labels = tuple[tuple[str, str], ...]
@@ -72,10 +74,10 @@ def _discovered(engine: Engine, sample: Sample) -> tuple[tuple[DiscoveredOwner, 
     found = [(owner, "cache_layer", now, peak, True) for owner, (now, peak) in sample.held.items()]
     found += [(owner, by, now, peak, False) for (owner, by), (now, peak) in sample.discovered.items()]
     published = tuple(
-        DiscoveredOwner(owner, "Owner", by, peak, now, now, declares, storages=2, layout=_layout())
+        DiscoveredOwner(owner, "Owner", by, peak, now, 0 if declares else now, declares, storages=2, layout=_layout())
         for owner, by, now, peak, declares in found
         if peak >= DISCOVERY_FLOOR
-    )
+    )  # a declaring owner's caches are observed: it holds nothing beyond them now (its live bytes are 0)
     return published, len(found) - len(published)
 
 
@@ -104,6 +106,9 @@ def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
             paged_kv_blocks=engine.paged_kv // (2 * 1024**2) if gpu else None,
             paged_kv_reserved_bytes=None if engine.extensible is None else engine.extensible.reserved,
             paged_kv_reserved_blocks=None if engine.extensible is None else engine.extensible.reserved // (2 * 1024**2),
+            weights_bytes=engine.weights if gpu else engine.resident_base - HOST_RUNTIME,
+            activation_peak_bytes=engine.activation_budget if gpu else None,
+            cuda_graph_bytes=0 if gpu else None,
         ),
         declarations=tuple(declaration(engine, i) for i in range(len(engine.caches))),
         started_at=sample.started_minute * 60.0,
