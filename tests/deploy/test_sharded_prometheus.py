@@ -29,7 +29,7 @@ import pytest
 from tests.deploy.simulation.on_promtool import Part, Result, evaluate, rule_file
 from tests.deploy.simulation.physics import simulate
 from tests.deploy.simulation.render import Series, series
-from tests.deploy.simulation.replay import Labels, judge, parse_selector
+from tests.deploy.simulation.replay import Labels, Timeline, judge, parse_selector
 from tests.deploy.simulation.stories import STORIES
 from tests.deploy.simulation.story import Episode, Value
 from tests.support import ROOT
@@ -140,17 +140,38 @@ def device_split(story_name: str, moved: str, pod: str) -> tuple[Episode, dict[s
     return replace(episode, engines=engines), {**node_of, away: node_of[engine.instance]}, away
 
 
+def fleet_input(c: Case) -> Series:
+    """What the fleet's Prometheus federates from every shard."""
+    return {k: v for shard in c.shards for k, v in federated(shard).items()}
+
+
+def delayed(found: Series) -> Series:
+    """The series as a federation one interval behind the shards brings them: each minute's sample a minute late."""
+    return {key: [None, *values[:-1]] for key, values in found.items()}
+
+
 def on_shard(n: int) -> Callable[[Case], Series]:
     """A case's series on shard ``n``."""
     return lambda c: c.shards[n]
 
 
+def fewer_declared() -> Episode:
+    """The shared-device story with roomy-talker declaring no cache, while tight-talker (the same model and stage,
+    on the other node) declares one: ModelKVDeclarationsDropped (fewer than before) pages from the fleet's groups."""
+    episode = next(s for s in STORIES if s.name == "story-c-shared-device-over-commit").episodes[0]
+    return replace(
+        episode, engines=[replace(e, caches=()) if e.engine_id == "roomy-talker" else e for e in episode.engines]
+    )
+
+
 @dataclass
 class Evaluated:
-    """Every story sharded by node, and two shared devices split by node and by target."""
+    """Every story sharded by node; two shared devices split by node and by target; a replica that declares less."""
 
     stories: list[Outcome]
     broken: dict[str, Outcome]
+    fleet: dict[str, tuple[Timeline, Timeline]]
+    """Per story episode, the fleet's alerts: federated at once, and a federation interval late."""
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +185,8 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evaluated]:
         "hung-by-node": case("hung-by-node", hung, by_node(hung_nodes)),
         "hung-by-target": case("hung-by-target", hung, by_target),
     }
+    fewer = fewer_declared()
+    broken["fewer-by-node"] = case("fewer-by-node", fewer, by_node(nodes([e.instance for e in fewer.engines])))
     every = [*cases, *broken.values()]
 
     def parts(found: Callable[[Case], Series]) -> list[Part]:
@@ -180,11 +203,16 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evaluated]:
     shard_rules = rule_file(lambda name: name not in FLEET_GROUPS)
     runs = [(rule_file(), parts(lambda c: c.whole))]
     runs += [(shard_rules, parts(on_shard(n))) for n in range(SHARDS)]
-    fleet = parts(lambda c: {k: v for shard in c.shards for k, v in federated(shard).items()})
-    runs.append((rule_file(lambda name: name in FLEET_GROUPS), fleet))
-    whole, *apart = evaluate(require_tool("promtool"), runs, tmp_path_factory.mktemp("sharded-prometheus"))
+    fleet_rules = rule_file(lambda name: name in FLEET_GROUPS)
+    runs.append((fleet_rules, parts(fleet_input)))
+    runs.append((fleet_rules, parts(lambda c: delayed(fleet_input(c)))))
+    whole, *apart, late = evaluate(require_tool("promtool"), runs, tmp_path_factory.mktemp("sharded-prometheus"))
     outcomes = {c.key: Outcome(c, whole[c.key], merged([run[c.key] for run in apart])) for c in every}
-    yield Evaluated([outcomes[c.key] for c in cases], {key: outcomes[key] for key in broken})
+    yield Evaluated(
+        [outcomes[c.key] for c in cases],
+        {key: outcomes[key] for key in broken},
+        {c.key: (apart[-1][c.key].alerts, late[c.key].alerts) for c in [*cases, broken["fewer-by-node"]]},
+    )
 
 
 def failed_checks(episode: Episode, result: Result) -> dict[tuple[str, str], str]:
@@ -308,3 +336,40 @@ def test_a_hung_neighbour_split_by_target_is_blamed_on_the_innocent(evaluated: E
     }, found
     ((before, after),) = found.values()
     assert before == {} and "firing" in after.values()
+
+
+def test_federation_a_minute_late_delays_the_fleets_alerts_by_a_minute(evaluated: Evaluated) -> None:
+    """The fleet's alerts over input a minute late are its alerts over prompt input a minute later, and no other:
+    besides, only ModelKVExporterAbsent pending in the first minute, before the first federation."""
+    compared = 0
+    for key, (prompt, late) in evaluated.fleet.items():
+        minutes = next(
+            o.case.episode.minutes for o in [*evaluated.stories, *evaluated.broken.values()] if o.case.key == key
+        )
+        shifted = Timeline()
+        for alert, by_labels in prompt.alerts.items():
+            for labels, states in by_labels.items():
+                for minute, state in states.items():
+                    if minute < minutes:
+                        shifted.alerts.setdefault(alert, {}).setdefault(labels, {})[minute + 1] = state
+        absent = late.alerts.get("ModelKVExporterAbsent", {})
+        assert absent.pop((("job", "modelkv-exporter"), ("severity", "info")), {}) == {0: "pending"}, key
+        if not absent:
+            late.alerts.pop("ModelKVExporterAbsent", None)
+        assert late.alerts == shifted.alerts, key
+        compared += "ModelKVDeclarationsDropped" in shifted.alerts
+    assert compared, "a fleet alert fires"
+
+
+def test_a_replica_that_declares_less_pages_from_the_fleets_prometheus(evaluated: Evaluated) -> None:
+    """Its shard sees no other replica of the model: the page comes from what the fleet's Prometheus federates."""
+    outcome = evaluated.broken["fewer-by-node"]
+    assert all(outcome.case.shards), "the replicas are on two shards"
+    dropped = {
+        dict(labels)["engine"]: states
+        for labels, states in outcome.unsharded.alerts.alerts.get("ModelKVDeclarationsDropped", {}).items()
+    }
+    assert set(dropped) == {"roomy-talker"} and "firing" in dropped["roomy-talker"].values(), dropped
+    assert differences(outcome) == {}
+    prompt, _ = evaluated.fleet["fewer-by-node"]
+    assert "ModelKVDeclarationsDropped" in prompt.alerts, "it pages from the fleet's groups"
