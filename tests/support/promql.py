@@ -19,6 +19,8 @@ DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 PROMETHEUS_METRICS = {"up", "scrape_duration_seconds"}
 FLEET_GROUPS = ("modelkv.fleet",)
 """The groups that need every pod's series where Prometheus is sharded by node; a shard loads every other group."""
+FLEET_FEDERATION_MATCH = ('{__name__="modelkv_engine_declarations"}', 'up{job="modelkv-exporter"}')
+"""The match[] selectors the fleet's Prometheus federates from every shard: what ``FLEET_GROUPS`` read (docs/deploy.md)."""
 FEDERATION_MATCH = ('{__name__=~"modelkv_.+"}', '{__name__=~"up|scrape_duration_seconds", job="modelkv-exporter"}')
 """The match[] selectors a Prometheus federates for the dashboards (docs/deploy.md)."""
 _VARIABLES = {
