@@ -21,9 +21,9 @@ instrumentation off and a small C helper zeroes and dumps the counters around ea
   10,000 live discovered layers, and the longest census slice (thread CPU) over a module holding a
   1,000,000-element list and one holding a 100,000-key dict.
 
-    .venv/bin/python bench/discovery.py                 # both (a few minutes under valgrind)
-    .venv/bin/python bench/discovery.py --no-callgrind
-    .venv/bin/python bench/discovery.py --attribution [--no-callgrind]
+    .venv/bin/python -m bench.discovery                 # both (a few minutes under valgrind)
+    .venv/bin/python -m bench.discovery --no-callgrind
+    .venv/bin/python -m bench.discovery --attribution [--no-callgrind]
 """
 
 from __future__ import annotations
@@ -32,26 +32,23 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+from transformers import DynamicCache, Qwen2Config, Qwen2Model
+
+from bench.regions import load_helper, region_totals
+from modelkv_exporter.engine.config import HookConfig
+from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census
+from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.observe import hooks, install
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from transformers import DynamicCache, Qwen2Config, Qwen2Model  # noqa: E402
-
-from bench.regions import load_helper, region_totals  # noqa: E402
-from modelkv_exporter.engine.config import HookConfig  # noqa: E402
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census  # noqa: E402
-from modelkv_exporter.engine.discover.modules import ModuleMap  # noqa: E402
-from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
-
 torch.set_num_threads(1)
 MODULES = 10_000
 DEPTH = 12

@@ -6,7 +6,7 @@ the plugin active (MODELKV_SPOOL_DIR set, 1 s sampling) and once without it
 
 Throughput is the median of three timed generations after one warm-up generation.
 
-    python bench/engine_overhead.py [--rounds 4] [--prompts 16] [--tokens 256]
+    python -m bench.engine_overhead [--rounds 4] [--prompts 16] [--tokens 256]
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 CHILD = """
 import json, sys, time
@@ -71,7 +70,7 @@ def run(model: Path, prompts: int, tokens: int, with_plugin: bool, spool: Path) 
 
 
 def main() -> None:
-    from tests.engine.fixtures.tiny_model import make_tiny_qwen2
+    from modelkv_testbed.tiny_model import make_tiny_qwen2
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)

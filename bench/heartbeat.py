@@ -5,25 +5,22 @@ in a directory on disk and in /dev/shm (a memory-medium emptyDir is tmpfs), besi
 peer doing the same write non-atomically (plain ``write_bytes``), and reports the
 share of one core the heartbeat takes at the default 5 s and the minimum 1 s interval.
 
-    python bench/heartbeat.py [--beats 300]
+    python -m bench.heartbeat [--beats 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from modelkv_exporter.engine.heartbeat import SnapshotPublisher  # noqa: E402
-from modelkv_exporter.engine.samplers import sample_host_memory  # noqa: E402
-from tests.support.snapshots import (
+from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+from modelkv_exporter.engine.samplers import sample_host_memory
+from modelkv_testbed.snapshots import (
     make_declaration,
-    make_snapshot,  # noqa: E402
+    make_snapshot,
 )
 
 

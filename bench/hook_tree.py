@@ -5,7 +5,7 @@ declarers deep inside, timed alone, then side by side, interleaved, against
 vLLM-Omni's own ``collect_model_local_kv_specs`` on the same tree (which only
 collects; its 250 ms passes leave the caches cold for ours, hence both figures).
 
-    python bench/hook_tree.py [--modules 10000] [--rounds 30]
+    python -m bench.hook_tree [--modules 10000] [--rounds 30]
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ Two measures:
   ``callgrind.h``) zeroes and dumps the counters around each case, off then on, in one process.
   An empty region is the baseline subtracted from the per-call loops.
 
-    .venv/bin/python bench/observe.py              # both (about 10 minutes, 6 of them under valgrind)
-    .venv/bin/python bench/observe.py --no-callgrind
+    .venv/bin/python -m bench.observe              # both (about 10 minutes, 6 of them under valgrind)
+    .venv/bin/python -m bench.observe --no-callgrind
 """
 
 from __future__ import annotations
@@ -30,22 +30,19 @@ import copy
 import dataclasses
 import gc
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import DynamicCache, Qwen2Config, Qwen2Model, StaticCache
+
+from bench.regions import load_helper, region_totals
+from modelkv_exporter.demo import owners as demo
+from modelkv_exporter.engine.observe import hooks, install
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from transformers import DynamicCache, Qwen2Config, Qwen2Model, StaticCache  # noqa: E402
-
-from bench.regions import load_helper, region_totals  # noqa: E402
-from modelkv_exporter.demo import owners as demo  # noqa: E402
-from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
-
 torch.set_num_threads(1)
 OWNERS = (demo.CodecDecoder, demo.LocalTransformer, demo.TalkerGenerator, demo.WhisperStreamingEncoder)
 FFN = {"CodecDecoder": 3072, "LocalTransformer": 4096, "TalkerGenerator": 4864, "WhisperStreamingEncoder": 4096}

@@ -10,27 +10,24 @@ waited for the hooks' lock itself.
 
 Runs on any tree that has ``hooks.lock`` and ``Observer.sample`` (the one before chunked samples too):
 
-    .venv/bin/python bench/observe_sample.py [--layers 10000]
+    .venv/bin/python -m bench.observe_sample [--layers 10000]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import DynamicCache
+
+from modelkv_exporter.engine.observe import hooks, install
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
-
-from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
-
 torch.set_num_threads(1)
 
 

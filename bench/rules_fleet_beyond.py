@@ -16,7 +16,7 @@ evaluation time (Prometheus: ``prometheus_rule_group_last_duration_seconds``; vm
 ``vmalert_iteration_duration_seconds``), and the CPU the processes took. No day of history is
 backfilled (``rules_fleet.py`` does): the day-long windows read what was scraped.
 
-    .venv/bin/python bench/rules_fleet_beyond.py --engines 10000 40000
+    .venv/bin/python -m bench.rules_fleet_beyond --engines 10000 40000
 """
 
 from __future__ import annotations
@@ -38,13 +38,11 @@ from pathlib import Path
 
 import yaml
 
+from bench.rules_fleet import ENGINES_PER_POD, RULES, Targets, expositions, instance, query, templates
+from modelkv_testbed.processes import free_port
+from modelkv_testbed.simulation.physics import GIB
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.rules_fleet import ENGINES_PER_POD, RULES, Targets, expositions, instance, query, templates  # noqa: E402
-from tests.deploy.simulation.physics import GIB  # noqa: E402
-from tests.support.processes import free_port  # noqa: E402
-
 FLEET_GROUPS = ("modelkv.fleet",)
 MODES = ("single", "sharded", "vmalert")
 

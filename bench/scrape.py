@@ -13,7 +13,7 @@ engines. Peers, on the same series:
 Then the cost of a scrape right after the spool changed: one engine's heartbeat (its memory
 figures change) and every engine rewritten, against a sequential node_exporter scrape.
 
-    .venv/bin/python bench/scrape.py [--seconds 3] [--rounds 2] [--sizes 100,1000,20000] [--before TREE]
+    .venv/bin/python -m bench.scrape [--seconds 3] [--rounds 2] [--sizes 100,1000,20000] [--before TREE]
 
 ``--before TREE`` adds the sidecar of another checkout (e.g. a ``git worktree`` of an older
 commit) as the peer ``before``, run with this environment's packages: a before/after in one run.
@@ -34,14 +34,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from modelkv_exporter.contract.snapshot import MemorySample
+from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_testbed.processes import free_port, stop_process, wait_http
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from modelkv_exporter.contract.snapshot import MemorySample  # noqa: E402
-from modelkv_exporter.contract.spool import write_snapshot  # noqa: E402
-from tests.support.processes import free_port, stop_process, wait_http  # noqa: E402
-from tests.support.snapshots import make_declaration, make_snapshot  # noqa: E402
-
 ENGINES = 4
 SERIES_PER_DECLARATION = 5
 PY = sys.executable

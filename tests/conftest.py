@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import Sidecar, start_sidecar, stop_process
+from modelkv_testbed.processes import Sidecar, start_sidecar, stop_process
 
 
 @pytest.fixture

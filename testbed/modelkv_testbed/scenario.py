@@ -34,7 +34,7 @@ from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDriver
 from modelkv_exporter.engine.publish import build_snapshot
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 
 GIB = 1024**3
 MAX_NUM_SEQS = 8

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.support import ROOT, VENV_BIN
+from modelkv_testbed import ROOT, VENV_BIN
 
 CHECKS = {
     "ruff check": [
@@ -15,6 +15,7 @@ CHECKS = {
         "check",
         "modelkv_exporter",
         "tests",
+        "testbed",
         "bench",
         "dashboards",
         "scripts",

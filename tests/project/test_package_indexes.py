@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 PACKAGES = sorted(path.parent for path in (ROOT / "modelkv_exporter").rglob("__init__.py"))
 

@@ -8,5 +8,5 @@ snapshots and lets the sidecar's own sample functions say which series it export
 them as promtool input. ``stories`` holds one story per situation, with what an operator expects;
 ``generate`` writes them to ``deploy/prometheus/tests/story-*.test.yaml``:
 
-    PYTHONPATH=. python -m tests.deploy.simulation.generate
+    python -m modelkv_testbed.simulation.generate
 """
