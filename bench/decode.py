@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import DroppedDeclaration, Snapshot
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,6 +149,7 @@ def instructions(revision: str | None, data: bytes) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--before", default="HEAD", help="the revision whose decoder is the 'before'")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--encode", action="store_true", help="also time Snapshot.to_json")
@@ -182,4 +184,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("decode", "--record" in sys.argv[1:]):
+        main()

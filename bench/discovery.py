@@ -32,6 +32,7 @@ import argparse
 import gc
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.observe import hooks, install
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
@@ -511,6 +513,7 @@ def report_attribution(cpu: dict[str, Any], ir: dict[str, float] | str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--no-callgrind", action="store_true", help="CPU time only")
     parser.add_argument("--attribution", action="store_true", help="attribution by depth, lock holds, huge containers")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -531,4 +534,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("discovery", "--record" in sys.argv[1:]):
+        main()

@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import gc
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,7 @@ from transformers import DynamicCache, Qwen2Config, Qwen2Model, StaticCache
 from bench.regions import load_helper, region_totals
 from modelkv_exporter.demo import owners as demo
 from modelkv_exporter.engine.observe import hooks, install
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
@@ -314,6 +316,7 @@ def report(cpu: dict[str, Any], ir: dict[str, dict[str, float]] | str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--no-callgrind", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -332,4 +335,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("observe", "--record" in sys.argv[1:]):
+        main()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from modelkv_exporter.engine.observe import hooks, install
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
@@ -82,6 +84,7 @@ class Keeper(torch.nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--layers", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=5)
     args = parser.parse_args()
@@ -153,4 +156,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("observe_sample", "--record" in sys.argv[1:]):
+        main()

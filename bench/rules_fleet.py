@@ -43,6 +43,7 @@ from pathlib import Path
 
 import yaml
 
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 from modelkv_testbed.processes import free_port
 from modelkv_testbed.simulation.physics import GIB, MIB, Cache, Device, Engine, Undeclared, flat, ramp, simulate
 from modelkv_testbed.simulation.render import Labels, scrapes
@@ -463,6 +464,7 @@ def report(result: dict[str, object], interval: int, before: str | None) -> None
 def main() -> int:
     """Measure each fleet size given; print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--engines", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--interval", type=int, default=60, help="scrape and evaluation interval, seconds")
     parser.add_argument("--evaluations", type=int, default=4, help="rule evaluations to average over")
@@ -484,4 +486,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with recorded("rules_fleet", "--record" in sys.argv[1:]):
+        status = main()
+    sys.exit(status)

@@ -39,6 +39,7 @@ from pathlib import Path
 import yaml
 
 from bench.rules_fleet import ENGINES_PER_POD, RULES, Targets, expositions, instance, query, templates
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 from modelkv_testbed.processes import free_port
 from modelkv_testbed.simulation.physics import GIB
 
@@ -297,6 +298,7 @@ def report(engines: int, pods: int, interval: int, results: list[Figures]) -> No
 def main() -> int:
     """Measure each fleet size in each mode; print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--engines", type=int, nargs="+", default=[10000, 40000])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--shards", type=int, default=2)
@@ -327,4 +329,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with recorded("rules_fleet_beyond", "--record" in sys.argv[1:]):
+        status = main()
+    sys.exit(status)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from modelkv_exporter.contract.snapshot import MemorySample
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 from modelkv_testbed.processes import free_port, stop_process, wait_http
 from modelkv_testbed.snapshots import make_declaration, make_snapshot
 
@@ -162,6 +163,7 @@ def change_cost(port: int, spool: Path, snapshots: list, everything: bool, repea
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sizes", default="100,1000,20000")
@@ -226,4 +228,6 @@ def main() -> int:
 if __name__ == "__main__":
     if not shutil.which("wrk") or not shutil.which("prometheus-node-exporter"):
         sys.exit("needs the Debian packages wrk and prometheus-node-exporter")
-    sys.exit(main())
+    with recorded("scrape", "--record" in sys.argv[1:]):
+        status = main()
+    sys.exit(status)

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = r"""
@@ -91,6 +93,7 @@ def per_scrape(tree: Path, what: str, series: int, requests: int) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--sizes", default="100,1000")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--before", type=Path)
@@ -109,4 +112,6 @@ def main() -> int:
 if __name__ == "__main__":
     if not shutil.which("valgrind"):
         sys.exit("needs valgrind")
-    sys.exit(main())
+    with recorded("scrape_instructions", "--record" in sys.argv[1:]):
+        status = main()
+    sys.exit(status)
