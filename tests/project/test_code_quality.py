@@ -32,6 +32,7 @@ CHECKS = {
         "-m",
         "mypy",
         "modelkv_exporter",
+        "testbed/modelkv_testbed",
         "dashboards",
         "deploy/kubernetes/generate_manifests.py",
         "deploy/helm/post-renderer/modelkv-sidecar.py",
