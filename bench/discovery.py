@@ -55,7 +55,7 @@ torch.set_num_threads(1)
 MODULES = 10_000
 DEPTH = 12
 HEARTBEAT = HookConfig.__dataclass_fields__["sample_interval"].default
-CENSUS_INTERVAL = HookConfig.__dataclass_fields__["census_interval"].default
+CENSUS_INTERVAL = DiscoverySettings().census_interval
 
 
 class Block(nn.Module):
