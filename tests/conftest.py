@@ -1,4 +1,4 @@
-"""Fixtures: an empty spool directory, and a real sidecar process serving it. Helpers live in ``tests.support``."""
+"""Fixtures: an empty spool directory, and a real sidecar process serving it. Helpers live in ``modelkv_testbed`` (shared with bench/ and scripts/) and ``tests.support``."""
 
 from __future__ import annotations
 
