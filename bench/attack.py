@@ -1,8 +1,8 @@
 """The hardening issue's attacks at full size against the real sidecar, with what happens now (docs/reliability.md).
 
-    .venv/bin/python bench/attack.py                      # every scenario, about 6 minutes
-    .venv/bin/python bench/attack.py --only worst_load    # one (see --list)
-    .venv/bin/python bench/attack.py --json out.json      # the figures as JSON too
+    .venv/bin/python -m bench.attack                      # every scenario, about 6 minutes
+    .venv/bin/python -m bench.attack --only worst_load    # one (see --list)
+    .venv/bin/python -m bench.attack --json out.json      # the figures as JSON too
 
 The sidecar runs with its default limits, pinned to core 0 (``taskset -c 0``); this harness, its
 probers and ``wrk`` (Debian's) run on core 1. Everything goes to 127.0.0.1 and every loop is
@@ -29,15 +29,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.processes import free_port
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.worst_spool import describe, write_worst_spool
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from modelkv_exporter.contract.spool import write_snapshot  # noqa: E402
-from tests.support.exposition import Exposition  # noqa: E402
-from tests.support.processes import free_port  # noqa: E402
-from tests.support.snapshots import make_declaration, make_snapshot  # noqa: E402
-from tests.support.worst_spool import describe, write_worst_spool  # noqa: E402
-
 EXE = Path(os.environ.get("MODELKV_BENCH_EXE", Path(sys.executable).parent / "modelkv-exporter"))
 MiB = 1 << 20
 PROBE_INTERVAL = 0.1

@@ -9,7 +9,7 @@ dataclasses, so only the decoding differs. ``--encode`` times ``Snapshot.to_json
 dataclasses and encoder (both must write the same bytes).
 ``--callgrind`` runs each decoder once more under valgrind and prints instruction counts.
 
-    python bench/decode.py [--before REV] [--rounds 200] [--callgrind]
+    python -m bench.decode [--before REV] [--rounds 200] [--callgrind]
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from modelkv_exporter.contract.snapshot import DroppedDeclaration, Snapshot
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from modelkv_exporter.contract.snapshot import DroppedDeclaration, Snapshot  # noqa: E402
-from tests.support.snapshots import make_declaration, make_observation, make_snapshot  # noqa: E402
-
 LIMIT = 256 * 1024
 """The sidecar's default ``--max-snapshot-bytes``."""
 
@@ -127,7 +126,6 @@ def instructions(revision: str | None, data: bytes) -> int | None:
 
     def run(decodes: int) -> int | None:
         code = (
-            f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
             f"import runpy; bench = runpy.run_path({str(Path(__file__).resolve())!r}, run_name='bench')\n"
             f"data = open({str(SNAPSHOT_FILE)!r}, 'rb').read()\n"
             f"decode = bench['decoder_at']({revision!r})[1] if {revision!r} else bench['current_decoder']()\n"
@@ -137,6 +135,7 @@ def instructions(revision: str | None, data: bytes) -> int | None:
             ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", code],
             capture_output=True,
             text=True,
+            cwd=ROOT,
         )
         for line in result.stderr.splitlines():
             if "Collected :" in line:
@@ -150,6 +149,7 @@ def instructions(revision: str | None, data: bytes) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--before", default="HEAD", help="the revision whose decoder is the 'before'")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--encode", action="store_true", help="also time Snapshot.to_json")
@@ -184,4 +184,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("decode", "--record" in sys.argv[1:]):
+        main()

@@ -21,9 +21,9 @@ instrumentation off and a small C helper zeroes and dumps the counters around ea
   10,000 live discovered layers, and the longest census slice (thread CPU) over a module holding a
   1,000,000-element list and one holding a 100,000-key dict.
 
-    .venv/bin/python bench/discovery.py                 # both (a few minutes under valgrind)
-    .venv/bin/python bench/discovery.py --no-callgrind
-    .venv/bin/python bench/discovery.py --attribution [--no-callgrind]
+    .venv/bin/python -m bench.discovery                 # both (a few minutes under valgrind)
+    .venv/bin/python -m bench.discovery --no-callgrind
+    .venv/bin/python -m bench.discovery --attribution [--no-callgrind]
 """
 
 from __future__ import annotations
@@ -39,24 +39,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+from transformers import DynamicCache, Qwen2Config, Qwen2Model
+
+from bench.regions import load_helper, region_totals
+from modelkv_exporter.engine.config import HookConfig
+from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census
+from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.observe import hooks, install
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from transformers import DynamicCache, Qwen2Config, Qwen2Model  # noqa: E402
-
-from bench.regions import load_helper, region_totals  # noqa: E402
-from modelkv_exporter.engine.config import HookConfig  # noqa: E402
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census  # noqa: E402
-from modelkv_exporter.engine.discover.modules import ModuleMap  # noqa: E402
-from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
-
 torch.set_num_threads(1)
 MODULES = 10_000
 DEPTH = 12
 HEARTBEAT = HookConfig.__dataclass_fields__["sample_interval"].default
-CENSUS_INTERVAL = HookConfig.__dataclass_fields__["census_interval"].default
+CENSUS_INTERVAL = DiscoverySettings().census_interval
 
 
 class Block(nn.Module):
@@ -224,7 +223,7 @@ def callgrind_regions(library: str) -> None:
 
 def instructions() -> dict[str, float] | str:
     """Instructions per call of every region; a sentence when callgrind cannot run here."""
-    totals = region_totals(Path(__file__))
+    totals = region_totals("bench.discovery")
     if isinstance(totals, str):
         return totals
     counts: dict[str, float] = {}
@@ -514,6 +513,7 @@ def report_attribution(cpu: dict[str, Any], ir: dict[str, float] | str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--no-callgrind", action="store_true", help="CPU time only")
     parser.add_argument("--attribution", action="store_true", help="attribution by depth, lock holds, huge containers")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -534,4 +534,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("discovery", "--record" in sys.argv[1:]):
+        main()

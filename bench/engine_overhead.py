@@ -6,7 +6,7 @@ the plugin active (MODELKV_SPOOL_DIR set, 1 s sampling) and once without it
 
 Throughput is the median of three timed generations after one warm-up generation.
 
-    python bench/engine_overhead.py [--rounds 4] [--prompts 16] [--tokens 256]
+    python -m bench.engine_overhead [--rounds 4] [--prompts 16] [--tokens 256]
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 CHILD = """
 import json, sys, time
@@ -71,9 +72,10 @@ def run(model: Path, prompts: int, tokens: int, with_plugin: bool, spool: Path) 
 
 
 def main() -> None:
-    from tests.engine.fixtures.tiny_model import make_tiny_qwen2
+    from modelkv_testbed.tiny_model import make_tiny_qwen2
 
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=256)
@@ -96,21 +98,25 @@ def main() -> None:
                     flush=True,
                 )
     print()
-    print(f"{'':10} {'start s (median)':>17} {'tok/s (median)':>15}")
-    for with_plugin in (False, True):
-        runs = results[with_plugin]
+    print("| round | start, with (s) | start, without (s) | tok/s, with | tok/s, without |\n|---|---:|---:|---:|---:|")
+    for round_, (on, off) in enumerate(zip(results[True], results[False], strict=True)):
         print(
-            f"{'with' if with_plugin else 'without':10} {statistics.median(r['start_s'] for r in runs):>17.2f} "
-            f"{statistics.median(r['tokens_per_s'] for r in runs):>15.1f}"
+            f"| {round_} | {on['start_s']:.1f} | {off['start_s']:.1f} | {on['tokens_per_s']:.1f} | {off['tokens_per_s']:.1f} |"
         )
-    start_ratio = statistics.median(r["start_s"] for r in results[True]) / statistics.median(
-        r["start_s"] for r in results[False]
+    medians = {
+        (with_plugin, figure): statistics.median(r[figure] for r in results[with_plugin])
+        for with_plugin in (True, False)
+        for figure in ("start_s", "tokens_per_s")
+    }
+    print(
+        f"| **median** | **{medians[True, 'start_s']:.2f}** | **{medians[False, 'start_s']:.2f}** "
+        f"| **{medians[True, 'tokens_per_s']:.1f}** | **{medians[False, 'tokens_per_s']:.1f}** |"
     )
-    tput_ratio = statistics.median(r["tokens_per_s"] for r in results[True]) / statistics.median(
-        r["tokens_per_s"] for r in results[False]
-    )
+    start_ratio = medians[True, "start_s"] / medians[False, "start_s"]
+    tput_ratio = medians[True, "tokens_per_s"] / medians[False, "tokens_per_s"]
     print(f"ratio with/without: start {start_ratio:.3f}, throughput {tput_ratio:.3f}")
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("engine_overhead", "--record" in sys.argv[1:]):
+        main()

@@ -59,30 +59,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from torch import nn
+from transformers import EncoderDecoderCache
 
-import torch  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from torch import nn  # noqa: E402
-from transformers import EncoderDecoderCache  # noqa: E402
-
-from modelkv_exporter.contract.vocabulary import MEASUREMENTS  # noqa: E402
-from modelkv_exporter.demo import owners  # noqa: E402
-from modelkv_exporter.engine.heartbeat import SnapshotPublisher  # noqa: E402
-from modelkv_exporter.engine.observe import install  # noqa: E402
-from modelkv_exporter.engine.protocol import declaring_owners  # noqa: E402
-from modelkv_exporter.engine.publish import build_snapshot  # noqa: E402
-from modelkv_exporter.engine.samplers import (  # noqa: E402
+from modelkv_exporter.contract.vocabulary import MEASUREMENTS
+from modelkv_exporter.demo import owners
+from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+from modelkv_exporter.engine.observe import install
+from modelkv_exporter.engine.protocol import declaring_owners
+from modelkv_exporter.engine.publish import build_snapshot
+from modelkv_exporter.engine.samplers import (
     CudaSampler,
     load_nvml,
     nvml_process_bytes,
     physical_device_id,
     sampler_for,
 )
-from modelkv_exporter.sidecar.http.config import SidecarConfig  # noqa: E402
-from modelkv_exporter.sidecar.http.server import build_server  # noqa: E402
+from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.http.server import build_server
 
+ROOT = Path(__file__).resolve().parent.parent
 ALLOCATOR_GRANULE = 512
 """The CUDA caching allocator rounds every allocation up to a multiple of 512 bytes."""
 

@@ -5,7 +5,7 @@ in a directory on disk and in /dev/shm (a memory-medium emptyDir is tmpfs), besi
 peer doing the same write non-atomically (plain ``write_bytes``), and reports the
 share of one core the heartbeat takes at the default 5 s and the minimum 1 s interval.
 
-    python bench/heartbeat.py [--beats 300]
+    python -m bench.heartbeat [--beats 300]
 """
 
 from __future__ import annotations
@@ -17,24 +17,24 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from modelkv_exporter.engine.heartbeat import SnapshotPublisher  # noqa: E402
-from modelkv_exporter.engine.samplers import sample_host_memory  # noqa: E402
-from tests.support.snapshots import (
+from modelkv_exporter.engine.heartbeat import SnapshotPublisher
+from modelkv_exporter.engine.samplers import sample_host_memory
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+from modelkv_testbed.snapshots import (
     make_declaration,
-    make_snapshot,  # noqa: E402
+    make_snapshot,
 )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--beats", type=int, default=300)
     args = parser.parse_args()
     print(
-        f"{'directory':10} {'declarations':>12} {'beat us (median)':>17} {'plain write us':>15} "
-        f"{'core share @5s':>15} {'@1s':>8}"
+        "| directory | declarations | beat µs | plain write µs | share of a core at 5 s (default) | at 1 s (minimum) |"
     )
+    print("|---|---:|---:|---:|---:|---:|")
     for where in ("disk", "/dev/shm"):
         base = None if where == "disk" else "/dev/shm"
         for count in (1, 7, 100):
@@ -51,11 +51,13 @@ def main() -> None:
                     plain.write_bytes(publisher.snapshot.to_json())
                     writes.append(time.perf_counter() - started)
             beat = statistics.median(beats)
+            label = "disk" if base is None else "/dev/shm (memory emptyDir)"
             print(
-                f"{where:10} {count:>12} {beat * 1e6:>17.0f} {statistics.median(writes) * 1e6:>15.0f} "
-                f"{beat / 5 * 100:>14.4f}% {beat / 1 * 100:>7.3f}%"
+                f"| {label} | {count} | {beat * 1e6:.0f} | {statistics.median(writes) * 1e6:.0f} "
+                f"| {beat / 5 * 100:.3f} % | {beat / 1 * 100:.3f} % |"
             )
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("heartbeat", "--record" in sys.argv[1:]):
+        main()

@@ -5,13 +5,14 @@ declarers deep inside, timed alone, then side by side, interleaved, against
 vLLM-Omni's own ``collect_model_local_kv_specs`` on the same tree (which only
 collects; its 250 ms passes leave the caches cold for ours, hence both figures).
 
-    python bench/hook_tree.py [--modules 10000] [--rounds 30]
+    python -m bench.hook_tree [--modules 10000] [--rounds 30]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from torch import nn
 from modelkv_exporter.demo.owners import CodecDecoder, TalkerGenerator
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.protocol import collect_owned_specs
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 
 
 def big_tree(modules: int) -> nn.Module:
@@ -47,6 +49,7 @@ def timed(function: Callable[[], object], rounds: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--modules", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
@@ -57,26 +60,27 @@ def main() -> None:
     count = sum(1 for _ in model.modules())
     runs: dict[str, list[float]] = {
         "ours alone: collect": timed(lambda: collect_owned_specs(model), args.rounds),
-        "ours: collect": [],
-        "ours: collect+resolve+snapshot": [],
-        "vllm-omni: collect": [],
+        "ours interleaved: collect": [],
+        "ours interleaved: collect + resolve + snapshot": [],
+        "vLLM-Omni interleaved: collect": [],
     }
     for _ in range(args.rounds):
-        runs["ours: collect"] += timed(lambda: collect_owned_specs(model), 1)
-        runs["ours: collect+resolve+snapshot"] += timed(
+        runs["ours interleaved: collect"] += timed(lambda: collect_owned_specs(model), 1)
+        runs["ours interleaved: collect + resolve + snapshot"] += timed(
             lambda: build_snapshot(model, max_num_seqs=8, engine_id="bench"), 1
         )
-        runs["vllm-omni: collect"] += timed(lambda: omni_collect(model), 1)
+        runs["vLLM-Omni interleaved: collect"] += timed(lambda: omni_collect(model), 1)
     assert len(collect_owned_specs(model)) == len(omni_collect(model)) == 7
     print(f"module tree: {count} modules, 7 declarations, {args.rounds} interleaved rounds")
-    print(f"{'what':34} {'median ms':>10} {'p90 ms':>8} {'min ms':>8}")
+    print("| what | median ms | p90 ms | min ms |\n|---|---:|---:|---:|")
     for name, samples in runs.items():
         p90 = statistics.quantiles(samples, n=10)[-1]
-        print(f"{name:34} {statistics.median(samples):>10.2f} {p90:>8.2f} {min(samples):>8.2f}")
-    ours = statistics.median(runs["ours: collect"])
-    theirs = statistics.median(runs["vllm-omni: collect"])
+        print(f"| {name} | {statistics.median(samples):.2f} | {p90:.2f} | {min(samples):.2f} |")
+    ours = statistics.median(runs["ours interleaved: collect"])
+    theirs = statistics.median(runs["vLLM-Omni interleaved: collect"])
     print(f"ratio ours/vllm-omni (collect): {ours / theirs:.2f}")
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("hook_tree", "--record" in sys.argv[1:]):
+        main()

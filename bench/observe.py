@@ -19,12 +19,13 @@ Two measures:
   ``callgrind.h``) zeroes and dumps the counters around each case, off then on, in one process.
   An empty region is the baseline subtracted from the per-call loops.
 
-    .venv/bin/python bench/observe.py              # both (about 10 minutes, 6 of them under valgrind)
-    .venv/bin/python bench/observe.py --no-callgrind
-    .venv/bin/python bench/observe.py --before TREE  # TREE's bench/observe.py first, then this tree's, side by side
+    .venv/bin/python -m bench.observe              # both (about 10 minutes, 6 of them under valgrind)
+    .venv/bin/python -m bench.observe --no-callgrind
+    .venv/bin/python -m bench.observe --before TREE  # TREE's bench first, then this tree's, side by side
 
-``--before TREE`` runs another checkout's ``bench/observe.py`` (a ``git worktree`` or ``git archive`` of an older
-commit, which imports its own package) in a subprocess with the same options, then this tree's, and prints each
+``--before TREE`` runs another checkout's bench (a ``git worktree`` or ``git archive`` of an older commit, which
+imports its own package; ``python -m bench.observe`` from its root, or ``bench/observe.py`` in a tree from before the
+testbed) in a subprocess with the same options, then this tree's, and prints each
 case's hook cost of both: the instructions are the figures to compare; CPU times are each run's own minimum.
 """
 
@@ -43,16 +44,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import DynamicCache, Qwen2Config, Qwen2Model, StaticCache
+
+from bench.regions import load_helper, region_totals
+from modelkv_exporter.demo import owners as demo
+from modelkv_exporter.engine.observe import hooks, install
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from transformers import DynamicCache, Qwen2Config, Qwen2Model, StaticCache  # noqa: E402
-
-from bench.regions import load_helper, region_totals  # noqa: E402
-from modelkv_exporter.demo import owners as demo  # noqa: E402
-from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
-
 torch.set_num_threads(1)
 OWNERS = (demo.CodecDecoder, demo.LocalTransformer, demo.TalkerGenerator, demo.WhisperStreamingEncoder)
 FFN = {"CodecDecoder": 3072, "LocalTransformer": 4096, "TalkerGenerator": 4864, "WhisperStreamingEncoder": 4096}
@@ -272,7 +272,7 @@ def callgrind_regions(library: str) -> None:
 
 def instructions() -> dict[str, dict[str, float]] | str:
     """Instructions per call of every region, off and on; a sentence when callgrind cannot run here."""
-    counts = region_totals(Path(__file__))
+    counts = region_totals("bench.observe")
     if isinstance(counts, str):
         return counts
     empty = {phase: counts[f"{phase}|empty|{LOOP}"] for phase in ("off", "on")}
@@ -332,10 +332,11 @@ def hook_costs(figures: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def run_before(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The other tree's own ``bench/observe.py``, with this run's options, in a subprocess; its figures."""
+    """The other tree's own bench, with this run's options, in a subprocess; its figures."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "before.json"
-        command = [sys.executable, str(tree / "bench" / "observe.py"), "--repetitions", str(args.repetitions)]
+        entry = ["-m", "bench.observe"] if (tree / "testbed").is_dir() else [str(tree / "bench" / "observe.py")]
+        command = [sys.executable, *entry, "--repetitions", str(args.repetitions)]
         command += ["--json", str(out)] + (["--no-callgrind"] if args.no_callgrind else [])
         print(f"BEFORE: {tree}", flush=True)
         subprocess.run(command, cwd=tree, check=True)
@@ -361,6 +362,7 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--no-callgrind", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -384,4 +386,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("observe", "--record" in sys.argv[1:]):
+        main()

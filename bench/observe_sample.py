@@ -10,7 +10,7 @@ waited for the hooks' lock itself.
 
 Runs on any tree that has ``hooks.lock`` and ``Observer.sample`` (the one before chunked samples too):
 
-    .venv/bin/python bench/observe_sample.py [--layers 10000]
+    .venv/bin/python -m bench.observe_sample [--layers 10000]
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import DynamicCache
+
+from modelkv_exporter.engine.observe import hooks, install
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
-
-from modelkv_exporter.engine.observe import hooks, install  # noqa: E402
-
 torch.set_num_threads(1)
 
 
@@ -85,6 +84,7 @@ class Keeper(torch.nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--layers", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=5)
     args = parser.parse_args()
@@ -156,4 +156,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("observe_sample", "--record" in sys.argv[1:]):
+        main()

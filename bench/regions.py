@@ -1,8 +1,8 @@
 """Instruction counts of labelled regions: a bench script runs itself again under callgrind and marks its regions.
 
-The parent calls ``region_totals(script)``; it compiles a six-line C helper against valgrind's
-``callgrind.h`` and runs ``script --child LIBRARY`` under callgrind with instrumentation off. The
-child loads the helper with ``load_helper``, starts instrumentation once, then zeroes the counters
+The parent calls ``region_totals(module)``; it compiles a six-line C helper against valgrind's
+``callgrind.h`` and runs ``python -m MODULE --child LIBRARY`` from the repository root under callgrind
+with instrumentation off. The child loads the helper with ``load_helper``, starts instrumentation once, then zeroes the counters
 before each region and dumps them after it under the region's label. Written by hand because no
 Python library exposes callgrind's client requests.
 """
@@ -24,6 +24,7 @@ void mkv_start(void) { CALLGRIND_START_INSTRUMENTATION; }
 void mkv_zero(void) { CALLGRIND_ZERO_STATS; }
 void mkv_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
 """
+ROOT = Path(__file__).resolve().parent.parent
 HEADER = Path("/usr/include/valgrind/callgrind.h")
 
 
@@ -34,8 +35,8 @@ def load_helper(library: str) -> ctypes.CDLL:
     return helper
 
 
-def region_totals(script: Path) -> dict[str, int] | str:
-    """Every region the child of ``script`` dumped: its label and its instructions; a sentence when callgrind cannot run."""
+def region_totals(module: str) -> dict[str, int] | str:
+    """Every region the child ``python -m module`` dumped: its label and its instructions; a sentence when callgrind cannot run."""
     compiler = shutil.which("cc")
     if shutil.which("valgrind") is None or compiler is None or not HEADER.exists():
         return "valgrind, its headers and a C compiler are needed for instruction counts"
@@ -49,11 +50,14 @@ def region_totals(script: Path) -> dict[str, int] | str:
             "--instr-atstart=no",
             f"--callgrind-out-file={work}/callgrind.out.%p",
             sys.executable,
-            str(script.resolve()),
+            "-m",
+            module,
             "--child",
             str(library),
         ]
-        child = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        child = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
         if child.returncode != 0:
             raise SystemExit(child.stderr[-4000:])
         totals: dict[str, int] = {}

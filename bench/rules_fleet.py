@@ -1,7 +1,7 @@
 """What the rules cost a Prometheus that watches a fleet: each rule group's evaluation time and memory.
 
 A real Prometheus scrapes synthetic targets: one threaded HTTP server answers a path per pod,
-each with the exposition a sidecar renders for four engines (``tests/deploy/simulation``: the
+each with the exposition a sidecar renders for four engines (``testbed/modelkv_testbed/simulation``: the
 sidecar's own sample functions over simulated snapshots): a thinker and a talker sharing a GPU,
 both declaring observed caches (the talker keeps an undeclared one that discovery finds), a
 code2wav stage on a second GPU and a CPU vocoder. Before Prometheus starts, a day of history of
@@ -20,8 +20,8 @@ costs it, whichever way the rules are grouped. ``--before REVISION`` evaluates
 the rule file of that git revision, renamed, beside today's in the same Prometheus;
 ``--candidates FILE`` adds rewrites under trial (``bench/rules_candidates.yaml``).
 
-    .venv/bin/python bench/rules_fleet.py --engines 1000 10000
-    .venv/bin/python bench/rules_fleet.py --engines 10000 --before ddce8b2 --candidates bench/rules_candidates.yaml
+    .venv/bin/python -m bench.rules_fleet --engines 1000 10000
+    .venv/bin/python -m bench.rules_fleet --engines 10000 --before ddce8b2 --candidates bench/rules_candidates.yaml
 """
 
 from __future__ import annotations
@@ -43,13 +43,12 @@ from pathlib import Path
 
 import yaml
 
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+from modelkv_testbed.processes import free_port
+from modelkv_testbed.simulation.physics import GIB, MIB, Cache, Device, Engine, Undeclared, flat, ramp, simulate
+from modelkv_testbed.simulation.render import Labels, scrapes
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.deploy.simulation.physics import GIB, MIB, Cache, Device, Engine, Undeclared, flat, ramp, simulate  # noqa: E402
-from tests.deploy.simulation.render import Labels, scrapes  # noqa: E402
-from tests.support.processes import free_port  # noqa: E402
-
 RULES = ROOT / "deploy" / "prometheus" / "modelkv-rules.yaml"
 ENGINES_PER_POD = 4
 SLOWEST = 20
@@ -465,6 +464,7 @@ def report(result: dict[str, object], interval: int, before: str | None) -> None
 def main() -> int:
     """Measure each fleet size given; print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--engines", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--interval", type=int, default=60, help="scrape and evaluation interval, seconds")
     parser.add_argument("--evaluations", type=int, default=4, help="rule evaluations to average over")
@@ -486,4 +486,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with recorded("rules_fleet", "--record" in sys.argv[1:]):
+        status = main()
+    sys.exit(status)

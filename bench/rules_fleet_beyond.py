@@ -16,7 +16,7 @@ evaluation time (Prometheus: ``prometheus_rule_group_last_duration_seconds``; vm
 ``vmalert_iteration_duration_seconds``), and the CPU the processes took. No day of history is
 backfilled (``rules_fleet.py`` does): the day-long windows read what was scraped.
 
-    .venv/bin/python bench/rules_fleet_beyond.py --engines 10000 40000
+    .venv/bin/python -m bench.rules_fleet_beyond --engines 10000 40000
 """
 
 from __future__ import annotations
@@ -38,13 +38,12 @@ from pathlib import Path
 
 import yaml
 
+from bench.rules_fleet import ENGINES_PER_POD, RULES, Targets, expositions, instance, query, templates
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+from modelkv_testbed.processes import free_port
+from modelkv_testbed.simulation.physics import GIB
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.rules_fleet import ENGINES_PER_POD, RULES, Targets, expositions, instance, query, templates  # noqa: E402
-from tests.deploy.simulation.physics import GIB  # noqa: E402
-from tests.support.processes import free_port  # noqa: E402
-
 FLEET_GROUPS = ("modelkv.fleet",)
 MODES = ("single", "sharded", "vmalert")
 
@@ -299,6 +298,7 @@ def report(engines: int, pods: int, interval: int, results: list[Figures]) -> No
 def main() -> int:
     """Measure each fleet size in each mode; print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--engines", type=int, nargs="+", default=[10000, 40000])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--shards", type=int, default=2)
@@ -329,4 +329,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with recorded("rules_fleet_beyond", "--record" in sys.argv[1:]):
+        status = main()
+    sys.exit(status)

@@ -13,7 +13,7 @@ engines. Peers, on the same series:
 Then the cost of a scrape right after the spool changed: one engine's heartbeat (its memory
 figures change) and every engine rewritten, against a sequential node_exporter scrape.
 
-    .venv/bin/python bench/scrape.py [--seconds 3] [--rounds 2] [--sizes 100,1000,20000] [--before TREE]
+    .venv/bin/python -m bench.scrape [--seconds 3] [--rounds 2] [--sizes 100,1000,20000] [--before TREE]
 
 ``--before TREE`` adds the sidecar of another checkout (e.g. a ``git worktree`` of an older
 commit) as the peer ``before``, run with this environment's packages: a before/after in one run.
@@ -34,14 +34,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from modelkv_exporter.contract.snapshot import MemorySample
+from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
+from modelkv_testbed.processes import free_port, stop_process, wait_http
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from modelkv_exporter.contract.snapshot import MemorySample  # noqa: E402
-from modelkv_exporter.contract.spool import write_snapshot  # noqa: E402
-from tests.support.processes import free_port, stop_process, wait_http  # noqa: E402
-from tests.support.snapshots import make_declaration, make_snapshot  # noqa: E402
-
 ENGINES = 4
 SERIES_PER_DECLARATION = 5
 PY = sys.executable
@@ -164,6 +163,7 @@ def change_cost(port: int, spool: Path, snapshots: list, everything: bool, repea
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sizes", default="100,1000,20000")
@@ -228,4 +228,6 @@ def main() -> int:
 if __name__ == "__main__":
     if not shutil.which("wrk") or not shutil.which("prometheus-node-exporter"):
         sys.exit("needs the Debian packages wrk and prometheus-node-exporter")
-    sys.exit(main())
+    with recorded("scrape", "--record" in sys.argv[1:]):
+        status = main()
+    sys.exit(status)

@@ -5,20 +5,26 @@ instruction counts do not. For each size, the app is called in-process (no socke
 uvicorn) with a Prometheus-like request, and the count of ``--requests`` scrapes minus the
 count of none gives the instructions of one scrape: the whole app (router, negotiation,
 render) and the render alone. ``--before TREE`` counts another checkout the same way
-(a ``git worktree`` of an older commit), so a before/after is one run. The spool's periodic
+(a ``git worktree`` of an older commit), so a before/after is one run: each tree is counted in a
+process of its own whose ``PYTHONPATH`` is that tree, so its ``modelkv_exporter`` is found before
+the installed one (two versions of one package cannot share a process); the snapshots are built
+by the installed ``modelkv_testbed``. The spool's periodic
 full scan (once a second of wall time) is left out: valgrind slows the clock-driven part.
 
-    .venv/bin/python bench/scrape_instructions.py [--sizes 100,1000] [--requests 500] [--before TREE]
+    .venv/bin/python -m bench.scrape_instructions [--sizes 100,1000] [--requests 500] [--before TREE]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,9 +32,7 @@ PROBE = r"""
 import asyncio, sys, tempfile, time
 from pathlib import Path
 tree, what, series, requests = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-sys.path.insert(0, tree)
-sys.path.insert(1, ROOT)
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 try:
     from modelkv_exporter.contract.spool import write_snapshot
     from modelkv_exporter.sidecar.http.app import SidecarConfig, make_app as build
@@ -65,7 +69,7 @@ async def scrapes(n):
 
 asyncio.run(scrapes(50))
 asyncio.run(scrapes(requests))
-""".replace("ROOT", repr(str(ROOT)))
+"""
 
 
 def instructions(tree: Path, what: str, series: int, requests: int) -> int:
@@ -75,6 +79,7 @@ def instructions(tree: Path, what: str, series: int, requests: int) -> int:
         capture_output=True,
         text=True,
         cwd=tree,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])},
     )
     found = re.search(r"Collected : (\d+)", result.stderr)
     if result.returncode != 0 or found is None:
@@ -88,6 +93,7 @@ def per_scrape(tree: Path, what: str, series: int, requests: int) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--sizes", default="100,1000")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--before", type=Path)
@@ -106,4 +112,6 @@ def main() -> int:
 if __name__ == "__main__":
     if not shutil.which("valgrind"):
         sys.exit("needs valgrind")
-    sys.exit(main())
+    with recorded("scrape_instructions", "--record" in sys.argv[1:]):
+        status = main()
+    sys.exit(status)

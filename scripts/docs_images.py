@@ -5,7 +5,7 @@ and a real Prometheus with the rule file; lets the simulated leak grow for a whi
 then screenshots the landing page and draws the overview dashboard with the data its
 queries return, in headless Chromium. Run from the repository root, after ``make test``:
 
-    .venv/bin/python scripts/docs_images.py
+    .venv/bin/python -m scripts.docs_images
 """
 
 from __future__ import annotations
@@ -19,17 +19,15 @@ from typing import Any
 
 import httpx
 
+from dashboards.layout import Line, PanelData, format_value, layout_html, legend_text, page_size
+from modelkv_exporter.demo.engines import start_engines
+from modelkv_testbed.browser import chromium_run
+from modelkv_testbed.processes import start_sidecar
+from modelkv_testbed.prometheus import query, running_prometheus, scrape_config
+from modelkv_testbed.promql import RULES_FILE, substitute
+from modelkv_testbed.scenario import GIB, declared_peak, start_scenario
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from dashboards.layout import Line, PanelData, format_value, layout_html, legend_text, page_size  # noqa: E402
-from modelkv_exporter.demo.engines import start_engines  # noqa: E402
-from tests.support.browser import chromium_run  # noqa: E402
-from tests.support.processes import start_sidecar  # noqa: E402
-from tests.support.prometheus import query, running_prometheus, scrape_config  # noqa: E402
-from tests.support.promql import RULES_FILE, substitute  # noqa: E402
-from tests.support.scenario import GIB, declared_peak, start_scenario  # noqa: E402
-
 IMAGES = ROOT / "docs" / "images"
 RUN_SECONDS = 100
 

@@ -1,6 +1,6 @@
 """The snapshot's JSON Schema and field reference, derived from the dataclasses' field declarations.
 
-``python scripts/docgen.py`` writes them to ``docs/snapshot.schema.json`` and
+``python -m scripts.docgen`` writes them to ``docs/snapshot.schema.json`` and
 into ``docs/snapshot-format.md``; a test fails when either differs from a fresh derivation.
 The schema says what a field declaration says; of the checks beyond the fields
 (``CHECKS_BEYOND_FIELDS``) it expresses the one JSON Schema can (per-sequence rows need
@@ -122,7 +122,7 @@ def json_schema() -> dict[str, Any]:
         "title": f"modelkv-exporter engine snapshot, {VERSION_FIELD.name} 1 to {SCHEMA_VERSION}",
         "description": (
             "One engine process's declarations and measured memory; generated from modelkv_exporter/contract/"
-            "snapshot.py by python scripts/docgen.py, do not edit. Readers ignore unknown fields; see "
+            "snapshot.py by python -m scripts.docgen, do not edit. Readers ignore unknown fields; see "
             f"docs/snapshot-format.md. The reader also checks: {checks}."
         ),
         **{k: v for k, v in root.items() if k not in ("description",)},

@@ -1,4 +1,4 @@
-"""Fixtures: an empty spool directory, and a real sidecar process serving it. Helpers live in ``tests.support``."""
+"""Fixtures: an empty spool directory, and a real sidecar process serving it. Helpers live in ``modelkv_testbed`` (shared with bench/ and scripts/) and ``tests.support``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import Sidecar, start_sidecar, stop_process
+from modelkv_testbed.processes import Sidecar, start_sidecar, stop_process
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

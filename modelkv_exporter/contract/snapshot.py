@@ -3,7 +3,7 @@
 Stdlib only: the sidecar reads these without torch or vLLM. Each field is declared with
 ``wire`` (``contract/fields.py``): its type, bounds, what a reader takes when it is absent, and
 its meaning. ``to_dict`` encodes by those declarations, the sidecar's decoder reads by them,
-and ``python scripts/docgen.py`` writes ``docs/snapshot.schema.json`` and the
+and ``python -m scripts.docgen`` writes ``docs/snapshot.schema.json`` and the
 field reference in ``docs/snapshot-format.md`` from them.
 """
 

@@ -16,7 +16,7 @@ from modelkv_exporter.contract.sizes import parse_bytes
 from modelkv_exporter.contract.snapshot import DroppedDeclaration, Observation
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
-from tests.support.snapshots import make_declaration, make_observation, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 
 GOLDEN = Path(__file__).parents[1] / "sidecar" / "golden"
 

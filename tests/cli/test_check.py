@@ -16,7 +16,7 @@ from modelkv_exporter.contract.snapshot import DiscoveredOwner, KVLayout
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.vocabulary import RowDriver
 from modelkv_exporter.judging.verdicts import VerdictKind
-from tests.support.snapshots import make_declaration, make_observation, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 
 POSITION = 2 * 8 * 16 * 64 * 4
 

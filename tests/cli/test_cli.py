@@ -18,8 +18,8 @@ from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 from modelkv_exporter.sidecar.reader.state import Staleness
+from modelkv_testbed.snapshots import make_snapshot
 from scripts.docgen import SETTINGS
-from tests.support.snapshots import make_snapshot
 
 
 def parse(argv: list[str], **env: str) -> argparse.Namespace:

@@ -18,12 +18,12 @@ from modelkv_exporter.cli import demo
 from modelkv_exporter.demo.engines import UNDECLARED, UNDER_DECLARING
 from modelkv_exporter.demo.owners import StreamingAudioKVCache
 from modelkv_exporter.sidecar.breakdown import TOLERANCE_BYTES
+from modelkv_testbed import VENV_BIN
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import Sidecar, free_port, wait_http
 from tests.cli.test_reports import pasted
 from tests.engine.test_real_caches import KNOWN_ROW_BYTES
-from tests.support import VENV_BIN
-from tests.support.exposition import Exposition
-from tests.support.polling import eventually
-from tests.support.processes import Sidecar, free_port, wait_http
 
 EXPECTED_PEAKS = {
     ("qwen3-tts-s1-r0", "codec_decoder_request"): KNOWN_ROW_BYTES["codec_decoder_request"] * 8,

@@ -26,8 +26,8 @@ from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDECLARED, UNDER_DECLARING, run_engine
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
+from modelkv_testbed.polling import eventually
 from tests.cli.test_reports import pasted
-from tests.support.polling import eventually
 
 ACCURATE = "qwen3-tts-s1-r0"
 OWNER = "tokenizer.decoder"

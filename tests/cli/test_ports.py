@@ -14,9 +14,9 @@ from pathlib import Path
 
 from modelkv_exporter.cli.ports import free_port_near, listening_socket
 from modelkv_exporter.sidecar.http.config import PROBE_PORT
-from tests.support import VENV_BIN
-from tests.support.polling import eventually
-from tests.support.processes import free_port, stop_process
+from modelkv_testbed import VENV_BIN
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import free_port, stop_process
 
 LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: \S")
 """The one format of ``serve``'s log lines: time, level, logger, message."""

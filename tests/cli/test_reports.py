@@ -14,8 +14,8 @@ from modelkv_exporter.cli.reports import MAX_WIDTH, abbreviate, inspect_report, 
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 from tests.support.discovered import golden_discovered_spool, make_discovered
-from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 LONG_OWNER = "thinker.model.language_model.layers.27.self_attn.rotary_and_sliding_window_cache_owner"
 LONG_SOURCE = "min(config.max_position_embeddings, config.sliding_window * config.num_hidden_layers) " * 4

@@ -19,7 +19,7 @@ import pytest
 
 from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.reader.decode import SnapshotError, parse_snapshot
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 from tests.support.discovered import BREAKDOWN_SETTINGS
 
 SCHEMA = json.loads((ROOT / "docs" / "snapshot.schema.json").read_text())

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from modelkv_exporter.sidecar.reader.decode import SnapshotError, parse_snapshot
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 from tests.support.discovered import discovering_snapshot, discovery_status, golden_discovered_spool, with_discovery
 
 SCHEMA = json.loads((ROOT / "docs" / "snapshot.schema.json").read_text())

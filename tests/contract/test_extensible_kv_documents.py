@@ -16,8 +16,8 @@ import pytest
 
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.reader.decode import SnapshotError, parse_snapshot
-from tests.support import ROOT
-from tests.support.snapshots import make_snapshot
+from modelkv_testbed import ROOT
+from modelkv_testbed.snapshots import make_snapshot
 
 SCHEMA = json.loads((ROOT / "docs" / "snapshot.schema.json").read_text())
 GOLDEN = ROOT / "tests" / "sidecar" / "golden" / "extensible-kv"

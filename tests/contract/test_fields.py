@@ -18,9 +18,9 @@ from modelkv_exporter.contract import snapshot
 from modelkv_exporter.contract.fields import fields_of, wire
 from modelkv_exporter.sidecar.reader import decode
 from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError, parse_snapshot
+from modelkv_testbed import ROOT
+from modelkv_testbed.snapshots import make_observation, make_snapshot
 from scripts import snapshot_schema as schema
-from tests.support import ROOT
-from tests.support.snapshots import make_observation, make_snapshot
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, DroppedDeclaratio
 from modelkv_exporter.contract.spool import snapshot_file_name, write_snapshot
 from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError, parse_snapshot
 from modelkv_exporter.sidecar.reader.scan import FULL_SCAN_EVERY_SECONDS, SETTLE_NS, SpoolReader, read_snapshot_file
-from tests.support import ROOT
-from tests.support.snapshots import make_declaration, make_observation, make_snapshot
+from modelkv_testbed import ROOT
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 
 SCHEMA = json.loads((ROOT / "docs" / "snapshot.schema.json").read_text())
 
@@ -358,7 +358,7 @@ def test_a_file_the_sidecar_user_cannot_read_is_counted_unreadable() -> None:
 WRITER = """
 import sys, time
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 decls = tuple(make_declaration(f"cache-{i}", capacity_source="x" * 2000) for i in range(200))
 publisher = SnapshotPublisher(sys.argv[1], make_snapshot("victim", declarations=decls, interval=5.0))
 publisher.write()

@@ -10,7 +10,7 @@ import pytest
 from modelkv_exporter.contract.snapshot import Declaration
 from modelkv_exporter.contract.validity import declaration_problems, record_problems
 from modelkv_exporter.sidecar.reader.decode import SnapshotError, snapshot_from_dict
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 
 BAD = [
     ("kv_heads", 2.5),

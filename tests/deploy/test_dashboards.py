@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import ROOT
-from tests.support.exposition import Exposition
-from tests.support.grafana_schema import NPM_DIR, check_many, installed_version, schema_packages
-from tests.support.processes import require_tool
-from tests.support.promql import (
+from modelkv_testbed import ROOT
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.processes import require_tool
+from modelkv_testbed.promql import (
     PROMETHEUS_METRICS,
     RULES_FILE,
     dashboard_documents,
@@ -26,6 +25,7 @@ from tests.support.promql import (
     rules,
     variable_queries,
 )
+from tests.support.grafana_schema import NPM_DIR, check_many, installed_version, schema_packages
 
 sys.path.insert(0, str(ROOT))
 generate = pytest.importorskip("dashboards.generate")

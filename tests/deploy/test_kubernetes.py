@@ -14,10 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from modelkv_testbed import ROOT
+from modelkv_testbed.processes import require_tool
+from modelkv_testbed.promql import DASHBOARDS, RULE_TESTS, RULES_FILE
 from scripts.docgen import SETTINGS
-from tests.support import ROOT
-from tests.support.processes import require_tool
-from tests.support.promql import DASHBOARDS, RULE_TESTS, RULES_FILE
 from tests.support.typescript import run_tsc
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"

@@ -23,11 +23,10 @@ import httpx
 import pytest
 
 from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDECLARED, UNDER_DECLARING, start_engines
-from tests.support import observed_engine
-from tests.support.polling import eventually
-from tests.support.processes import free_port, start_sidecar, stop_process
-from tests.support.prometheus import query, running_prometheus, scrape_config
-from tests.support.promql import (
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import free_port, start_sidecar, stop_process
+from modelkv_testbed.prometheus import query, running_prometheus, scrape_config
+from modelkv_testbed.promql import (
     FEDERATION_MATCH,
     RULES_FILE,
     alerts,
@@ -36,7 +35,8 @@ from tests.support.promql import (
     substitute,
     variable_queries,
 )
-from tests.support.scenario import GIB, Scenario, declared_peak, start_replica, start_scenario
+from modelkv_testbed.scenario import GIB, Scenario, declared_peak, start_replica, start_scenario
+from tests.support import observed_engine
 
 JOB = "modelkv-exporter"
 TIMEOUT = 120.0

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
-from tests.deploy.simulation.generate import expected_files
-from tests.deploy.simulation.physics import GIB, Device, Engine, simulate, step
-from tests.deploy.simulation.render import series
-from tests.deploy.simulation.stories import STORIES
-from tests.support import ROOT
-from tests.support.processes import require_tool
-from tests.support.promql import RULES_FILE
+from modelkv_testbed import ROOT
+from modelkv_testbed.processes import require_tool
+from modelkv_testbed.promql import RULES_FILE
+from modelkv_testbed.simulation.generate import expected_files
+from modelkv_testbed.simulation.physics import GIB, Device, Engine, simulate, step
+from modelkv_testbed.simulation.render import series
+from modelkv_testbed.simulation.stories import STORIES
 
 NOT_IN_ANY_STORY = {
     "modelkv_declarations_dropped": "no story engine drops a declaration (declarations.test.yaml has them)",
@@ -25,9 +25,9 @@ NOT_IN_ANY_STORY = {
 
 def test_the_story_files_are_current() -> None:
     for path, text in expected_files().items():
-        assert path.exists(), f"{path.relative_to(ROOT)} missing: python -m tests.deploy.simulation.generate"
+        assert path.exists(), f"{path.relative_to(ROOT)} missing: python -m modelkv_testbed.simulation.generate"
         assert path.read_text() == text, (
-            f"{path.relative_to(ROOT)} is stale: python -m tests.deploy.simulation.generate"
+            f"{path.relative_to(ROOT)} is stale: python -m modelkv_testbed.simulation.generate"
         )
 
 

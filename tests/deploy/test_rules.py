@@ -12,10 +12,10 @@ import yaml
 
 from modelkv_exporter.contract import thresholds
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES
-from tests.support import ROOT
-from tests.support.processes import require_tool
-from tests.support.promql import RULE_TESTS, RULES_FILE, alerts, metric_names, rule_expressions, rule_groups, rules
-from tests.support.promql import known_metric as is_known
+from modelkv_testbed import ROOT
+from modelkv_testbed.processes import require_tool
+from modelkv_testbed.promql import RULE_TESTS, RULES_FILE, alerts, metric_names, rule_expressions, rule_groups, rules
+from modelkv_testbed.promql import known_metric as is_known
 
 sys.path.insert(0, str(ROOT / "deploy" / "kubernetes"))
 import generate_manifests  # noqa: E402

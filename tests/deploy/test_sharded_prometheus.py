@@ -26,17 +26,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.deploy.simulation.on_promtool import Part, Result, evaluate, rule_file
-from tests.deploy.simulation.physics import simulate
-from tests.deploy.simulation.render import Series, series
-from tests.deploy.simulation.replay import Labels, Timeline, judge, parse_selector
-from tests.deploy.simulation.stories import STORIES
-from tests.deploy.simulation.story import Episode, Value
-from tests.support import ROOT
-from tests.support.polling import eventually
-from tests.support.processes import require_tool
-from tests.support.prometheus import running_prometheus
-from tests.support.promql import FLEET_FEDERATION_MATCH, FLEET_GROUPS, metric_names, recorded_names, rule_groups
+from modelkv_testbed import ROOT
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import require_tool
+from modelkv_testbed.prometheus import running_prometheus
+from modelkv_testbed.promql import FLEET_FEDERATION_MATCH, FLEET_GROUPS, metric_names, recorded_names, rule_groups
+from modelkv_testbed.simulation.on_promtool import Part, Result, evaluate, rule_file
+from modelkv_testbed.simulation.physics import simulate
+from modelkv_testbed.simulation.render import Series, series
+from modelkv_testbed.simulation.replay import Labels, Timeline, judge, parse_selector
+from modelkv_testbed.simulation.stories import STORIES
+from modelkv_testbed.simulation.story import Episode, Value
 
 SHARDS = 2
 Shard = Callable[[Labels], int]

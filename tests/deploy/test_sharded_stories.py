@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from tests.deploy.simulation.on_victoria import (
+from modelkv_testbed.promql import FLEET_GROUPS, RULES_FILE, rule_groups
+from modelkv_testbed.simulation.on_victoria import (
     SPACING,
     Placed,
     failures,
@@ -28,11 +29,10 @@ from tests.deploy.simulation.on_victoria import (
     replay_side_by_side,
     timeline,
 )
-from tests.deploy.simulation.replay import Labels, Timeline, episode_series
-from tests.deploy.simulation.stories import STORIES
+from modelkv_testbed.simulation.replay import Labels, Timeline, episode_series
+from modelkv_testbed.simulation.stories import STORIES
+from modelkv_testbed.victoria import STALE, query, remote_write, running_victoria_metrics
 from tests.deploy.test_vmalert_stories import MISSED_WITHOUT_KEEP_FIRING_FOR
-from tests.support.promql import FLEET_GROUPS, RULES_FILE, rule_groups
-from tests.support.victoria import STALE, query, remote_write, running_victoria_metrics
 
 SHARDS = 2
 

@@ -15,9 +15,9 @@ from collections import defaultdict
 import pytest
 
 from modelkv_exporter.sidecar.breakdown import COMPONENT_NAMES, TOLERANCE_BYTES
-from tests.deploy.simulation.physics import simulate
-from tests.deploy.simulation.render import Labels, Series, series
-from tests.deploy.simulation.stories import STORIES
+from modelkv_testbed.simulation.physics import simulate
+from modelkv_testbed.simulation.render import Labels, Series, series
+from modelkv_testbed.simulation.stories import STORIES
 
 PART = "modelkv_memory_breakdown_bytes"
 TOTALS = ("modelkv_memory_process_gpu_bytes", "modelkv_memory_process_resident_bytes")

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.simulation.on_victoria import (
+from modelkv_testbed.promql import RULES_FILE, alerts
+from modelkv_testbed.simulation.on_victoria import (
     Placed,
     failures,
     holds,
@@ -29,11 +30,10 @@ from tests.deploy.simulation.on_victoria import (
     timeline,
     vmalert_rules,
 )
-from tests.deploy.simulation.replay import Labels, Timeline, episode_series, judge
-from tests.deploy.simulation.stories import STORIES
-from tests.deploy.simulation.story import AlertTest, Firing, Held
-from tests.support.promql import RULES_FILE, alerts
-from tests.support.victoria import STALE, query, remote_write, running_victoria_metrics, victoria_tool
+from modelkv_testbed.simulation.replay import Labels, Timeline, episode_series, judge
+from modelkv_testbed.simulation.stories import STORIES
+from modelkv_testbed.simulation.story import AlertTest, Firing, Held
+from modelkv_testbed.victoria import STALE, query, remote_write, running_victoria_metrics, victoria_tool
 
 MISSED_WITHOUT_KEEP_FIRING_FOR = {
     ("story-h-scrape-gap", 0, "Held", "ModelKVUndeclaredMemoryGrowth"),

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from modelkv_testbed import ROOT
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import start_sidecar, stop_process
 from tests.engine.test_vllm_engine import Engine, metrics, only
-from tests.support import ROOT
-from tests.support.polling import eventually
-from tests.support.processes import start_sidecar, stop_process
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ from modelkv_exporter.engine.discover.modules import ModuleMap, takes_cache
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.publish import build_snapshot
-from tests.support.polling import eventually
+from modelkv_testbed.polling import eventually
 
 EVERYTHING = DiscoverySettings(census_interval=0, discover_floor_bytes=0)
 """A census at every beat, every owner published."""

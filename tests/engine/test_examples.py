@@ -13,9 +13,9 @@ from modelkv_exporter import publish
 from modelkv_exporter.demo.engines import DEMO_ENGINES, build_model
 from modelkv_exporter.demo.owners import DemoOwner
 from modelkv_exporter.engine.observe import Observer
-from tests.support import ROOT
-from tests.support.exposition import Exposition
-from tests.support.processes import Sidecar
+from modelkv_testbed import ROOT
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.processes import Sidecar
 
 DOC_SPOOL = "/var/run/modelkv"
 CODE2WAV = next(engine for engine in DEMO_ENGINES if engine.owners)

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 SCRIPT = ROOT / "bench" / "gpu_truth.py"
 

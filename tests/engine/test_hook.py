@@ -17,7 +17,7 @@ from modelkv_exporter.engine import samplers as engine_memory
 from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.vllm_hook import plugin as vllm_plugin
 from modelkv_exporter.engine.vllm_hook.identity import engine_id_for
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 
 class FakeCuda:
@@ -188,7 +188,7 @@ def test_the_hook_holds_resets_around_a_profile_run_again_after_initialisation(
 ) -> None:
     from modelkv_exporter.engine.heartbeat import SnapshotPublisher
     from modelkv_exporter.engine.vllm_hook import lifecycle
-    from tests.support.snapshots import make_snapshot
+    from modelkv_testbed.snapshots import make_snapshot
 
     if not hooked:
         plan = vllm_plugin.worker_plan
@@ -241,7 +241,7 @@ def test_the_baseline_high_water_mark_allows_the_profiled_activation_peak() -> N
 def test_the_hook_hands_vllms_activation_budget_to_the_sampler_after_warm_up(tmp_path: Any) -> None:
     from modelkv_exporter.engine.heartbeat import SnapshotPublisher
     from modelkv_exporter.engine.vllm_hook import lifecycle
-    from tests.support.snapshots import make_snapshot
+    from modelkv_testbed.snapshots import make_snapshot
 
     cuda = FakeCuda()
     sampler = engine_memory.CudaSampler(cuda, "cuda:0")
@@ -655,7 +655,7 @@ def test_the_kv_step_finds_the_config_however_it_is_passed(tmp_path: Any, by_key
     """The real step: the paged KV cache of the ``KVCacheConfig`` handed to ``initialize_from_config``."""
     from modelkv_exporter.engine.heartbeat import SnapshotPublisher
     from modelkv_exporter.engine.vllm_hook import lifecycle
-    from tests.support.snapshots import make_snapshot
+    from modelkv_testbed.snapshots import make_snapshot
 
     base = type("Worker", (KeywordWorker,), {})
     vllm_plugin.Registration(HookConfig(tmp_path)).patch_worker(SimpleNamespace(Worker=base))  # type: ignore[arg-type]

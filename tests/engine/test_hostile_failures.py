@@ -23,8 +23,8 @@ from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import Observer, hooks, install
 from modelkv_exporter.engine.observe import observer as observer_module
+from modelkv_testbed.snapshots import make_snapshot
 from tests.engine.observing import Owner, add, figures, kv
-from tests.support.snapshots import make_snapshot
 
 WRAPPER_FRAMES = 3
 """Python frames the hooks add to an owner call that first updates a cache: the owner's method wrapper, ``update``'s

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.fixtures.tiny_model import make_tiny_qwen2
+from modelkv_testbed import ROOT
+from modelkv_testbed.processes import start_sidecar, stop_process
+from modelkv_testbed.tiny_model import make_tiny_qwen2
 from tests.engine.test_vllm_engine import MAX_NUM_SEQS, ROW_BYTES, Engine, metrics, only
-from tests.support import ROOT
-from tests.support.processes import start_sidecar, stop_process
 
 pytestmark = pytest.mark.slow
 

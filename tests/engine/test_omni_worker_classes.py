@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 SCRIPT = """
 import json, sys, tempfile

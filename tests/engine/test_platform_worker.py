@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.sidecar.reader.decode import parse_snapshot
-from tests.engine.fixtures.tiny_model import make_tiny_qwen2
-from tests.support import ROOT
+from modelkv_testbed import ROOT
+from modelkv_testbed.tiny_model import make_tiny_qwen2
 
 pytestmark = pytest.mark.slow
 

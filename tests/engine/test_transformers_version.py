@@ -18,8 +18,8 @@ import transformers
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from modelkv_testbed import ROOT
 from tests.project.test_dependencies import pins
-from tests.support import ROOT
 
 
 def admitted() -> Requirement:

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.sidecar.breakdown import TOLERANCE_BYTES
-from tests.engine.fixtures.tiny_model import make_tiny_gemma2, make_tiny_qwen2, save_random_weights
-from tests.support import ROOT
-from tests.support.exposition import Exposition
-from tests.support.polling import eventually
-from tests.support.processes import Sidecar, start_sidecar, stop_process
+from modelkv_testbed import ROOT
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import Sidecar, start_sidecar, stop_process
+from modelkv_testbed.tiny_model import make_tiny_gemma2, make_tiny_qwen2, save_random_weights
 
 pytestmark = pytest.mark.slow
 

@@ -39,8 +39,8 @@ from modelkv_exporter.demo.owners import cache_bytes
 from modelkv_exporter.engine.observe import Observer
 from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
-from tests.support.exposition import Exposition
-from tests.support.processes import Sidecar
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.processes import Sidecar
 
 CODEC_ROW = 2 * 8 * 16 * 64 * 71 * 4
 MING_ROW = 2 * 24 * 2 * 64 * 2048 * 2

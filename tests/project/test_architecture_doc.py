@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.support import ROOT, VENV_BIN
+from modelkv_testbed import ROOT, VENV_BIN
 
 CHECKS = {
     "ruff check": [
@@ -15,6 +15,7 @@ CHECKS = {
         "check",
         "modelkv_exporter",
         "tests",
+        "testbed",
         "bench",
         "dashboards",
         "scripts",
@@ -31,6 +32,7 @@ CHECKS = {
         "-m",
         "mypy",
         "modelkv_exporter",
+        "testbed/modelkv_testbed",
         "dashboards",
         "deploy/kubernetes/generate_manifests.py",
         "deploy/helm/post-renderer/modelkv-sidecar.py",

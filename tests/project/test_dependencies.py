@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 CAPPED = ("fastapi", "starlette", "uvicorn")
 """Capped at the newest version tested: the guard subclasses uvicorn's protocol, the routes use Starlette's."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 
 from modelkv_exporter.sidecar.catalogue import CATALOGUE, label_limit
+from modelkv_testbed import ROOT
 from scripts.docgen import ENGINE, SETTINGS, expected_files
-from tests.support import ROOT
 
 
 def test_generated_docs_are_current() -> None:
     for path, content in expected_files(ROOT).items():
-        assert path.read_text() == content, f"{path.name} is stale: run python scripts/docgen.py"
+        assert path.read_text() == content, f"{path.name} is stale: run python -m scripts.docgen"
 
 
 def test_metric_names_follow_the_house_rules() -> None:

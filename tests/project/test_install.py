@@ -19,8 +19,8 @@ import pytest
 import tomllib
 
 from modelkv_exporter.contract.spool import write_snapshot
-from tests.support import ROOT
-from tests.support.snapshots import make_snapshot
+from modelkv_testbed import ROOT
+from modelkv_testbed.snapshots import make_snapshot
 
 SIDECAR_MODULES = ("prometheus_client", "fastapi", "starlette", "uvicorn", "uvloop", "httptools", "pydantic")
 

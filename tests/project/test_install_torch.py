@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from modelkv_testbed import ROOT
+from modelkv_testbed.processes import free_port
 from scripts.install_torch import index_answers
-from tests.support import ROOT
-from tests.support.processes import free_port
 
 
 def test_the_demo_installs_the_torch_the_tests_run() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 PACKAGE = "modelkv_exporter"
 ENGINE_LIBRARIES = frozenset({"torch", "transformers", "vllm", "vllm_omni", "pynvml"})

@@ -1,4 +1,4 @@
-"""A package's docstring is its index: it names every module and subpackage of the package, or none of them."""
+"""A package's docstring is its index (the exporter's and the testbed's): it names every module and subpackage, or none."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
-PACKAGES = sorted(path.parent for path in (ROOT / "modelkv_exporter").rglob("__init__.py"))
+PACKAGES = sorted(
+    path.parent
+    for root in (ROOT / "modelkv_exporter", ROOT / "testbed" / "modelkv_testbed")
+    for path in root.rglob("__init__.py")
+)
 
 
 def members(package: Path) -> set[str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from modelkv_testbed import ROOT
 from tests.engine.test_transformers_version import admitted
 from tests.project.test_dependencies import pins
-from tests.support import ROOT
 
 VLLM = {"vllm", "vllm_omni"}
 

@@ -14,7 +14,7 @@ import pytest
 
 import modelkv_exporter
 from modelkv_exporter.contract import version
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 WRITTEN = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
 assert WRITTEN, "pyproject.toml has no static version"

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.breakdown import breakdown, model_local_bytes
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 from tests.support.discovered import CENSUS, make_discovered
-from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 MIB = 1024**2
 

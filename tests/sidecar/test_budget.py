@@ -11,9 +11,9 @@ from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.budget import Budget, snapshot_cost
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.source import SpoolSource
-from tests.support.exposition import Exposition
-from tests.support.snapshots import make_declaration, make_snapshot
-from tests.support.worst_spool import write_worst_spool
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.worst_spool import write_worst_spool
 
 LIMIT = Budget().max_discovered_owners
 

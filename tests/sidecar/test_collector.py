@@ -20,9 +20,9 @@ from modelkv_exporter.sidecar.labels import label
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.source import SpoolSource
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 from tests.support.discovered import discovery_status, kv_layout, make_discovered
-from tests.support.exposition import Exposition
-from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 
 class Clock:

@@ -16,6 +16,8 @@ from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.labels import DIAGNOSTIC_CHARS
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 from modelkv_exporter.sidecar.source import SpoolSource
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.snapshots import make_snapshot
 from tests.support.discovered import (
     CENSUS,
     GOLDEN_NOW,
@@ -25,8 +27,6 @@ from tests.support.discovered import (
     make_discovered,
     with_discovery,
 )
-from tests.support.exposition import Exposition
-from tests.support.snapshots import make_snapshot
 
 DISCOVERY_FAMILIES = {
     "modelkv_discovered_peak_bytes",

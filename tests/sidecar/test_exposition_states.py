@@ -26,7 +26,7 @@ from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 
 START = 1_800_000_000.0
 ENGINES = ("a", "b", "c")

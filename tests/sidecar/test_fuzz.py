@@ -27,10 +27,10 @@ from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.reader.decode import SnapshotError, parse_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 from tests.support import FULL_SCALE
 from tests.support.discovered import discovery_status, kv_layout, make_discovered, with_discovery
-from tests.support.exposition import Exposition
-from tests.support.snapshots import make_declaration, make_snapshot
 
 VALID = with_discovery(
     make_snapshot(

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from modelkv_exporter.contract.spool import write_snapshot
-from tests.support.exposition import Exposition
-from tests.support.polling import eventually
-from tests.support.processes import Sidecar, start_sidecar, stop_process
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import Sidecar, start_sidecar, stop_process
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 
 LIMITS = (
     "--http-max-connections", "16",

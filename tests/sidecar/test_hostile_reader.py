@@ -17,7 +17,7 @@ from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.reader import scan as scan_module
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import CLOCK_SKEW_SECONDS, EngineState, classify
-from tests.support.snapshots import make_snapshot
+from modelkv_testbed.snapshots import make_snapshot
 
 
 def special_files(spool: Path) -> list[str]:

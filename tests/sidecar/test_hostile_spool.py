@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 
 from modelkv_exporter.contract.spool import write_snapshot
-from tests.support.exposition import Exposition
-from tests.support.processes import Sidecar, start_sidecar, stop_process
-from tests.support.snapshots import make_declaration, make_snapshot
-from tests.support.worst_spool import write_worst_spool
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.processes import Sidecar, start_sidecar, stop_process
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.worst_spool import write_worst_spool
 
 SPOOF = "ad\u202emin\u2066x\u0000y\u001b[31mred\u200bz"
 INVISIBLE = ("\u202e", "\u2066", "\u0000", "\u001b", "\u200b")

@@ -13,13 +13,13 @@ import pytest
 
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import Sidecar, require_tool, start_sidecar, stop_process
+from modelkv_testbed.prometheus import query, running_prometheus, scrape_config
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 from tests.contract.test_spool import BAD_DOCUMENTS
 from tests.support.discovered import CENSUS, discovery_status, make_discovered, with_discovery
-from tests.support.exposition import Exposition
-from tests.support.polling import eventually
-from tests.support.processes import Sidecar, require_tool, start_sidecar, stop_process
-from tests.support.prometheus import query, running_prometheus, scrape_config
-from tests.support.snapshots import make_declaration, make_snapshot
 
 
 def peaks(text: str) -> dict[str, float]:
@@ -64,7 +64,7 @@ def test_routes_are_explicit_read_only_and_never_redirect(sidecar: Sidecar) -> N
 
 
 def test_readyz_fails_when_the_spool_goes_away(tmp_path: Path) -> None:
-    from tests.support.processes import start_sidecar
+    from modelkv_testbed.processes import start_sidecar
 
     spool = tmp_path / "gone"
     spool.mkdir()

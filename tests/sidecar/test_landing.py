@@ -25,13 +25,13 @@ from modelkv_exporter.sidecar.http.landing import escape, render_landing
 from modelkv_exporter.sidecar.http.owner_chart import OVER, owner_chart
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
-from tests.support import ROOT
-from tests.support.browser import chromium_run
+from modelkv_testbed import ROOT
+from modelkv_testbed.browser import chromium_run
+from modelkv_testbed.processes import Sidecar, start_sidecar, stop_process
+from modelkv_testbed.promql import RULES_FILE
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 from tests.support.demo_engines import running_demo_engines
 from tests.support.discovered import CENSUS, discovery_status, kv_layout, make_discovered, with_discovery
-from tests.support.processes import Sidecar, start_sidecar, stop_process
-from tests.support.promql import RULES_FILE
-from tests.support.snapshots import make_declaration, make_observation, make_snapshot
 
 HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
 

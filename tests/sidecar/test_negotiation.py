@@ -7,8 +7,8 @@ import pytest
 
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.exposition.negotiation import MAX_ITEMS, choose_encoding, wants_openmetrics
-from tests.support.processes import Sidecar
-from tests.support.snapshots import make_snapshot
+from modelkv_testbed.processes import Sidecar
+from modelkv_testbed.snapshots import make_snapshot
 
 PROMETHEUS_3 = (
     "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"

@@ -14,8 +14,8 @@ from modelkv_exporter.sidecar.http import pages as pages_module
 from modelkv_exporter.sidecar.http.engines_document import engines_document
 from modelkv_exporter.sidecar.http.pages import Pages
 from modelkv_exporter.sidecar.source import SpoolSource
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 from tests.support.discovered import discovery_status, make_discovered, with_discovery
-from tests.support.snapshots import make_declaration, make_snapshot
 
 
 def test_the_joined_document_is_the_whole_document(spool: Path) -> None:

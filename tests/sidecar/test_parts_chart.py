@@ -17,10 +17,10 @@ from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.http.landing import escape
 from modelkv_exporter.sidecar.http.parts_chart import COLOURS, WIDTH, parts_chart
 from modelkv_exporter.sidecar.reader.decode import parse_snapshot
-from tests.support import ROOT
-from tests.support.browser import chromium_run
-from tests.support.processes import start_sidecar, stop_process
-from tests.support.snapshots import make_snapshot
+from modelkv_testbed import ROOT
+from modelkv_testbed.browser import chromium_run
+from modelkv_testbed.processes import start_sidecar, stop_process
+from modelkv_testbed.snapshots import make_snapshot
 
 GOLDEN = ROOT / "tests" / "sidecar" / "golden" / "memory-breakdown"
 HOSTILE = '<img src=x onerror="alert(1)">'

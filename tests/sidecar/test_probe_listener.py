@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pytest
 
 from modelkv_exporter.sidecar.http.probe import DEADLINE_SECONDS, MAX_CONNECTIONS, Heartbeat, ProbeListener
-from tests.support import ROOT
-from tests.support.polling import eventually
+from modelkv_testbed import ROOT
+from modelkv_testbed.polling import eventually
 
 KUBELET_REQUEST = (
     b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:9401\r\nUser-Agent: kube-probe/1.29\r\n"

@@ -24,9 +24,9 @@ from modelkv_exporter.sidecar.http import routes
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.limits import HttpLimits
 from modelkv_exporter.sidecar.http.server import SidecarServer, build_server
-from tests.support.polling import eventually
-from tests.support.processes import free_port, wait_http
-from tests.support.snapshots import make_snapshot
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import free_port, wait_http
+from modelkv_testbed.snapshots import make_snapshot
 
 
 class Served:

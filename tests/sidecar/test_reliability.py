@@ -27,11 +27,12 @@ import pytest
 from modelkv_exporter.contract.snapshot import MemorySample
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
-from tests.support import FULL_SCALE, ROOT
-from tests.support.exposition import Exposition
-from tests.support.polling import eventually
-from tests.support.processes import Sidecar, start_sidecar, stop_process
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed import ROOT
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import Sidecar, start_sidecar, stop_process
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
+from tests.support import FULL_SCALE
 
 KILLS = 1000 if FULL_SCALE else 100
 LOAD_SECONDS = 60.0 if FULL_SCALE else 5.0

@@ -14,9 +14,9 @@ from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource
+from modelkv_testbed.exposition import Exposition
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 from tests.support.discovered import HOSTILE_OWNER, discovery_status, kv_layout, make_discovered, with_discovery
-from tests.support.exposition import Exposition
-from tests.support.snapshots import make_declaration, make_snapshot
 
 NOW = 1_800_000_000.0
 MOVING = {"modelkv_exporter_collect_duration_seconds"}

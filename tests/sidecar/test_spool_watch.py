@@ -12,8 +12,8 @@ import pytest
 from modelkv_exporter.sidecar.http import spool_watch
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import build_server
-from tests.support.polling import eventually
-from tests.support.processes import free_port, start_sidecar, stop_process, wait_http
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.processes import free_port, start_sidecar, stop_process, wait_http
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])

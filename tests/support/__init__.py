@@ -1,16 +1,13 @@
-"""What the tests share: snapshots built without torch, processes, polling, Prometheus, a browser, exposition parsing."""
+"""What only the tests share; what ``bench/`` and ``scripts/`` use too is in ``modelkv_testbed`` (``testbed/``).
+
+Modules: ``demo_engines`` (the demo's engines in processes), ``discovered`` (snapshots with discovered owners),
+``grafana_schema`` and ``typescript`` (the dashboards against Grafana's schema), ``observed_engine`` (an engine
+process with the observer), ``podman`` (images and containers), ``vllm_wheel`` (vLLM's published wheels).
+"""
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-"""The repository root."""
-
-VENV_BIN = Path(sys.executable).parent
-"""The test environment's scripts (``modelkv-exporter``, ``ruff``)."""
 
 FULL_SCALE = os.environ.get("MODELKV_TEST_SCALE") == "full"
 """bench/reliability.sh sets MODELKV_TEST_SCALE=full: the reliability tests then run at the issue's full size."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from modelkv_exporter.demo.engines import DEMO_ENGINES, run_engine
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
-from tests.support.polling import eventually
+from modelkv_testbed.polling import eventually
 
 
 def _published(spool: Path, engine_ids: tuple[str, ...]) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Snapshot
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
-from tests.support.snapshots import make_snapshot
+from modelkv_testbed.snapshots import make_snapshot
 
 CENSUS = DiscoveryMethod.CENSUS.value
 CACHE_LAYER = DiscoveryMethod.CACHE_LAYER.value

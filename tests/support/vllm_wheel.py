@@ -13,7 +13,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 CACHE = ROOT / "build" / "vllm-wheels"
 

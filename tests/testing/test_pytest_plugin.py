@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 pytest_plugins = ["pytester"]
 

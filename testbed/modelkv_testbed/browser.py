@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.support.processes import require_tool
+from modelkv_testbed.processes import require_tool
 
 
 def chromium() -> str:

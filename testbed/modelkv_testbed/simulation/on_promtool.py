@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from tests.deploy.simulation.render import Series, selector, values_text
-from tests.deploy.simulation.replay import Labels, Timeline, parse_selector
-from tests.support.promql import RULES_FILE
+from modelkv_testbed.promql import RULES_FILE
+from modelkv_testbed.simulation.render import Series, selector, values_text
+from modelkv_testbed.simulation.replay import Labels, Timeline, parse_selector
 
 Question = tuple[str, int]
 """An expression and the minute it is asked at."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import free_port, stop_process, wait_http
+from modelkv_testbed.processes import free_port, stop_process, wait_http
 
 STALE = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
 """Prometheus's staleness marker, a NaN VictoriaMetrics keeps as such when it arrives by remote write."""

@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -34,7 +35,7 @@ from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDriver
 from modelkv_exporter.engine.publish import build_snapshot
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 
 GIB = 1024**3
 MAX_NUM_SEQS = 8
@@ -49,7 +50,7 @@ WRITER = "tests (simulated GPU)"
 
 def gpu_declarations() -> tuple:
     """A 512 MiB-a-row per-request cache (4 GiB at max_num_seqs 8) and a fixed 1 GiB pool."""
-    geometry = {"layers": 32, "kv_heads": 8, "head_dim": 128, "positions": 4096, "element_size": 2}
+    geometry: dict[str, Any] = {"layers": 32, "kv_heads": 8, "head_dim": 128, "positions": 4096, "element_size": 2}
     return (
         make_declaration("talker_kv", owner="talker", max_num_seqs=MAX_NUM_SEQS, **geometry),
         make_declaration(

@@ -12,9 +12,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tests.deploy.simulation.physics import simulate
-from tests.deploy.simulation.render import series
-from tests.deploy.simulation.story import AlertTest, Episode, Expectation, Firing, Held, Quiet, Value
+from modelkv_testbed.simulation.physics import simulate
+from modelkv_testbed.simulation.render import series
+from modelkv_testbed.simulation.story import AlertTest, Episode, Expectation, Firing, Held, Quiet, Value
 
 Labels = tuple[tuple[str, str], ...]
 Point = tuple[int, float]

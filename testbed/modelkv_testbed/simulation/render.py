@@ -29,8 +29,8 @@ from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_exporter.sidecar.labels import engine_labels
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
-from tests.deploy.simulation.physics import FORGET_AFTER_S, STALE_AFTER_S, Engine, Sample, Timeline
-from tests.support.snapshots import make_declaration
+from modelkv_testbed.simulation.physics import FORGET_AFTER_S, STALE_AFTER_S, Engine, Sample, Timeline
+from modelkv_testbed.snapshots import make_declaration
 
 JOB = "modelkv-exporter"
 NAMESPACE = "llm"

@@ -7,7 +7,7 @@ negative minute were running long before the story begins.
 
 from __future__ import annotations
 
-from tests.deploy.simulation.physics import (
+from modelkv_testbed.simulation.physics import (
     GIB,
     MIB,
     Cache,
@@ -22,8 +22,8 @@ from tests.deploy.simulation.physics import (
     ramp,
     step,
 )
-from tests.deploy.simulation.render import ScrapeGap, selector
-from tests.deploy.simulation.story import (
+from modelkv_testbed.simulation.render import ScrapeGap, selector
+from modelkv_testbed.simulation.story import (
     AlertTest,
     Episode,
     Firing,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.processes import free_port, require_tool, stop_process, wait_http
+from modelkv_testbed.processes import free_port, require_tool, stop_process, wait_http
 
 
 def scrape_config(jobs: Mapping[str, str], *, rule_files: tuple[Path, ...] = (), extra: str = "") -> str:

@@ -1,12 +1,12 @@
-"""Write every story's promtool test file: ``python -m tests.deploy.simulation.generate``."""
+"""Write every story's promtool test file: ``python -m modelkv_testbed.simulation.generate``."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from tests.deploy.simulation.stories import STORIES
-from tests.support import ROOT
+from modelkv_testbed import ROOT
+from modelkv_testbed.simulation.stories import STORIES
 
 TESTS = ROOT / "deploy" / "prometheus" / "tests"
 

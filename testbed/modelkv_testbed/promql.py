@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
-from tests.support import ROOT
+from modelkv_testbed import ROOT
 
 RULES_FILE = ROOT / "deploy" / "prometheus" / "modelkv-rules.yaml"
 RULE_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.test.yaml"))

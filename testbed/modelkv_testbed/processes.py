@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import VENV_BIN
-from tests.support.polling import eventually
+from modelkv_testbed import VENV_BIN
+from modelkv_testbed.polling import eventually
 
 
 def free_port() -> int:

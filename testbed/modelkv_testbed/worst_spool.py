@@ -20,7 +20,7 @@ from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.budget import Budget, snapshot_cost
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits
-from tests.support.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_snapshot
 
 WIDE = "\U0001f600"
 """A four-byte character: the most label bytes per character."""

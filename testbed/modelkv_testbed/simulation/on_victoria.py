@@ -16,11 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from tests.deploy.simulation.replay import Labels, Timeline, judge
-from tests.deploy.simulation.stories import STORIES
-from tests.deploy.simulation.story import Episode, Story
-from tests.support.promql import alerts
-from tests.support.victoria import export, flush, replay
+from modelkv_testbed.promql import alerts
+from modelkv_testbed.simulation.replay import Labels, Timeline, judge
+from modelkv_testbed.simulation.stories import STORIES
+from modelkv_testbed.simulation.story import Episode, Story
+from modelkv_testbed.victoria import export, flush, replay
 
 SPACING = 3 * 86400
 """Seconds between two episodes' starts: more than the rules' longest window (a day) plus an episode."""

@@ -5,8 +5,10 @@ the caching allocator that keeps them, the CUDA context, declared, observed and 
 caches, leaks, heartbeats, restarts) and each device's used memory as the sum of the processes
 on it, asserting the physical relations. ``render`` turns every engine's state into real
 snapshots and lets the sidecar's own sample functions say which series it exports, then writes
-them as promtool input. ``stories`` holds one story per situation, with what an operator expects;
-``generate`` writes them to ``deploy/prometheus/tests/story-*.test.yaml``:
+them as promtool input. ``story`` is what a story is (engines, devices, what an operator expects,
+its promtool file); ``stories`` holds one per situation; ``replay`` replays them outside promtool
+and judges an alert timeline, ``on_victoria`` on VictoriaMetrics and vmalert. ``generate`` writes
+them to ``deploy/prometheus/tests/story-*.test.yaml``:
 
-    PYTHONPATH=. python -m tests.deploy.simulation.generate
+    python -m modelkv_testbed.simulation.generate
 """
