@@ -330,6 +330,8 @@ def chart_values() -> dict[str, Any]:
             "namespaces": [],
             "interval": endpoint["interval"],
             "scrapeTimeout": endpoint["scrapeTimeout"],
+            "nodeShards": 1,
+            "nodeShard": 0,
         },
         "serviceMonitor": {"enabled": False},
         "prometheusRule": {
@@ -413,6 +415,20 @@ def chart_schema() -> dict[str, Any]:
                         },
                         "interval": {**string, "pattern": DURATION, "description": "Scrape interval."},
                         "scrapeTimeout": {**string, "pattern": DURATION, "description": "Scrape timeout."},
+                        "nodeShards": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "Shards the scrape is split into by the `hashmod` of each pod's node, "
+                            "one release (and one Prometheus) per shard; 1 scrapes every pod. Keeps every engine "
+                            "of a device on one shard, which the Prometheus Operator's `shards` (by target) does not "
+                            "(docs/deploy.md, Sharded Prometheus).",
+                        },
+                        "nodeShard": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "This release's shard, 0 to nodeShards - 1: it scrapes the pods of the "
+                            "nodes whose `hashmod` is this number.",
+                        },
                     },
                 ),
                 "serviceMonitor": _object(

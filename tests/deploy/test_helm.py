@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import httpx
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -18,6 +19,8 @@ import tomllib
 import yaml
 
 from modelkv_testbed import ROOT
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.prometheus import running_prometheus
 from modelkv_testbed.promql import DASHBOARDS, FLEET_GROUPS, RULES_FILE
 from tests.deploy.test_kubernetes import (
     CUSTOM_KINDS,
@@ -29,6 +32,7 @@ from tests.deploy.test_kubernetes import (
     generate_manifests,
     one,
 )
+from tests.deploy.test_sharded_prometheus import hashmod
 
 CHART = ROOT / "deploy" / "helm" / "modelkv-exporter"
 POST_RENDERER = ROOT / "deploy" / "helm" / "post-renderer" / "modelkv-sidecar.py"
@@ -154,6 +158,7 @@ def test_changed_values_change_exactly_their_sites() -> None:
         ({"podMonitor": {"interval": "30 seconds"}}, "interval"),
         ({"serviceMonitor": {"enabled": "yes"}}, "enabled"),
         ({"serviceMonitor": {"enabled": True, "port": 9400}}, "port"),
+        ({"podMonitor": {"nodeShards": 0}}, "nodeShards"),
     ],
     ids=[
         "string-threshold",
@@ -165,6 +170,7 @@ def test_changed_values_change_exactly_their_sites() -> None:
         "duration",
         "service-monitor-switch",
         "service-monitor-key",
+        "no-shard",
     ],  # fmt: skip
 )
 def test_wrong_values_are_refused_naming_them(values: dict[str, Any], named: str) -> None:
@@ -555,3 +561,62 @@ def test_post_renderer_refuses_a_kind_it_does_not_know(kind: tuple[str, str], sp
     extra["metadata"]["labels"] = {"release": "other"}
     other = (ENGINE_CHARTS / "vllm-example-chart.yaml").read_text() + "---\n" + yaml.safe_dump({**extra, "spec": spec})
     assert post_render(other, "--selector", "release=test").returncode == 0
+
+
+def shard_relabelings(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The PodMonitor's relabelings with ``values``, after the two every release has (job, container)."""
+    monitor = one(render({"podMonitor": values}), "PodMonitor")
+    return monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][2:]
+
+
+def test_one_shard_keeps_every_pod_as_the_kustomize_base_does() -> None:
+    assert shard_relabelings({}) == [] == shard_relabelings({"nodeShards": 1, "nodeShard": 0})
+
+
+def test_node_shards_split_the_pods_by_node_on_real_prometheus(tmp_path: Path) -> None:
+    """Each shard's release keeps the pods of its nodes on Prometheus itself: together all, apart none, and the
+    same split as the hashmod the sharded stories are evaluated with (tests/deploy/test_sharded_prometheus.py)."""
+    shards, nodes = 3, [f"gpu-node-{n}" for n in range(24)]
+    snake = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    jobs = ""
+    for shard in range(shards):
+        objects = render({"podMonitor": {"nodeShards": shards, "nodeShard": shard}})
+        result = check_custom_resources([one(objects, "PodMonitor")], f"helm-shard-{shard}-{tmp_path.name}")
+        assert result.returncode == 0, result.stdout + result.stderr
+        relabel = [
+            {snake.get(k, k): v for k, v in r.items()}
+            for r in shard_relabelings({"nodeShards": shards, "nodeShard": shard})
+        ]
+        assert [r["action"] for r in relabel] == ["hashmod", "keep"]
+        targets = [
+            {"targets": [f"127.0.0.1:{1000 + n}"], "labels": {"node": name, "__meta_kubernetes_pod_node_name": name}}
+            for n, name in enumerate(nodes)
+        ]
+        job = {"job_name": f"shard-{shard}", "static_configs": targets, "relabel_configs": relabel}
+        jobs += "  - " + json.dumps(job) + "\n"
+    config = "global: {scrape_interval: 1h}\nscrape_configs:\n" + jobs
+    with running_prometheus(tmp_path, config) as url:
+
+        def discovered() -> dict[str, Any]:
+            data = httpx.get(url + "/api/v1/targets", timeout=10).json()["data"]
+            return data if len(data["activeTargets"]) + len(data["droppedTargets"]) == shards * len(nodes) else {}
+
+        data = eventually(discovered, "Prometheus to relabel every shard's targets")
+    kept: dict[int, set[str]] = {shard: set() for shard in range(shards)}
+    for target in data["activeTargets"]:
+        kept[int(target["scrapePool"].removeprefix("shard-"))].add(target["labels"]["node"])
+    assert set().union(*kept.values()) == set(nodes), "every node's pods are scraped by a shard"
+    assert sum(len(k) for k in kept.values()) == len(nodes), "by one shard only"
+    assert kept == {shard: {n for n in nodes if hashmod(n, shards) == shard} for shard in range(shards)}
+    assert all(kept.values()), "24 nodes reach every one of 3 shards"
+
+
+def test_a_shard_past_the_last_is_refused_naming_the_range() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"nodeShard is 2, but the shards are numbered 0 to 1"):
+        render({"podMonitor": {"nodeShards": 2, "nodeShard": 2}})
+
+
+def test_the_service_monitor_keeps_the_same_shard() -> None:
+    values = {"podMonitor": {"enabled": False, "nodeShards": 2, "nodeShard": 1}, "serviceMonitor": {"enabled": True}}
+    monitor = one(render(values), "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["relabelings"][2:] == shard_relabelings({"nodeShards": 2, "nodeShard": 1})
