@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, Qwen2Config, Qwen2Model, StaticCache, cache_utils
 
 from modelkv_exporter.engine.observe import Observer
+from modelkv_exporter.engine.observe.layers import OPAQUE_LAYERS, VETTED_KV_ATTRIBUTES, plan_for
 from tests.engine.observing import (
     HEAD_DIM,
     HEADS,
@@ -367,3 +368,27 @@ def test_the_peak_of_a_growing_cache_freed_inside_the_call_is_its_largest_storag
     assert f.live_bytes == 0 and f.recent_peak_bytes == f.peak_bytes == max(largest)
     per_position = 2 * LAYERS * kv(2, 1).nbytes
     assert max(largest) == (9 if sliding else 15) * per_position, "sliding: the 9-position prefill stays allocated"
+
+
+def test_every_attention_layer_class_of_the_running_transformers_is_known() -> None:
+    """Each KV layer class in the running ``transformers.cache_utils`` is vetted (the fast, exact path) or known to be
+    quantized; run on the lowest, the default and the newest transformers (``make test``'s matrix)."""
+    layers = [
+        cls
+        for cls in vars(cache_utils).values()
+        if isinstance(cls, type)
+        and issubclass(cls, cache_utils.CacheLayerMixin)
+        and cls.__module__ == cache_utils.__name__
+    ]
+    assert layers, "transformers.cache_utils has no layer classes"
+    quantized = [c for c in layers if any(k.__name__ in OPAQUE_LAYERS for k in c.__mro__)]
+    unknown = [c.__name__ for c in layers if c not in quantized and c.__name__ not in VETTED_KV_ATTRIBUTES]
+    unknown.remove("CacheLayerMixin")
+    assert unknown == [], f"layer classes the observer reads only by their base: {unknown}"
+    assert all("quantized" in (plan_for(c).unknown or "") for c in quantized)
+    for cls in layers:
+        if cls.__name__ in VETTED_KV_ATTRIBUTES:
+            plan = plan_for(cls)
+            assert plan.vetted and plan.unknown is None, cls.__name__
+            if plan.keys_and_values:
+                assert plan.static == issubclass(cls, cache_utils.StaticLayer), cls.__name__

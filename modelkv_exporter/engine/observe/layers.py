@@ -31,6 +31,8 @@ VETTED_KV_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "DynamicSlidingWindowLayer": ("keys", "values"),
     "StaticLayer": ("keys", "values"),
     "StaticSlidingWindowLayer": ("keys", "values"),
+    "SlidingWindowLayer": ("keys", "values"),
+    "ChunkedSlidingLayer": ("keys", "values"),
     "DynamicIndexedLayer": ("keys", "values", "indexer_keys"),
     "StaticIndexedLayer": ("keys", "values", "indexer_keys"),
     "LinearAttentionAndFullAttentionLayer": ("keys", "values"),
@@ -38,11 +40,14 @@ VETTED_KV_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "LinearAttentionAndStaticFullAttentionLayer": ("keys", "values"),
     "LinearAttentionAndStaticSlidingWindowAttentionLayer": ("keys", "values"),
 }
-"""Layer classes whose attributes were read in transformers 5.14 and 5.19, with the attributes holding KV.
+"""Layer classes whose attributes were read in transformers 4.56, 5.14, 5.19 and 5.25, with the attributes holding KV.
+
+``SlidingWindowLayer`` and ``ChunkedSlidingLayer`` are 4.56's static sliding layers (``StaticSlidingWindowLayer``
+from 5.0).
 
 Hybrid layers count only their attention keys and values: convolution and recurrent states are not KV.
 """
-OPAQUE_LAYERS = frozenset({"QuantizedLayer", "QuantoQuantizedLayer", "HQQQuantizedLayer"})
+OPAQUE_LAYERS = frozenset({"BaseQuantizedLayer", "QuantizedLayer", "QuantoQuantizedLayer", "HQQQuantizedLayer"})
 """Layer classes whose payload is quantized: their exact bytes cannot be read from plain tensors."""
 BOOKKEEPING_ATTRIBUTES = frozenset(
     {"cumulative_length", "_sliding_window_tensor", "indexer_cumulative_length", "conv_states", "recurrent_states"}
