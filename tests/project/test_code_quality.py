@@ -31,13 +31,6 @@ CHECKS = {
         sys.executable,
         "-m",
         "mypy",
-        "modelkv_exporter",
-        "testbed/modelkv_testbed",
-        "dashboards",
-        "deploy/kubernetes/generate_manifests.py",
-        "deploy/helm/post-renderer/modelkv-sidecar.py",
-        "scripts/docgen.py",
-        "scripts/install_torch.py",
     ],
 }
 
