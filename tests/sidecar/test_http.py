@@ -6,6 +6,7 @@ import gzip
 import json
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ from modelkv_testbed.exposition import Exposition
 from modelkv_testbed.polling import eventually
 from modelkv_testbed.processes import Sidecar, require_tool, start_sidecar, stop_process
 from modelkv_testbed.prometheus import query, running_prometheus, scrape_config
-from modelkv_testbed.snapshots import make_declaration, make_snapshot
+from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 from tests.contract.test_spool import BAD_DOCUMENTS
 from tests.support.discovered import CENSUS, discovery_status, make_discovered, with_discovery
 
@@ -104,6 +105,30 @@ def test_engines_api_returns_the_snapshots(sidecar: Sidecar) -> None:
     (engine,) = body["engines"]
     assert engine["state"] == "exported"
     assert engine["snapshot"] == json.loads(snapshot.to_json())
+
+
+def test_engines_api_gives_each_engine_the_parts_metrics_exports(sidecar: Sidecar) -> None:
+    """An engine with a process figure carries its breakdown, the same bytes as /metrics's parts and to the byte
+    the figure they split; an engine without a sample has none (the document only grows)."""
+    mib = 1024**2
+    measured = make_snapshot(
+        "host",
+        declarations=(make_declaration("kv", owner="talker"),),
+        measured={"process_resident": 900 * mib},
+        observations=(make_observation("talker", peak_bytes=40 * mib, live_bytes=30 * mib),),
+    )
+    measured = replace(measured, settings=replace(measured.settings, weights_bytes=300 * mib))
+    write_snapshot(sidecar.spool_dir, measured)
+    write_snapshot(sidecar.spool_dir, make_snapshot("unsampled"))
+    body = sidecar.get("/api/v1/engines").json()
+    engines = {e["snapshot"]["engine"]["engine_id"]: e for e in body["engines"]}
+    exported = Exposition(sidecar.get("/metrics").text)
+    parts = {s.labels["component"]: s.value for s in exported.all("modelkv_memory_breakdown_bytes")}
+    document = engines["host"]["memory_breakdown"]
+    assert document["of"] == "process_resident" and document["bytes"] == 900 * mib
+    assert document["parts"] == parts and parts["weights"] == 300 * mib and parts["model_local_caches"] == 30 * mib
+    assert sum(document["parts"].values()) == document["bytes"], "complete: the unexplained rest is there"
+    assert "memory_breakdown" not in engines["unsampled"]
 
 
 def test_engines_api_lists_discovered_owners_and_what_metrics_left_out(spool: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
+from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.discovered import discovery_running, exported_discovery
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import Classified, EngineState, SpoolView
@@ -15,7 +16,8 @@ def entry_document(item: Classified, max_discovered: int) -> dict[str, Any]:
 
     The snapshot is the whole of it, every discovered owner included; where the engine runs discovery,
     ``discovered_owners_omitted`` says how many of them /metrics leaves out (past ``max_discovered``, the
-    smallest first). File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
+    smallest first); where its latest sample has a process figure, ``memory_breakdown`` holds the parts
+    ``modelkv_memory_breakdown_bytes`` exports, the figure they split and its name. File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
     """
     entry = item.entry
     file = visible(entry.file_name)
@@ -25,6 +27,9 @@ def entry_document(item: Classified, max_discovered: int) -> dict[str, Any]:
     document = {"file": file, "state": item.state.value, "snapshot": item.snapshot.to_dict()}
     if discovery_running(item.snapshot):
         document["discovered_owners_omitted"] = exported_discovery(item.snapshot, max_discovered).omitted
+    parts = breakdown(item.snapshot)
+    if parts is not None:
+        document["memory_breakdown"] = {"of": parts.total_source, "bytes": parts.total, "parts": dict(parts.parts)}
     return document
 
 
