@@ -179,7 +179,7 @@ def _overcommit() -> Story:
             engines.append(
                 Engine(
                     f"{prefix}-{stage}",
-                    "omni-0",
+                    f"omni-{prefix}",
                     host,
                     device,
                     stage=stage,
