@@ -280,15 +280,15 @@ def vmalert(tmp: Path, port: int, pods: int, interval: int, evaluations: int) ->
 def report(engines: int, pods: int, interval: int, results: list[Figures]) -> None:
     """One table row per mode: memory (each process, and the largest), the largest group, CPU, load."""
     print(f"\n{engines} engines ({pods} pods), {interval} s interval")
-    print("| mode | resident: each process | largest process | largest group (mean / max s, share of the interval) | CPU | load average |")  # fmt: skip
-    print("|---|---|---:|---|---:|---|")
+    print("| engines | mode | resident: each process | largest process | largest group (mean / max s, share of the interval) | CPU | load average |")  # fmt: skip
+    print("|---:|---|---|---:|---|---:|---|")
     for f in results:
         each = ", ".join(f"{name} {value / GIB:.2f}" for name, value in f.resident.items())
         largest = max(f.resident.values(), default=0.0) / GIB
         name, (mean, most) = max(f.groups.items(), key=lambda item: item[1][0], default=("-", (0.0, 0.0)))
         load = " / ".join(f"{x:.1f}" for x in f.load)
         print(
-            f"| {f.mode} | {each} GiB | {largest:.2f} GiB | {name}: {mean:.2f} / {most:.2f} s "
+            f"| {engines:,} | {f.mode} | {each} GiB | {largest:.2f} GiB | {name}: {mean:.2f} / {most:.2f} s "
             f"({100 * most / interval:.1f} %) | {f.cpu:.2f} core | {load} |"
         )
     for f in results:
