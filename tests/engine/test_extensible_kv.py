@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -87,12 +88,13 @@ class Engine:
         self.worker.shutdown()
 
 
-@pytest.fixture
-def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **defaults: Any) -> Iterator[Callable[..., Engine]]:
+    """A fixture's body: makes stand-in engines (``defaults`` under each call's own settings), then closes them
+    and removes the observer their hook installed (a later test's fixture would find it left)."""
     made: list[Engine] = []
 
     def make(**worker: Any) -> Engine:
-        made.append(Engine(tmp_path, monkeypatch, **worker))
+        made.append(Engine(tmp_path, monkeypatch, **{**defaults, **worker}))
         return made[-1]
 
     yield make
@@ -101,6 +103,11 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     left = installed()
     if left is not None:
         left.uninstall()
+
+
+@pytest.fixture
+def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Engine]]:
+    yield from engines(tmp_path, monkeypatch)
 
 
 def test_the_final_commit_is_exported_exactly_and_the_baseline_follows_it(engine: Any) -> None:

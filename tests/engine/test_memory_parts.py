@@ -9,6 +9,7 @@ reserve, the CUDA context. The parts are read back from the samples the sidecar 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,12 +17,11 @@ from typing import Any
 import pytest
 
 from modelkv_exporter.contract.snapshot import Snapshot
-from modelkv_exporter.engine.observe import installed
 from modelkv_exporter.engine.vllm_hook import memory_parts
 from modelkv_exporter.sidecar import breakdown as breakdown_module
 from modelkv_exporter.sidecar.samples import engine_samples
 from tests.engine.extensible_stand_in import GIB, MIB, kv_cache_config, run_engine_core
-from tests.engine.test_extensible_kv import CAPACITY, STRIDES, Engine
+from tests.engine.test_extensible_kv import CAPACITY, STRIDES, Engine, engines
 
 FINAL_BLOCKS = 250_000
 
@@ -61,19 +61,8 @@ def books(e: Engine) -> dict[str, int]:
 
 
 @pytest.fixture
-def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    made: list[Engine] = []
-
-    def make(**worker: Any) -> Engine:
-        made.append(Engine(tmp_path, monkeypatch, device_type="cuda", graph_estimate=320 * MIB, **worker))
-        return made[-1]
-
-    yield make
-    for one in made:
-        one.close()
-    left = installed()
-    if left is not None:
-        left.uninstall()
+def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Engine]]:
+    yield from engines(tmp_path, monkeypatch, device_type="cuda", graph_estimate=320 * MIB)
 
 
 def test_each_part_of_an_extensible_engine_is_what_its_device_holds(engine: Any) -> None:
