@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +106,19 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextmanager
+def serving(command: list[str], port: int, ready: str) -> Iterator[str]:
+    """A server ``command`` listening on 127.0.0.1:``port``, from when its ``ready`` path answers to the block's end;
+    yields its base URL. Its standard error is kept for ``wait_http`` to show should it exit before."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + ready, timeout=60, process=process)
+        yield url
+    finally:
+        stop_process(process)
 
 
 def require_tool(name: str) -> str:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from modelkv_testbed.processes import free_port, require_tool, stop_process, wait_http
+from modelkv_testbed.processes import free_port, require_tool, serving
 
 
 def scrape_config(jobs: Mapping[str, str], *, rule_files: tuple[Path, ...] = (), extra: str = "") -> str:
@@ -30,23 +29,15 @@ def running_prometheus(tmp_path: Path, config: str) -> Iterator[str]:
     port = free_port()
     config_file = tmp_path / "prometheus.yml"
     config_file.write_text(config)
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config_file}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/-/ready", timeout=60, process=process)
+    command = [
+        binary,
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    with serving(command, port, "/-/ready") as url:
         yield url
-    finally:
-        stop_process(process)
 
 
 def query(prometheus: str, promql: str, at: float | None = None) -> list[dict]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import subprocess
 from collections.abc import Iterable, Iterator
@@ -12,9 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import pytest
 
-from modelkv_testbed.processes import free_port, stop_process, wait_http
+from modelkv_testbed.processes import free_port, require_tool, serving
 
 STALE = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
 """Prometheus's staleness marker, a NaN VictoriaMetrics keeps as such when it arrives by remote write."""
@@ -23,37 +21,21 @@ Point = tuple[int, float]
 """A sample: milliseconds since the epoch, and its value."""
 
 
-def victoria_tool(name: str) -> str:
-    """The path of one of Debian's ``victoria-metrics`` binaries; the test is skipped, saying so, without it."""
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed: `make system-deps` installs Debian's victoria-metrics package")
-    return path
-
-
 @contextmanager
 def running_victoria_metrics(directory: Path) -> Iterator[str]:
     """A single-node VictoriaMetrics on 127.0.0.1 keeping any age of data; yields its base URL."""
     port = free_port()
-    process = subprocess.Popen(
-        [
-            victoria_tool("victoria-metrics"),
-            f"-storageDataPath={directory / 'data'}",
-            f"-httpListenAddr=127.0.0.1:{port}",
-            "-retentionPeriod=100y",
-            "-search.disableCache",
-            "-search.latencyOffset=0s",
-            "-loggerLevel=ERROR",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", timeout=60, process=process)
+    command = [
+        require_tool("victoria-metrics"),
+        f"-storageDataPath={directory / 'data'}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        "-retentionPeriod=100y",
+        "-search.disableCache",
+        "-search.latencyOffset=0s",
+        "-loggerLevel=ERROR",
+    ]
+    with serving(command, port, "/health") as url:
         yield url
-    finally:
-        stop_process(process)
 
 
 def _varint(value: int) -> bytes:
@@ -115,7 +97,7 @@ def replay(rules: Path, url: str, start: float, end: float, *, rules_delay: str 
     """Start vmalert replaying ``rules`` from ``start`` to ``end`` over ``url``, writing back to it."""
     return subprocess.Popen(
         [
-            victoria_tool("vmalert"),
+            require_tool("vmalert"),
             f"-rule={rules}",
             f"-datasource.url={url}",
             f"-remoteWrite.url={url}",

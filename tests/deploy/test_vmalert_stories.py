@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from modelkv_testbed.processes import require_tool
 from modelkv_testbed.promql import RULES_FILE, alerts
 from modelkv_testbed.simulation.on_victoria import (
     Placed,
@@ -33,7 +34,7 @@ from modelkv_testbed.simulation.on_victoria import (
 from modelkv_testbed.simulation.replay import Labels, Timeline, episode_series, judge
 from modelkv_testbed.simulation.stories import STORIES
 from modelkv_testbed.simulation.story import AlertTest, Firing, Held
-from modelkv_testbed.victoria import STALE, query, remote_write, running_victoria_metrics, victoria_tool
+from modelkv_testbed.victoria import STALE, query, remote_write, running_victoria_metrics
 
 MISSED_WITHOUT_KEEP_FIRING_FOR = {
     ("story-h-scrape-gap", 0, "Held", "ModelKVUndeclaredMemoryGrowth"),
@@ -76,7 +77,7 @@ def test_vmalert_loads_the_rule_file_without_keep_firing_for(tmp_path: Path) -> 
     rules = tmp_path / "modelkv-rules.yaml"
     rules.write_text(vmalert_rules(RULES_FILE.read_text()))
     checked = subprocess.run(
-        [victoria_tool("vmalert"), "-dryRun", f"-rule={rules}", "-rule.validateTemplates", "-rule.validateExpressions"],
+        [require_tool("vmalert"), "-dryRun", f"-rule={rules}", "-rule.validateTemplates", "-rule.validateExpressions"],
         capture_output=True,
         text=True,
         timeout=60,
