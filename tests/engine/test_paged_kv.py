@@ -13,10 +13,10 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheTensor
 
 from modelkv_exporter.engine.vllm_hook.paged_kv import (
     bytes_from_config,
-    bytes_from_tensors,
     paged_kv_blocks,
     paged_kv_bytes,
 )
+from modelkv_exporter.engine.weights import storage_bytes
 
 PAGE = 4096
 BLOCKS = 32
@@ -54,9 +54,9 @@ def test_views_at_different_offsets_of_one_storage_count_once() -> None:
     buffer = torch.zeros(2 * SIZE, dtype=torch.int8)
     layers = [buffer[:SIZE], buffer[SIZE:]]  # a uniform model: one tensor, one layer per half
     assert layers[0].data_ptr() != layers[1].data_ptr()
-    assert bytes_from_tensors(layers) == 2 * SIZE
-    assert bytes_from_tensors([torch.zeros(8), torch.zeros(8)]) == 64, "two allocations are two"
-    assert bytes_from_tensors([]) is None
+    assert storage_bytes(layers) == 2 * SIZE
+    assert storage_bytes([torch.zeros(8), torch.zeros(8)]) == 64, "two allocations are two"
+    assert storage_bytes([]) is None
 
 
 def test_host_resident_tensors_are_not_device_memory() -> None:

@@ -14,8 +14,9 @@ the pool every group draws from.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
+
+from modelkv_exporter.engine.weights import storage_bytes
 
 
 def _device_tensors(kv_cache_config: Any) -> list[Any] | None:
@@ -37,15 +38,6 @@ def bytes_from_config(kv_cache_config: Any) -> int | None:
     return sum(int(t.size) for t in tensors)
 
 
-def bytes_from_tensors(caches: Iterable[Any]) -> int | None:
-    """Bytes of the distinct storages behind ``caches`` (views of one buffer count once); None if none."""
-    storages: dict[tuple[str, int], int] = {}
-    for tensor in caches:
-        storage = tensor.untyped_storage()
-        storages[(str(tensor.device), int(storage.data_ptr()))] = int(storage.nbytes())
-    return sum(storages.values()) if storages else None
-
-
 def runner_caches(runner: Any) -> list[Any]:
     """The runner's paged KV tensors (``kv_caches``), where it has them."""
     caches = getattr(runner, "kv_caches", None)
@@ -62,7 +54,7 @@ def paged_kv_bytes(kv_cache_config: Any, runner: Any) -> int | None:
     """
     all_tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or ()
     if not any(getattr(t, "host_resident", False) for t in all_tensors):
-        measured = bytes_from_tensors(runner_caches(runner))
+        measured = storage_bytes(runner_caches(runner))
         if measured is not None:
             return measured
     return bytes_from_config(kv_cache_config)
