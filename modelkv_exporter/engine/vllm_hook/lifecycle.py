@@ -50,6 +50,7 @@ from modelkv_exporter.engine.vllm_hook.extensible_kv import (
 from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, facts_of
 from modelkv_exporter.engine.vllm_hook.memory_parts import (
     activation_peak_bytes,
+    byte_count,
     eager,
     record_graph_capture,
     weights_bytes,
@@ -162,10 +163,7 @@ def record_extensible(hook: WorkerHook, figures: ExtensibleKV, sample: MemorySam
 
 def activation_budget(worker: Any) -> int | None:
     """The activation peak vLLM measured while profiling and budgeted for (``peak_activation_memory``), if known."""
-    value = getattr(worker, "peak_activation_memory", None)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return int(value)
-    return None
+    return byte_count(getattr(worker, "peak_activation_memory", None))
 
 
 def after_warm_up(worker: Any, config: HookConfig) -> None:

@@ -31,7 +31,8 @@ logger = get_logger("memory_parts")
 ESTIMATE_FLAG = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
 
 
-def _count(value: Any) -> int | None:
+def byte_count(value: Any) -> int | None:
+    """A figure vLLM keeps as a count of bytes (an int or a float, not negative, not a bool) as an int; else None."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         return int(value)
     return None
@@ -40,7 +41,7 @@ def _count(value: Any) -> int | None:
 def weights_bytes(worker: Any, model: Any) -> int | None:
     """Bytes of the worker's weights: vLLM's ``model_memory_usage`` on a CUDA worker, else the model's tensors."""
     if getattr(getattr(worker, "device", None), "type", None) == "cuda":
-        measured = _count(getattr(getattr(worker, "model_runner", None), "model_memory_usage", None))
+        measured = byte_count(getattr(getattr(worker, "model_runner", None), "model_memory_usage", None))
         if measured is not None:
             return measured
     return model_weight_bytes(model)
@@ -56,10 +57,10 @@ def _estimate_applied() -> bool | None:
 
 def activation_peak_bytes(worker: Any) -> int | None:
     """The activation peak vLLM profiled, without the graph estimate it may hold; None when unknown."""
-    peak = _count(getattr(worker, "peak_activation_memory", None))
+    peak = byte_count(getattr(worker, "peak_activation_memory", None))
     if peak is None:
         return None
-    estimate = _count(getattr(worker, "cudagraph_memory_estimate", None)) or 0
+    estimate = byte_count(getattr(worker, "cudagraph_memory_estimate", None)) or 0
     applied = _estimate_applied()
     if applied is None:
         return None
@@ -95,7 +96,7 @@ def record_graph_capture(worker: Any, record: Callable[[int], None]) -> bool:
         result = unbound(owner, *args, **kwargs)
         if not kwargs.get("profile_only"):
             try:
-                size = _count(result)
+                size = byte_count(result)
                 if size is not None:
                     record(size)
             except Exception as error:
