@@ -70,7 +70,12 @@ class EngineIdentity:
     replica: str | None = wire("the vLLM-Omni stage replica", default=None)
     tp_rank: int | None = wire("tensor-parallel rank", default=None)
     pp_rank: int | None = wire("pipeline-parallel rank", default=None)
-    dp_rank: int | None = wire("data-parallel rank", default=None)
+    dp_index: int | None = wire(
+        "the data-parallel replica's index (vLLM's `data_parallel_index`: unique per replica, where "
+        "`data_parallel_rank` is 0 in every replica of a dense model)",
+        default=None,
+        minimum=0,
+    )
     local_device: int | None = wire("the device index within the process's visible devices", default=None)
     device: str | None = wire(
         "the physical device: `GPU-<uuid>`, else the index `CUDA_VISIBLE_DEVICES` maps it to, else `cpu`", default=None
@@ -95,7 +100,7 @@ class EngineIdentity:
         """Parallel ranks in one compact label, e.g. ``tp0-pp0-dp0``; unknown ranks omitted."""
         parts = [
             f"{prefix}{rank}"
-            for prefix, rank in (("tp", self.tp_rank), ("pp", self.pp_rank), ("dp", self.dp_rank))
+            for prefix, rank in (("tp", self.tp_rank), ("pp", self.pp_rank), ("dp", self.dp_index))
             if rank is not None
         ]
         return "-".join(parts)

@@ -126,7 +126,7 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         replica="0",
         tp_rank=0,
         pp_rank=0,
-        dp_rank=0,
+        dp_index=0,
         device="cpu",
         weights_bytes=model_weight_bytes(model),
     )

@@ -319,7 +319,7 @@ def test_hook_config_from_environment() -> None:
 
 
 def test_engine_ids_are_stable_and_distinct_per_worker() -> None:
-    base = {"served_model_name": "qwen3-omni", "stage_id": 1, "replica": "0", "tp_rank": 0, "pp_rank": 0, "dp_rank": 0}
+    base = {"served_model_name": "qwen3-omni", "stage_id": 1, "replica": "0", "tp_rank": 0, "pp_rank": 0, "dp_index": 0}
     assert engine_id_for(base, None) == "qwen3-omni-s1-r0-dp0-tp0-pp0"
     assert engine_id_for({**base, "tp_rank": 1}, None) != engine_id_for(base, None)
     assert engine_id_for({**base, "stage_id": 2}, None) != engine_id_for(base, None)

@@ -47,7 +47,7 @@ from modelkv_exporter.engine.vllm_hook.extensible_kv import (
     extensible_cache,
     figures_of,
 )
-from modelkv_exporter.engine.vllm_hook.identity import engine_id_for, facts_of
+from modelkv_exporter.engine.vllm_hook.identity import claim_engine_id, engine_id_for, facts_of
 from modelkv_exporter.engine.vllm_hook.memory_parts import (
     activation_peak_bytes,
     byte_count,
@@ -78,7 +78,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     if previous is not None:
         previous.publisher.stop()
     facts = facts_of(worker)
-    engine_id = engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank)
+    engine_id = claim_engine_id(engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank), worker)
     identity = {**facts.identity, "weights_bytes": weights_bytes(worker, facts.model)}
     snapshot = build_snapshot(facts.model, max_num_seqs=facts.max_num_seqs, engine_id=engine_id, **identity)
     config.spool_dir.mkdir(parents=True, exist_ok=True)
