@@ -19,7 +19,7 @@ from modelkv_exporter.contract.settings import REQUIRED, Setting, Table
 from modelkv_exporter.contract.sizes import SIZE_RULE
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.engine import config as engine_config
-from modelkv_exporter.sidecar.breakdown import COMPONENTS, TOLERANCE_BYTES
+from modelkv_exporter.sidecar.breakdown import COMPONENTS
 from modelkv_exporter.sidecar.catalogue import CATALOGUE, MAX_INFO_LABELS, MAX_LABELS, UNITS
 from scripts.snapshot_schema import field_reference, json_schema_text, reader_checks
 
@@ -114,13 +114,15 @@ def metrics_markdown() -> str:
         "The `component` values of `modelkv_memory_breakdown_bytes`, in the order they stack. On a device engine "
         "(one that measures torch's caching allocator) the parts split `process_gpu`; on a host engine (a CPU "
         "engine) they split `process_resident`, and only the parts marked for it apply. The sidecar computes them "
-        "from the figures of one sample of the snapshot, so the parts add up to the process figure exactly "
-        f"(tolerance {TOLERANCE_BYTES} bytes) whenever `unexplained` is present; a part that cannot be known is "
-        "absent, never 0, and then `unexplained` is absent too.",
+        "from the figures of one sample of the snapshot. Each part is measured on its own, from the source below; "
+        "none is what is left of another. `unexplained` is the process figure less the sum of the others, so the "
+        "error of any part shows there: the last column says how each part can be wrong. A part that cannot be "
+        "known is absent, never 0, and then `unexplained` is absent too; no part but `unexplained` is ever negative "
+        "(what vLLM's sleep allocator holds off the device comes off the part it belongs to, down to 0).",
         "",
-        "| component | host engine | what it is | source |",
-        "|---|---|---|---|",
-        *[f"| `{c.name}` | {'yes' if c.host else 'no'} | {c.meaning} | {c.source} |" for c in COMPONENTS],
+        "| component | host engine | what it is | source | how it can be wrong |",
+        "|---|---|---|---|---|",
+        *[f"| `{c.name}` | {'yes' if c.host else 'no'} | {c.meaning} | {c.source} | {c.error} |" for c in COMPONENTS],
         "",
     ]
     return "\n".join(lines)

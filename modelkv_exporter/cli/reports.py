@@ -18,7 +18,7 @@ from modelkv_exporter.sidecar.attention import (
     over_declaration,
     undeclared_text,
 )
-from modelkv_exporter.sidecar.breakdown import breakdown, signed_bytes, whole_and_missing
+from modelkv_exporter.sidecar.breakdown import breakdown, headroom_words, signed_bytes, whole_and_missing
 from modelkv_exporter.sidecar.discovered import discovery_facts, discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
@@ -193,7 +193,7 @@ def _parts(snapshot: Snapshot, width: int) -> list[str]:
     rows = [
         [name, signed_bytes(value), f"{value / total:.1%}" if total else "-"] for name, value in parts.parts.items()
     ]
-    lines = [_wrapped(f"memory by part of {whole}{missing}", width)]
+    lines = [_wrapped(f"memory by part of {whole}{missing}{headroom_words(parts)}", width)]
     if rows:
         lines.append(table(["part", "bytes", "share"], rows, width, narrow=(0,)))
     return lines

@@ -159,9 +159,42 @@ class EngineSettings:
         default=None,
     )
     cuda_graph_bytes: int | None = wire(
-        "bytes of the CUDA graph pools the engine captured (what vLLM's `capture_model` returned; 0 for an engine "
-        "that captures none, `enforce_eager`); absent when unknown and from older writers",
+        "bytes of the CUDA graph pools the engine captured, as torch's caching allocator accounts them: its segments "
+        "in private pools, after the capture less before it (0 for an engine that captures none, `enforce_eager`); "
+        "absent when unknown and from older writers",
         default=None,
+    )
+    runtime_bytes: int | None = wire(
+        "bytes the engine process held before its model loaded: the interpreter, its libraries, the CUDA context, "
+        "communication buffers and the buffers the engine made up to then (a device engine: NVML's figure for the "
+        "process; a host engine: its resident memory); absent when unknown and from older writers",
+        default=None,
+    )
+    torch_headroom_bytes: int | None = wire(
+        "device bytes vLLM 0.34 keeps free for torch when it sizes an extensible KV cache: the larger of its "
+        "`reserved_headroom_bytes` (the profiled or warm-up activation peak) and `torch_reserve_growth_bytes`; absent "
+        "for other engines and from older writers",
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class SleepState:
+    """Whether the engine sleeps (vLLM's sleep mode), and what its sleep allocator holds off the device."""
+
+    level: int = wire(
+        "vLLM's sleep level: 0 awake, 1 asleep with its weights offloaded to host memory, 2 asleep with its weights "
+        "discarded",
+        minimum=0,
+        maximum=2,
+    )
+    released: Mapping[str, int] | None = wire(
+        "bytes vLLM's sleep allocator (`CuMemAllocator`) holds off the device, by its allocation tag (`weights`, "
+        "`kv_cache`, `cudagraph`, `runtime`, ...; a tag that is no plain name counts as `other`), as its own books "
+        "say after the engine's last sleep, wake-up or discard; empty while everything is on the device; null when "
+        "its books could not be read",
+        default=None,
+        pattern=PLAIN_NAME,
     )
 
 
@@ -218,6 +251,17 @@ class MemorySample:
         absent=REQUIRED,
         pattern=PLAIN_NAME,
     )
+
+    @property
+    def process_source(self) -> str:
+        """The source of the process figure the memory breakdown splits: ``process_gpu`` on a device engine (one that
+        samples torch's CUDA allocator or NVML), else ``process_resident`` (a host engine's device is its memory)."""
+        return "process_gpu" if "torch_reserved" in self.values or "process_gpu" in self.values else "process_resident"
+
+    @property
+    def process_bytes(self) -> int | None:
+        """The process figure (``process_source``'s value); None when it was not measured."""
+        return self.values.get(self.process_source)
 
 
 @dataclass(frozen=True)
@@ -366,6 +410,11 @@ class Snapshot:
     discovery: DiscoveryStatus | None = wire(
         "whether discovery ran and what its census covered; absent or null from writers without discovery, and "
         "the sidecar then exports no discovery figures",
+        default=None,
+    )
+    sleep: SleepState | None = wire(
+        "the engine's sleep state; absent or null from writers that do not report it (engines without vLLM's sleep "
+        "calls, older writers), and the sidecar then exports no sleep level",
         default=None,
     )
 

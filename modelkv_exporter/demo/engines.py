@@ -1,7 +1,8 @@
 """Demo engines: a multi-stage deployment's worth of processes, each publishing like a real engine.
 
-Each engine runs in its own process (as each vLLM-Omni stage does), builds a small
-model whose inner modules own real transformers caches, publishes its declarations,
+Each engine runs in its own process (as each vLLM-Omni stage does), measures what it holds before
+its model (its runtime: the interpreter, torch, transformers), builds a small model with real
+weights whose inner modules own real transformers caches, publishes its declarations,
 starts observing its owners' caches (unless ``MODELKV_OBSERVE=0``), takes a post-load
 memory baseline, allocates the caches through each owner, then beats with its measured
 resident memory, what its caches were observed to hold and the owners discovery found,
@@ -27,7 +28,7 @@ from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import install
 from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
-from modelkv_exporter.engine.samplers import sample_host_memory
+from modelkv_exporter.engine.samplers import process_resident_bytes, sample_host_memory
 from modelkv_exporter.engine.weights import model_weight_bytes
 
 
@@ -96,9 +97,14 @@ UNDECLARED = "minicpm-o-streaming-s0-r0"
 """The demo engine with a module that holds a cache it does not declare."""
 
 
+EMBEDDING = (2048, 1024)
+"""The demo models' token embedding (rows, width): 8 MiB of float32 weights, so each bar has weights as an engine's has."""
+
+
 def build_model(engine: DemoEngine) -> nn.Module:
-    """A module tree with each owner at its dotted path."""
+    """A module tree with a token embedding (its weights) and each owner at its dotted path."""
     root = nn.Module()
+    root.add_module("embed_tokens", nn.Embedding(*EMBEDDING))
     for path, class_name in engine.owners + engine.undeclared:
         parent = root
         *parents, leaf = path.split(".")
@@ -113,6 +119,7 @@ def build_model(engine: DemoEngine) -> nn.Module:
 def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multiprocessing.synchronize.Event) -> None:
     """The body of one demo engine process; the parent ends it (Ctrl-C reaches the parent only)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    runtime = process_resident_bytes()
     model = build_model(engine)
     snapshot = build_snapshot(
         model,
@@ -129,6 +136,7 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         dp_index=0,
         device="cpu",
         weights_bytes=model_weight_bytes(model),
+        runtime_bytes=runtime,
     )
     config = HookConfig.from_environ({**os.environ, "MODELKV_SPOOL_DIR": spool_dir})
     assert config is not None

@@ -93,6 +93,10 @@ class MemorySampler:
         """The engine finished initialising: return the baseline sample (the budget is for CUDA samplers)."""
         return self()
 
+    def private_pool_bytes(self) -> int | None:
+        """Bytes torch's caching allocator holds in private pools (CUDA graph pools); None where it keeps none."""
+        return None
+
 
 class CudaSampler(MemorySampler):
     """Samples the torch CUDA allocator, the whole device, NVML (when available) and host memory.
@@ -147,6 +151,32 @@ class CudaSampler(MemorySampler):
                 high = max(values.get("torch_allocated_high_water", 0), allocated + activation_budget)
                 values["torch_allocated_high_water"] = high
             return MemorySample(sample.sampled_at, values)
+
+    def private_pool_bytes(self) -> int | None:
+        """Bytes of the segments torch's caching allocator holds on this device in private pools (CUDA graph pools,
+        vLLM's sleep-mode pool), from its own books (``memory_snapshot``); None when torch cannot say.
+
+        Not for an engine step: it lists every segment. The capture wrapper reads it before and after a capture.
+        """
+        try:
+            try:
+                segments = self.cuda.memory_snapshot(include_traces=False)
+            except TypeError:  # a torch before 2.10 records no traces unless asked to
+                segments = self.cuda.memory_snapshot()
+        except Exception:
+            return None
+        index = getattr(self.device, "index", None)
+        index = index if isinstance(index, int) else None
+        total = 0
+        try:
+            for segment in segments:
+                if index is not None and segment.get("device", index) != index:
+                    continue
+                if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
+                    total += int(segment["total_size"])
+        except Exception:
+            return None
+        return total
 
     def hold_resets(self) -> Callable[[], None]:
         """Stop resetting torch's peak until the returned function is called (once per hold).

@@ -3,10 +3,14 @@
 Computed from one snapshot's figures, all of one sample, so the engine does no work for it. A device
 engine (one that measures torch's caching allocator) splits the device memory NVML attributes to
 its process (``process_gpu``); a host engine (a CPU engine, whose weights and caches live in host
-memory) splits its resident memory (``process_resident``). Each part is taken from the engine's own
-figure where it keeps one and from measurement otherwise; a part that cannot be known is absent,
-never 0. ``unexplained`` is the process figure less every other part, present only when every other
-part the engine has is known: a rest that silently held an unknown part would explain nothing.
+memory) splits its resident memory (``process_resident``).
+
+Every part is measured on its own, from its own source, and none is what is left of another: the
+rest, ``unexplained``, is the process figure less the sum of the parts, so an error in any part shows
+there (a part that counts too much makes it smaller, or negative; memory no part names, a leak or a
+neighbour library's buffers, makes it larger). A part that cannot be known is absent, never 0, and the
+rest is then absent too. No part but the rest is ever negative: what vLLM's sleep allocator holds off
+the device comes off the part it belongs to, down to 0.
 """
 
 from __future__ import annotations
@@ -21,50 +25,71 @@ from modelkv_exporter.contract.vocabulary import DiscoveryMethod
 
 @dataclass(frozen=True)
 class Component:
-    """One part of an engine's memory: its ``component`` label, what it is, where its bytes come from."""
+    """One part of an engine's memory: its ``component`` label, what it is, where its bytes come from and how they can
+    be wrong."""
 
     name: str
     meaning: str
     source: str
+    error: str
     host: bool
     """Whether a host engine has this part too (every part is a device engine's)."""
 
 
+RUNTIME = "runtime"
 WEIGHTS = "weights"
 PAGED_KV = "paged_kv"
 CUDA_GRAPHS = "cuda_graphs"
 ACTIVATION_PEAK = "activation_peak"
 MODEL_LOCAL_CACHES = "model_local_caches"
-NON_TORCH = "non_torch"
 UNEXPLAINED = "unexplained"
 
 COMPONENTS: tuple[Component, ...] = (
     Component(
+        RUNTIME,
+        "what the process held before its model loaded: the interpreter and its libraries, the CUDA context, "
+        "communication buffers (NCCL, custom all-reduce) and the buffers the engine made up to then",
+        "`settings.runtime_bytes`, the process figure measured once after vLLM's `init_device` (less what vLLM's "
+        "sleep allocator holds off the device under its `runtime` tag)",
+        "counts what the runtime gave back later (the rest is smaller); what libraries load or allocate later "
+        "(kernels compiled at warm-up, NCCL's lazily made buffers) is not in it (the rest is larger)",
+        True,
+    ),
+    Component(
         WEIGHTS,
         "the model's weights",
         "`settings.weights_bytes`: vLLM's `model_runner.model_memory_usage`, else the bytes of the model's "
-        "parameters and buffers",
+        "parameters and buffers on the engine's device, each storage once; less what vLLM's sleep allocator holds "
+        "off the device under its `weights` tag",
+        "`model_memory_usage` is what loading took, temporary buffers kept by the loader included",
         True,
     ),
     Component(
         PAGED_KV,
         "vLLM's paged KV cache",
-        "the bytes an extensible KV cache has committed at the sample (`paged_kv_committed`), else "
-        "`settings.paged_kv_bytes`; absent for an engine without a paged KV cache",
+        "an extensible KV cache (vLLM 0.34): the bytes it has committed at the sample (`paged_kv_committed`); else "
+        "`settings.paged_kv_bytes` less what vLLM's sleep allocator holds off the device under its `kv_cache` tag; "
+        "absent for an engine without a paged KV cache",
+        "none known: both are the cache's own figures",
         True,
     ),
     Component(
         CUDA_GRAPHS,
         "the CUDA graph pools",
-        "`settings.cuda_graph_bytes`: what vLLM's `capture_model` returned (0 for an engine that captures none)",
+        "`settings.cuda_graph_bytes`: the segments torch's caching allocator added to its private pools across "
+        "vLLM's `capture_model` (0 for an engine that captures none); less what vLLM's sleep allocator holds off the "
+        "device under its `cudagraph` tag",
+        "another private pool growing during the capture counts here; the pools' free blocks count here and may "
+        "count again in activation_peak",
         False,
     ),
     Component(
         ACTIVATION_PEAK,
-        "what torch's caching allocator holds for activations",
-        "the activation peak vLLM profiled (`settings.activation_peak_bytes`), at most the free blocks torch's "
-        "allocator keeps (`torch_reserved` − `torch_allocated`) and at most what `torch_reserved` holds beyond the "
-        "weights, a paged KV cache torch allocates, the graph pools and the model-local caches",
+        "what torch's caching allocator keeps free for activations",
+        "the free blocks torch's caching allocator holds (`torch_reserved` − `torch_allocated`), at most the "
+        "activation budget: the peak vLLM profiled (`settings.activation_peak_bytes`) or, where larger, what vLLM "
+        "0.34 keeps free for torch (`settings.torch_headroom_bytes`)",
+        "free blocks inside the graph pools or the sleep allocator's pool count here too, up to the budget",
         False,
     ),
     Component(
@@ -73,29 +98,25 @@ COMPONENTS: tuple[Component, ...] = (
         "the live bytes of every observed owner's caches, plus every discovered owner's live bytes (a declaring "
         "owner's: beyond its declared caches) except an observed owner's that discovery repeats; absent while a "
         "declaring owner's caches cannot be observed",
+        "a cache discovery cannot see (beyond its census budget) is not in it",
         True,
     ),
     Component(
-        NON_TORCH,
-        "device memory outside torch's caching allocator and the paged KV cache: the CUDA context, library "
-        "workspaces (cuBLAS, NCCL), other allocators",
-        "`process_gpu` − `torch_reserved` − `paged_kv_committed`",
-        False,
-    ),
-    Component(
         UNEXPLAINED,
-        "the rest: live tensors no other part names (a leak shows here), free blocks torch's allocator keeps "
-        "beyond the activation peak; on a host engine also the interpreter, its libraries and activations",
-        "the process figure less every other part; present only when all of them are known (a part that is "
-        "absent leaves it absent too); negative when the parts count more than the process holds",
+        "what no part names: live tensors beyond the other parts (a leak shows here), free blocks torch keeps "
+        "beyond the activation budget, memory made outside torch after the model loaded (NCCL, kernels), and on a "
+        "host engine the heap's activations; with it, every part's error",
+        "the process figure less the sum of the other parts; present only when all of them are known (a part that "
+        "is absent leaves it absent too); negative when the parts count more than the process holds",
+        "it is the error of the others",
         True,
     ),
 )
 """Every part, in the order they stack."""
 
 COMPONENT_NAMES: tuple[str, ...] = tuple(c.name for c in COMPONENTS)
-TOLERANCE_BYTES = 0
-"""How far the parts' sum may be from the process figure: none, each part being of the same sample."""
+SLEEP_TAGS: Mapping[str, str] = {RUNTIME: "runtime", WEIGHTS: "weights", PAGED_KV: "kv_cache", CUDA_GRAPHS: "cudagraph"}
+"""The tag of vLLM's sleep allocator whose bytes off the device come off each part."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +127,10 @@ class Breakdown:
     total: int | None
     parts: Mapping[str, int]
     """The parts that are known, in ``COMPONENTS`` order."""
+    has_paged_kv: bool = False
+    """Whether the engine has a paged KV cache (an engine without one is not missing that part)."""
+    torch_headroom: int | None = None
+    """What vLLM keeps free for torch beside its extensible KV cache: no part of the process, shown beside them."""
 
     @property
     def complete(self) -> bool:
@@ -135,42 +160,72 @@ def model_local_bytes(snapshot: Snapshot) -> int | None:
     return total
 
 
+def resident(snapshot: Snapshot, part: str, figure: int | None) -> int | None:
+    """``figure`` less what vLLM's sleep allocator holds off the device under the part's tag (at least 0); None when
+    the figure is unknown, or the engine reports a sleep whose books could not be read."""
+    sleep = snapshot.sleep
+    if figure is None or sleep is None:
+        return figure
+    if sleep.released is None:
+        return None
+    return max(0, figure - sleep.released.get(SLEEP_TAGS[part], 0))
+
+
+def paged_kv_part(snapshot: Snapshot) -> tuple[int | None, bool]:
+    """The paged KV cache's bytes on the device at the sample, and whether the engine has one at all.
+
+    An extensible KV cache (one with reserved bytes) is known only from the sample's committed figure: its
+    setting is the size of the last commit, which sleep and weight updates release behind it."""
+    settings = snapshot.settings
+    if settings.paged_kv_reserved_bytes is not None:
+        current = snapshot.measured.current
+        return (None if current is None else current.values.get("paged_kv_committed")), True
+    return resident(snapshot, PAGED_KV, settings.paged_kv_bytes), settings.paged_kv_bytes is not None
+
+
+def activation_part(values: Mapping[str, int], budget: int | None) -> int | None:
+    """Torch's free blocks at the sample, at most ``budget``; None when either is unknown."""
+    reserved, allocated = values.get("torch_reserved"), values.get("torch_allocated")
+    if budget is None or reserved is None or allocated is None:
+        return None
+    return max(0, min(budget, reserved - allocated))
+
+
+def activation_budget(snapshot: Snapshot) -> int | None:
+    """The larger of the activation peak vLLM profiled and what vLLM 0.34 keeps free for torch (None: neither)."""
+    known = [
+        v for v in (snapshot.settings.activation_peak_bytes, snapshot.settings.torch_headroom_bytes) if v is not None
+    ]
+    return max(known) if known else None
+
+
 def breakdown(snapshot: Snapshot) -> Breakdown | None:
     """The parts of the engine's latest sample; None before its first sample or when it measures no process figure."""
     current = snapshot.measured.current
     if current is None:
         return None
     values = current.values
-    device = "torch_reserved" in values or "process_gpu" in values
-    total_source = "process_gpu" if device else "process_resident"
+    total_source = current.process_source
+    device = total_source == "process_gpu"
     if not device and total_source not in values:
         return None
     settings = snapshot.settings
-    committed = values.get("paged_kv_committed")
-    paged_kv = committed if committed is not None else settings.paged_kv_bytes
-    local = model_local_bytes(snapshot)
-    parts: dict[str, int | None] = {WEIGHTS: settings.weights_bytes, PAGED_KV: paged_kv}
+    paged_kv, has_paged_kv = paged_kv_part(snapshot)
+    parts: dict[str, int | None] = {
+        RUNTIME: resident(snapshot, RUNTIME, settings.runtime_bytes),
+        WEIGHTS: resident(snapshot, WEIGHTS, settings.weights_bytes),
+        PAGED_KV: paged_kv,
+    }
     if device:
-        reserved = values.get("torch_reserved")
-        total = values.get("process_gpu")
-        torch_parts = [settings.weights_bytes, settings.cuda_graph_bytes, local]
-        torch_parts.append(None if committed is not None else settings.paged_kv_bytes)
-        activation = settings.activation_peak_bytes
-        if activation is not None and reserved is not None:
-            room = reserved - sum(part for part in torch_parts if part is not None)
-            free = reserved - values.get("torch_allocated", reserved - room)
-            activation = max(0, min(activation, room, free))
-        non_torch = None if total is None or reserved is None else total - reserved - (committed or 0)
-        parts |= {CUDA_GRAPHS: settings.cuda_graph_bytes, ACTIVATION_PEAK: activation}
-        parts |= {MODEL_LOCAL_CACHES: local, NON_TORCH: non_torch}
-    else:
-        total = values.get("process_resident")
-        parts[MODEL_LOCAL_CACHES] = local
-    required = [name for name in parts if name != PAGED_KV]
+        parts[CUDA_GRAPHS] = resident(snapshot, CUDA_GRAPHS, settings.cuda_graph_bytes)
+        parts[ACTIVATION_PEAK] = activation_part(values, activation_budget(snapshot))
+    parts[MODEL_LOCAL_CACHES] = model_local_bytes(snapshot)
+    total = current.process_bytes
+    required = [name for name in parts if name != PAGED_KV or has_paged_kv]
     if total is not None and all(parts[name] is not None for name in required):
         parts[UNEXPLAINED] = total - sum(value for value in parts.values() if value is not None)
     known = {name: value for name in COMPONENT_NAMES if (value := parts.get(name)) is not None}
-    return Breakdown(total_source, total, known)
+    return Breakdown(total_source, total, known, has_paged_kv, settings.torch_headroom_bytes if device else None)
 
 
 def signed_bytes(value: int) -> str:
@@ -196,11 +251,24 @@ def whole_and_missing(parts: Breakdown) -> tuple[str, str]:
         else f"{parts.total_source} unknown"
     )
     device = parts.total_source == "process_gpu"
-    missing = [c.name for c in COMPONENTS if c.name not in parts.parts and (device or c.host) and c.name != PAGED_KV]
+    missing = [
+        c.name
+        for c in COMPONENTS
+        if c.name not in parts.parts and (device or c.host) and (c.name != PAGED_KV or parts.has_paged_kv)
+    ]
     return whole, f"; unknown: {', '.join(missing)}" if missing else ""
 
 
+def headroom_words(parts: Breakdown) -> str:
+    """What vLLM keeps free for torch, in words to follow the parts (empty when it keeps nothing known)."""
+    if parts.torch_headroom is None:
+        return ""
+    return f"; vLLM keeps {human_bytes(parts.torch_headroom)} of the device free for torch"
+
+
 def parts_text(parts: Breakdown) -> str:
-    """The parts in one line of words: the process figure, each part with its share, then what is unknown."""
+    """The parts in one line of words: the process figure, each part with its share, what is unknown, then what vLLM
+    keeps free for torch."""
     whole, missing = whole_and_missing(parts)
-    return f"memory by part of {whole}: {', '.join(words for _, words in part_words(parts)) or 'none known'}{missing}"
+    words = ", ".join(words for _, words in part_words(parts)) or "none known"
+    return f"memory by part of {whole}: {words}{missing}{headroom_words(parts)}"

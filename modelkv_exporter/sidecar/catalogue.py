@@ -149,7 +149,24 @@ _METRICS: list[Metric] = [
     Metric(
         "modelkv_engine_gpu_memory_utilization_ratio",
         "gauge",
-        "The engine's gpu_memory_utilization setting (absent when unknown).",
+        "The share of the device the engine sizes itself to: vLLM 0.34's resolved gpu_memory_utilization, else the "
+        "setting (absent when unknown).",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_torch_headroom_bytes",
+        "gauge",
+        "Device bytes vLLM 0.34 keeps free for torch when it sizes its extensible KV cache (the larger of its "
+        "activation peak and torch's reserve growth); absent for other engines.",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_sleep_level",
+        "gauge",
+        "vLLM's sleep level: 0 awake, 1 asleep with its weights offloaded to host memory, 2 asleep with its weights "
+        "discarded (absent when the engine does not report it).",
         ENGINE,
         _E,
     ),

@@ -75,6 +75,8 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info, max_di
         ("modelkv_engine_paged_kv_blocks", settings.paged_kv_blocks),
         ("modelkv_engine_paged_kv_reserved_bytes", settings.paged_kv_reserved_bytes),
         ("modelkv_engine_paged_kv_reserved_blocks", settings.paged_kv_reserved_blocks),
+        ("modelkv_engine_torch_headroom_bytes", settings.torch_headroom_bytes),
+        ("modelkv_engine_sleep_level", None if snapshot.sleep is None else snapshot.sleep.level),
     )
     for name, value in optional:
         if value is not None:

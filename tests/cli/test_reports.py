@@ -231,18 +231,19 @@ def test_inspect_prints_each_engine_s_memory_by_part(spool: Path) -> None:
     lines = [line.split() for line in out.splitlines()]
     assert "memory by part of process_gpu 76.5 GiB" in out
     for row in (
+        ["runtime", "1.0", "GiB", "1.3%"],
         ["weights", "15.0", "GiB", "19.6%"],
         ["paged_kv", "57.0", "GiB", "74.5%"],
         ["cuda_graphs", "768.0", "MiB", "1.0%"],
         ["activation_peak", "2.0", "GiB", "2.6%"],
         ["model_local_caches", "712.0", "MiB", "0.9%"],
-        ["non_torch", "512.0", "MiB", "0.7%"],
-        ["unexplained", "568.0", "MiB", "0.7%"],
+        ["unexplained", "56.0", "MiB", "0.1%"],
     ):
         assert row in lines, row
     older = out[out.index("engine before-breakdown-dp0") : out.index("engine qwen3-vllm034-dp0")]
     assert (
-        "memory by part of process_gpu 20.0 GiB; unknown: weights, cuda_graphs, activation_peak, model_local_caches, "
-        "unexplained" in " ".join(older.split())
+        "memory by part of process_gpu 20.0 GiB; unknown: runtime, weights, cuda_graphs, activation_peak, "
+        "model_local_caches, unexplained" in " ".join(older.split())
     )
-    assert ["non_torch", "1.0", "GiB", "5.0%"] in lines and ["weights", "0", "B"] not in [row[:3] for row in lines]
+    assert ["weights", "0", "B"] not in [row[:3] for row in lines], "unknown is never printed as 0"
+    assert "vLLM keeps 2.5 GiB of the device free for torch" in " ".join(out.split())

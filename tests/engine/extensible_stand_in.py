@@ -12,8 +12,14 @@ Built from vLLM 0.34.0's released source (``vllm/v1/worker/extensible_kv_cache.p
   (``run_engine_core``): load, profile, ``initialize_from_config`` (reserve, commit the null
   block), ``compile_or_warm_up_model`` (warm-up commits blocks, gives them back, captures graphs),
   ``extend_kv_cache`` (the final commit, or a shrink), then ``sleep``/``wake_up``.
-- ``Gpu`` is the device: torch's allocator (live, reserved, peak), the CUDA context, and pages
-  mapped outside torch; it answers as ``torch.cuda`` and NVML do.
+- ``Gpu`` is the device: torch's allocator (live, reserved, peak, the private pools' segments as
+  ``memory_snapshot`` lists them), the CUDA context, pages mapped outside torch, memory other
+  libraries of the process map (NCCL), and a neighbour process on the same card; it answers as
+  ``torch.cuda`` and NVML do.
+- ``SleepAllocator`` keeps the books vLLM's ``CuMemAllocator`` keeps (one record per allocation: its
+  size, tag, whether it is asleep) for a worker with sleep mode, whose weights, runtime buffers, graph
+  pool and (torch-allocated) KV cache live in its pool; ``sleep`` unmaps them as vLLM 0.34's CuMem
+  backend does (torch's figures do not move, NVML's do) and ``wake_up(tags)`` maps them again.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ GRANULE = 2 * MIB
 
 
 class Gpu:
-    """One device as torch and NVML see it: allocator figures, the context, pages mapped outside torch."""
+    """One device as torch and NVML see it: allocator figures, the context, pages mapped outside torch, a neighbour."""
 
     class NVMLError(Exception):
         pass
@@ -40,10 +46,18 @@ class Gpu:
         self.reserved = 0
         self.peak = 0
         self.mapped = 0
+        self.pool = 0
+        """Bytes of segments in private pools (CUDA graph pools), part of ``reserved``."""
+        self.other = 0
+        """Bytes the process maps outside torch and the KV cache (NCCL's buffers, a library's workspace)."""
+        self.unmapped = 0
+        """Bytes of torch segments a sleep allocator unmapped: torch still counts them, the device does not."""
+        self.neighbour = 0
+        """Bytes another process holds on the device."""
 
     @property
     def process_bytes(self) -> int:
-        return self.reserved + self.context + self.mapped
+        return self.reserved + self.context + self.mapped + self.other - self.unmapped
 
     def allocate(self, size: int) -> None:
         self.allocated += size
@@ -57,6 +71,7 @@ class Gpu:
         """A private pool's segment (CUDA graph capture): reserved for it alone, live from the start."""
         self.allocated += size
         self.reserved += size
+        self.pool += size
         self.peak = max(self.peak, self.allocated)
 
     def empty_cache(self) -> None:
@@ -75,13 +90,54 @@ class Gpu:
         self.peak = self.allocated
 
     def mem_get_info(self, device: Any) -> tuple[int, int]:
-        return self.total - self.process_bytes, self.total
+        return self.total - self.process_bytes - self.neighbour, self.total
+
+    def memory_snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+        """torch's segments: the default pool's and the private pools', as ``torch.cuda.memory_snapshot`` lists them."""
+        segments = [(0, 0, self.reserved - self.pool), (1, 0, self.pool)]
+        return [
+            {"device": 0, "segment_pool_id": (first, second), "total_size": size, "allocated_size": size}
+            for first, second, size in segments
+            if size
+        ]
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
         return "gpu"
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
         return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=self.process_bytes)]
+
+
+class SleepAllocator:
+    """The books of vLLM's ``CuMemAllocator`` (``pointer_to_data``: per allocation its handle, tag and ``is_asleep``)
+    and what its sleep and wake-up do to the device: unmap a tag's pages (torch still counts them) and map them again."""
+
+    instance: SleepAllocator | None = None
+    """The process's allocator, where vLLM keeps it (``CuMemAllocator.instance``)."""
+
+    def __init__(self, gpu: Gpu) -> None:
+        from vllm.device_allocator import AllocationData
+
+        self.gpu = gpu
+        self.record = AllocationData
+        self.pointer_to_data: dict[int, Any] = {}
+
+    def allocate(self, tag: str, size: int) -> None:
+        """Record an allocation of the pool (the caller moves torch's figures)."""
+        self.pointer_to_data[len(self.pointer_to_data) + 1] = self.record(handle=(0, size, 0, 0), tag=tag)
+
+    def sleep(self, offload_tags: tuple[str, ...]) -> None:
+        for data in self.pointer_to_data.values():
+            if not data.is_asleep:
+                data.is_asleep = True
+                self.gpu.unmapped += data.handle[1]
+        self.gpu.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        for data in self.pointer_to_data.values():
+            if data.is_asleep and (tags is None or data.tag in tags or data.tag not in ("weights", "kv_cache")):
+                data.is_asleep = False
+                self.gpu.unmapped -= data.handle[1]
 
 
 class StandInKVCache:
@@ -96,6 +152,8 @@ class StandInKVCache:
         self.num_committed_blocks = 0
         self.min_committed_blocks = 1
         self._mapped = 0
+        self.reserved_headroom_bytes = 0
+        self.torch_reserve_growth_bytes = 0
 
     @property
     def physical_bytes(self) -> int:
@@ -144,12 +202,20 @@ class StandInRunner:
         self.model: Any = None
         self.extensible_kv_cache: StandInKVCache | None = None
         self.model_memory_usage = 0
+        self.during_capture: list[Any] = []
+        """What else happens on the device while the graphs are captured (a neighbour, NCCL), each called once."""
+        self.allocator: SleepAllocator | None = None
 
     def capture_model(self, *, profile_only: bool = False) -> int:
-        """Capture the graphs into their private pool; return the bytes capture took, as vLLM's runner does."""
+        """Capture the graphs into their private pool; return the drop in the device's free memory, as vLLM does."""
+        free_before = self.gpu.mem_get_info(None)[0]
         if not profile_only:
             self.gpu.allocate_pool(self.graph_pool)
-        return self.graph_pool
+            if self.allocator is not None:
+                self.allocator.allocate("cudagraph", self.graph_pool)
+            for happen in self.during_capture:
+                happen()
+        return free_before - self.gpu.mem_get_info(None)[0]
 
 
 class StandInWorker:
@@ -165,8 +231,15 @@ class StandInWorker:
         extensible: bool = True,
         device_type: str = "stand-in",
         graph_estimate: int = 0,
+        runtime_buffers: int = 200 * MIB,
+        sleep_mode: bool = False,
+        torch_reserve_growth: int = 0,
     ) -> None:
+        self.torch_reserve_growth = torch_reserve_growth
         self.gpu = gpu
+        self.runtime_buffers = runtime_buffers
+        self.allocator = SleepAllocator(gpu) if sleep_mode else None
+        SleepAllocator.instance = self.allocator
         self.weights = weights
         self.activation_peak = activation_peak
         self.graph_pool = graph_pool
@@ -183,13 +256,25 @@ class StandInWorker:
             cache_config=SimpleNamespace(enable_extensible_kv_cache=extensible, num_gpu_blocks=None),
         )
         self.model_runner = StandInRunner(gpu, graph_pool)
+        self.model_runner.allocator = self.allocator
         self.calls: list[str] = []
+
+    def _pool(self, tag: str, size: int) -> None:
+        if self.allocator is not None:
+            self.allocator.allocate(tag, size)
+
+    def init_device(self) -> None:
+        """The device and the runner's buffers (vLLM 0.34 makes them here, in its sleep pool's ``runtime`` tag)."""
+        self.calls.append("init_device")
+        self.gpu.allocate(self.runtime_buffers)
+        self._pool("runtime", self.runtime_buffers)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         import torch
 
         self.calls.append("load_model")
         self.gpu.allocate(self.weights)
+        self._pool("weights", self.weights)
         self.model_runner.model = torch.nn.Linear(2, 2)
         self.model_runner.model_memory_usage = self.weights
 
@@ -208,9 +293,12 @@ class StandInWorker:
         if self.vllm_config.cache_config.enable_extensible_kv_cache:
             cache = StandInKVCache(self.gpu, kv_cache_config.num_blocks, kv_cache_config.segment_strides)
             cache.allocate()
+            cache.reserved_headroom_bytes = getattr(self, "peak_activation_memory", 0)
             self.model_runner.extensible_kv_cache = cache
         else:
-            self.gpu.allocate(kv_cache_config.num_blocks * sum(kv_cache_config.segment_strides))
+            size = kv_cache_config.num_blocks * sum(kv_cache_config.segment_strides)
+            self.gpu.allocate(size)
+            self._pool("kv_cache", size)
             self.vllm_config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
 
     def compile_or_warm_up_model(self) -> None:
@@ -223,6 +311,7 @@ class StandInWorker:
         self.gpu.free(self.activation_peak)
         if cache is not None:
             cache.commit(cache.min_committed_blocks, shrink=True)
+            cache.torch_reserve_growth_bytes = self.torch_reserve_growth
         if not self.vllm_config.model_config.enforce_eager:
             self.model_runner.capture_model()
 
@@ -237,9 +326,13 @@ class StandInWorker:
         cache = self.model_runner.extensible_kv_cache
         if cache is not None:
             cache.release_physical()
+        if self.allocator is not None:
+            self.allocator.sleep(("weights", "runtime", "cudagraph"))
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.calls.append("wake_up")
+        if self.allocator is not None:
+            self.allocator.wake_up(tags)
         cache = self.model_runner.extensible_kv_cache
         if cache is not None and (tags is None or "kv_cache" in tags):
             cache.recommit()
@@ -254,7 +347,8 @@ def kv_cache_config(num_blocks: int, segment_strides: list[int]) -> SimpleNamesp
 
 
 def run_engine_core(worker: StandInWorker, config: Any, final_blocks: int) -> None:
-    """``EngineCore`` start-up, in 0.34's order: load, profile, reserve, warm up, then the final extend."""
+    """``EngineCore`` start-up, in 0.34's order: the device, load, profile, reserve, warm up, then the final extend."""
+    worker.init_device()
     worker.load_model()
     worker.determine_available_memory()
     worker.initialize_from_config(config)

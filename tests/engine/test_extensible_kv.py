@@ -9,6 +9,7 @@ The growth check mirrors the rules' leak signal (``modelkv_engine:unbudgeted_gro
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.observe import installed
 from modelkv_exporter.engine.samplers import CudaSampler
-from modelkv_exporter.engine.vllm_hook import lifecycle
+from modelkv_exporter.engine.vllm_hook import lifecycle, sleep
 from modelkv_exporter.engine.vllm_hook import plugin as vllm_plugin
 from modelkv_exporter.engine.vllm_hook.extensible_kv import SOURCE, WithExtensibleKV, committed_reader, figures_of
 from tests.engine.extensible_stand_in import (
@@ -29,6 +30,7 @@ from tests.engine.extensible_stand_in import (
     GRANULE,
     MIB,
     Gpu,
+    SleepAllocator,
     StandInKVCache,
     StandInWorker,
     kv_cache_config,
@@ -65,6 +67,7 @@ class Engine:
         monkeypatch.setattr(
             lifecycle, "sampler_for", lambda device: CudaSampler(self.gpu, "cuda:0", nvml=self.gpu, nvml_device=0)
         )
+        monkeypatch.setitem(sys.modules, sleep.ALLOCATOR_MODULE, SimpleNamespace(CuMemAllocator=SleepAllocator))
         cls = type("Worker", (StandInWorker,), {})
         vllm_plugin.Registration(HookConfig(spool, sample_interval=3600)).patch_worker(SimpleNamespace(Worker=cls))  # type: ignore[arg-type]
         self.worker = cls(self.gpu, **worker)
@@ -114,6 +117,7 @@ def test_the_final_commit_is_exported_exactly_and_the_baseline_follows_it(engine
     e = engine()
     run_engine_core(e.worker, kv_cache_config(CAPACITY, STRIDES), final_blocks=250_000)
     assert e.worker.calls == [
+        "init_device",
         "load_model",
         "determine_available_memory",
         "initialize_from_config",

@@ -729,3 +729,27 @@ def test_without_the_constructor_wrapper_a_platform_override_is_missed(monkeypat
     base.__init__ = base.__init__.__wrapped__
     assert PlatformDiffusionWorker(0).calls == ["platform load_model"]
     assert seen == []
+
+
+def test_the_installed_vllm_s_sleep_allocator_keeps_the_books_the_hook_reads() -> None:
+    """vLLM 0.30 and 0.32 (this environment's): the allocator's records carry what ``sleep.released_bytes`` reads,
+    and none exists until vLLM makes one (the hook never makes it)."""
+    import dataclasses
+
+    from vllm.device_allocator import AllocationData
+    from vllm.device_allocator.cumem import CuMemAllocator
+
+    from modelkv_exporter.engine.vllm_hook import sleep
+
+    assert {"handle", "tag", "is_asleep"} <= {f.name for f in dataclasses.fields(AllocationData)}
+    assert CuMemAllocator.instance is None and sleep.sleep_allocator() is None
+    books = SimpleNamespace(
+        pointer_to_data={
+            1: AllocationData(handle=(0, 300, 0, 0), tag="weights", is_asleep=True),
+            2: AllocationData(handle=(0, 50, 0, 0), tag="kv_cache", is_asleep=False),
+            3: AllocationData(handle=(0, 7, 0, 0), tag="Odd Tag", is_asleep=True),
+        }
+    )
+    assert sleep.released_bytes(books) == {"weights": 300, "other": 7}
+    assert sleep.released_bytes(SimpleNamespace(pointer_to_data={1: SimpleNamespace(is_asleep=True)})) is None
+    assert sleep.released_bytes(None) == {}

@@ -1,7 +1,8 @@
 """vLLM-Omni 0.30's real GPU worker classes: the hook's wrappers sit on the classes that define each method.
 
-vLLM-Omni's workers override ``load_model``, ``initialize_from_config``, ``determine_available_memory``
-and ``compile_or_warm_up_model`` (not always calling ``super()``): hooking the class vLLM builds must
+vLLM-Omni's workers override ``init_device``, ``load_model``, ``initialize_from_config``,
+``determine_available_memory``, ``compile_or_warm_up_model``, ``sleep`` and ``wake_up`` (not always calling
+``super()``; their sleep drives the same ``CuMemAllocator`` vLLM's does): hooking the class vLLM builds must
 wrap each override on the class that defines it. Run in a child process, so that the patched classes
 never reach other tests; the classes are imported, never built (their ``init_device`` needs a GPU).
 """
@@ -51,11 +52,17 @@ def test_every_override_of_the_real_omni_workers_is_wrapped() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found == {
+        "GPUARWorker.init_device": True,
         "GPUARWorker.load_model": True,
         "GPUARWorker.initialize_from_config": True,
         "GPUARWorker.determine_available_memory": True,
+        "GPUARWorker.sleep": True,
+        "GPUARWorker.wake_up": True,
         "OmniWorkerMixin.initialize_from_config": True,
         "OmniGPUWorkerBase.load_model": True,
         "OmniGPUWorkerBase.determine_available_memory": True,
+        "OmniGPUWorkerBase.sleep": True,
+        "OmniGPUWorkerBase.wake_up": True,
+        "GPUGenerationWorker.init_device": True,
         "GPUGenerationWorker.compile_or_warm_up_model": True,
     }

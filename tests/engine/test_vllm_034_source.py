@@ -25,11 +25,15 @@ CACHE = "vllm/v1/worker/extensible_kv_cache.py"
 RUNNER = "vllm/v1/worker/gpu/model_runner.py"
 
 EXPECTED = {
+    "init_device": "self",
     "load_model": "self, *, load_dummy_weights: bool=False",
     "initialize_from_config": "self, kv_cache_config: KVCacheConfig",
     "compile_or_warm_up_model": "self",
     "extend_kv_cache": "self, num_blocks: int",
     "determine_available_memory": "self",
+    "sleep": "self, level: int=1",
+    "wake_up": "self, tags: list[str] | None=None",
+    "discard": "self, tags: tuple[str, ...]",
     "shutdown": "self",
 }
 """Each method the hook wraps on vLLM's ``Worker``, with the parameters its step relies on."""
@@ -115,3 +119,20 @@ def test_the_figures_read_are_the_ones_named_here() -> None:
 
     figures = figures_of(Cache())
     assert figures is not None and (figures.committed_bytes, figures.reserved_blocks) == (1, 4)
+
+
+def test_the_sleep_allocator_keeps_the_books_the_hook_reads(wheel: Path) -> None:
+    """``engine/vllm_hook/sleep.py`` reads ``CuMemAllocator.instance.pointer_to_data``'s ``handle[1]``, ``tag`` and
+    ``is_asleep``; vLLM 0.34's CuMem backend unmaps the graph pools (``cudagraph``) and runtime buffers too."""
+    allocator = vllm_wheel.source(wheel, "vllm/device_allocator/cumem.py")
+    assert 'instance: "CuMemAllocator | None" = None' in allocator or "instance = None" in allocator
+    assert "pointer_to_data" in vllm_wheel.attributes_set(allocator, "CuMemAllocator")
+    records = vllm_wheel.source(wheel, "vllm/device_allocator/__init__.py")
+    assert "handle: HandleType" in records and "tag: str" in records and "is_asleep: bool = False" in records
+    backend = vllm_wheel.source(wheel, "vllm/device_allocator/sleep_mode_backend.py")
+    assert '("weights", "runtime", "cudagraph"), discardable' in backend
+
+
+def test_the_extensible_cache_keeps_what_vllm_keeps_free_for_torch(wheel: Path) -> None:
+    assigned = vllm_wheel.attributes_set(vllm_wheel.source(wheel, CACHE), "ExtensibleKVCache")
+    assert {"reserved_headroom_bytes", "torch_reserve_growth_bytes"} <= assigned

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.sidecar.breakdown import TOLERANCE_BYTES
 from modelkv_testbed import ROOT
 from modelkv_testbed.exposition import Exposition
 from modelkv_testbed.polling import eventually
@@ -37,6 +36,8 @@ MAX_NUM_SEQS = 4
 ROW_BYTES = 2 * 2 * 2 * 64 * 64 * 4  # K and V x 2 layers x 2 kv heads x head_dim 64 x 64 positions x float32
 ENGINE_ID = "tiny-omni-dp0-tp0-pp0"
 START_TIMEOUT = 400
+UNEXPLAINED_SHARE = 0.1
+"""The most of a healthy CPU engine's resident memory that no part names."""
 PROCESS_PREFIX = re.compile(r"^(?:\([\w.-]+ pid=\d+\) )+")
 """vLLM's tag on a child process's lines. The script's own marker can land right behind a tag the child
 wrote before its text, since they share one pipe: "(StageEngineCoreProc_stage1_replica3 pid=7) READY"."""
@@ -145,16 +146,18 @@ def only(samples: list[tuple[dict[str, str], float]]) -> tuple[dict[str, str], f
     return samples[0]
 
 
-def assert_parts_sum(sidecar: Sidecar) -> None:
-    """A CPU engine's resident memory by part: the model's weights, the paged KV cache vLLM allocated, the observed
-    caches, and the rest, summing to the resident figure of the same sample."""
+def assert_parts_explain(sidecar: Sidecar) -> None:
+    """A CPU engine's resident memory by part, each measured on its own: what the process held before its model (the
+    interpreter, torch, vLLM), the model's weights, the paged KV cache vLLM allocated, the observed caches; what no
+    part names is a small share of the resident figure of the same sample."""
     m = metrics(sidecar)
     parts = {labels["component"]: value for labels, value in m["modelkv_memory_breakdown_bytes"]}
-    assert set(parts) == {"weights", "paged_kv", "model_local_caches", "unexplained"}, parts
+    assert set(parts) == {"runtime", "weights", "paged_kv", "model_local_caches", "unexplained"}, parts
     assert parts["paged_kv"] == 1024**3 and 0 < parts["weights"] < 64 * 2**20, "the tiny model's tensors"
     assert parts["model_local_caches"] == ROW_BYTES * MAX_NUM_SEQS, "the declared cache, held live, counted once"
     resident = only(m["modelkv_memory_process_resident_bytes"])[1]
-    assert abs(sum(parts.values()) - resident) <= TOLERANCE_BYTES
+    assert 200 * 2**20 < parts["runtime"] < resident, parts
+    assert abs(parts["unexplained"]) < UNEXPLAINED_SHARE * resident, (parts, resident)
 
 
 def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
@@ -209,7 +212,7 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
         return observed().get("talker.kv_owner", {}).get("modelkv_observed_calls_total", 0)
 
     eventually(lambda: cache_calls() >= 8, "a cache write in each of the 8 generate steps to be published")
-    assert_parts_sum(sidecar)
+    assert_parts_explain(sidecar)
     talker = observed()["talker.kv_owner"]
     assert talker["modelkv_observation_available"] == 1
     assert talker["modelkv_observed_peak_bytes"] == ROW_BYTES * MAX_NUM_SEQS, "observed during generate: as declared"

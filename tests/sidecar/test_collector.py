@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from modelkv_exporter.contract.snapshot import DroppedDeclaration, EngineSettings
+from modelkv_exporter.contract.snapshot import DroppedDeclaration, EngineSettings, SleepState
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
@@ -63,7 +63,8 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
     dropped = (DroppedDeclaration("talker", "Talker", "declarer_raised", 1, "RuntimeError: boom"),)
     full = replace(
         full,
-        settings=EngineSettings(8, 0.9, 100, 10, 400, 40),
+        settings=EngineSettings(8, 0.9, 100, 10, 400, 40, torch_headroom_bytes=64),
+        sleep=SleepState(level=1, released={"weights": 10}),
         dropped_declarations=dropped,
         discovered=(make_discovered(layout=kv_layout()),),
         discovery=discovery_status(budget_exhausted="objects"),

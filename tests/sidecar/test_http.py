@@ -117,7 +117,7 @@ def test_engines_api_gives_each_engine_the_parts_metrics_exports(sidecar: Sideca
         measured={"process_resident": 900 * mib},
         observations=(make_observation("talker", peak_bytes=40 * mib, live_bytes=30 * mib),),
     )
-    measured = replace(measured, settings=replace(measured.settings, weights_bytes=300 * mib))
+    measured = replace(measured, settings=replace(measured.settings, weights_bytes=300 * mib, runtime_bytes=500 * mib))
     write_snapshot(sidecar.spool_dir, measured)
     write_snapshot(sidecar.spool_dir, make_snapshot("unsampled"))
     body = sidecar.get("/api/v1/engines").json()
@@ -127,7 +127,7 @@ def test_engines_api_gives_each_engine_the_parts_metrics_exports(sidecar: Sideca
     document = engines["host"]["memory_breakdown"]
     assert document["of"] == "process_resident" and document["bytes"] == 900 * mib
     assert document["parts"] == parts and parts["weights"] == 300 * mib and parts["model_local_caches"] == 30 * mib
-    assert sum(document["parts"].values()) == document["bytes"], "complete: the unexplained rest is there"
+    assert parts["runtime"] == 500 * mib and parts["unexplained"] == 70 * mib, "complete: the rest is there"
     assert "memory_breakdown" not in engines["unsampled"]
 
 

@@ -74,17 +74,19 @@ def test_a_complete_breakdown_is_one_full_bar_in_the_order_the_parts_stack() -> 
 def test_the_words_say_every_part_and_what_is_unknown() -> None:
     complete = parts_chart(parse_snapshot((GOLDEN / "qwen3-vllm034-dp0.json").read_bytes()), escape)
     words = text_without_svg(complete)
-    assert words.startswith("Memory by part of process_gpu 76.5 GiB: weights 15.0 GiB (20%), paged_kv 57.0 GiB (75%)")
-    assert "unexplained 568.0 MiB (1%)" in words and "unknown" not in words
+    assert words.startswith(
+        "Memory by part of process_gpu 76.5 GiB: runtime 1.0 GiB (1%), weights 15.0 GiB (20%), paged_kv 57.0 GiB (75%)"
+    )
+    assert "unexplained 56.0 MiB (0%)" in words and "unknown" not in words
+    assert words.endswith("; vLLM keeps 2.5 GiB of the device free for torch"), "the headroom, beside the parts"
     older = text_without_svg(parts_chart(parse_snapshot((GOLDEN / "before-breakdown-dp0.json").read_bytes()), escape))
     assert older == (
-        "Memory by part of process_gpu 20.0 GiB: non_torch 1.0 GiB (5%); unknown: weights, cuda_graphs, "
+        "Memory by part of process_gpu 20.0 GiB: none known; unknown: runtime, weights, cuda_graphs, "
         "activation_peak, model_local_caches, unexplained"
     )
     host = text_without_svg(parts_chart(parse_snapshot((GOLDEN / "qwen3-cpu-dp0.json").read_bytes()), escape))
-    assert (
-        host.startswith("Memory by part of process_resident 9.0 GiB: weights 3.0 GiB (33%)") and "non_torch" not in host
-    )
+    assert host.startswith("Memory by part of process_resident 9.0 GiB: runtime 1.5 GiB (17%), weights 3.0 GiB (33%)")
+    assert "cuda_graphs" not in host and "headroom" not in host
 
 
 def test_no_sample_no_bar_and_a_hostile_engine_id_stays_text() -> None:
@@ -110,6 +112,6 @@ def test_the_served_page_draws_each_engine_s_bar_and_its_words(spool: Path, tmp_
     words = text_without_svg(page)
     assert words.count("Memory by part of") == 4
     assert (
-        "Memory by part of process_resident 1.0 GiB: none known; unknown: weights, model_local_caches, unexplained"
-        in unescape(words)
+        "Memory by part of process_resident 1.0 GiB: none known; unknown: runtime, weights, model_local_caches, "
+        "unexplained" in unescape(words)
     )

@@ -10,7 +10,8 @@ a weight update that borrows the cache release its pages and recommit them
 ``num_committed_blocks`` keeps the size to recommit.
 
 The hook reads only plain figures the cache keeps (``physical_bytes``, ``num_committed_blocks``,
-``size``, ``capacity_blocks``) and keeps no reference to the cache, its buffer or the worker
+``size``, ``capacity_blocks``, and what vLLM keeps free for torch beside it: ``reserved_headroom_bytes``,
+``torch_reserve_growth_bytes``) and keeps no reference to the cache, its buffer or the worker
 beyond a weak one. A worker whose runner has no ``extensible_kv_cache`` (vLLM before 0.34, a CPU
 worker, ``--no-enable-extensible-kv-cache``) has none of these figures.
 """
@@ -41,6 +42,9 @@ class ExtensibleKV:
     """Bytes of the allocation the reservation covers, committed or not (``size``)."""
     reserved_blocks: int
     """Blocks the reservation holds (``capacity_blocks``)."""
+    torch_headroom_bytes: int | None = None
+    """What vLLM keeps free for torch when it sizes the cache: the larger of ``reserved_headroom_bytes`` and
+    ``torch_reserve_growth_bytes`` (None: the cache keeps neither)."""
 
 
 def _count(owner: Any, name: str) -> int | None:
@@ -65,11 +69,14 @@ def figures_of(cache: Any) -> ExtensibleKV | None:
     """The cache's figures, or None when it is no extensible KV cache (any figure missing or not a count)."""
     if cache is None:
         return None
-    read = [_count(cache, name) for name in ("physical_bytes", "num_committed_blocks", "size", "capacity_blocks")]
-    counts = [value for value in read if value is not None]
-    if len(counts) != len(read):
+    committed, blocks, size, capacity = (
+        _count(cache, name) for name in ("physical_bytes", "num_committed_blocks", "size", "capacity_blocks")
+    )
+    if committed is None or blocks is None or size is None or capacity is None:
         return None
-    return ExtensibleKV(*counts)
+    kept = [_count(cache, name) for name in ("reserved_headroom_bytes", "torch_reserve_growth_bytes")]
+    headroom = max((value for value in kept if value is not None), default=None)
+    return ExtensibleKV(committed, blocks, size, capacity, headroom)
 
 
 def committed_reader(worker: Any) -> Callable[[], int | None]:
@@ -113,6 +120,9 @@ class WithExtensibleKV(MemorySampler):
 
     def initialised(self, activation_budget: int | None = None) -> MemorySample:
         return self._add(self.inner.initialised(activation_budget))
+
+    def private_pool_bytes(self) -> int | None:
+        return self.inner.private_pool_bytes()
 
     def hold_resets(self) -> Callable[[], None] | None:
         """The inner sampler's ``hold_resets``, where it has one (a CUDA sampler)."""

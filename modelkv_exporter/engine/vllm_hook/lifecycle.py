@@ -1,5 +1,7 @@
 """What the hook does inside a worker process, at each point of the worker's life.
 
+- after ``init_device`` (the device, the CUDA context and the parallel groups are up; no model yet):
+  measure what the process holds then, the runtime every later figure stands on;
 - after ``load_model``: collect the model's declarations once, resolve them at
   ``max_num_seqs``, add the engine's identity and the weights' bytes, arrange to record the bytes
   of the CUDA graph pools when the runner captures them, start observing the declaring owners'
@@ -17,6 +19,8 @@
 - around ``determine_available_memory`` (vLLM's memory profile, which resets torch's peak and
   reads it; it runs again only when someone calls it after initialisation): hold the sampler's
   resets, so that the profile reads the whole peak;
+- after ``sleep``, ``wake_up`` and vLLM 0.34's ``discard``: publish the sleep level and what vLLM's sleep
+  allocator holds off the device, by tag (``sleep.py``);
 - before ``shutdown`` (and at exit): mark the snapshot ended.
 
 ``plugin`` runs every step guarded, so that no failure here reaches the engine.
@@ -30,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from modelkv_exporter.contract.snapshot import MemorySample, Snapshot
+from modelkv_exporter.contract.snapshot import MemorySample, SleepState, Snapshot
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.discover import Discovery, discover
@@ -56,10 +60,12 @@ from modelkv_exporter.engine.vllm_hook.memory_parts import (
     weights_bytes,
 )
 from modelkv_exporter.engine.vllm_hook.paged_kv import paged_kv_blocks, paged_kv_bytes, runner_caches
+from modelkv_exporter.engine.vllm_hook.sleep import released_bytes, sleep_allocator
 
 logger = get_logger("lifecycle")
 
 ATTRIBUTE = "_modelkv_hook"
+RUNTIME_ATTRIBUTE = "_modelkv_runtime"
 
 
 @dataclass
@@ -72,6 +78,25 @@ class WorkerHook:
     discovery: Discovery | None = None
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """What the process held before its model loaded, and the sampler that measured it (kept for the worker)."""
+
+    sampler: MemorySampler
+    runtime_bytes: int | None
+
+
+def worker_sampler(worker: Any) -> MemorySampler:
+    """The sampler of a worker's device, with its extensible KV cache's committed bytes where it has one."""
+    return WithExtensibleKV(sampler_for(getattr(worker, "device", None)), committed_reader(worker))
+
+
+def after_init_device(worker: Any, config: HookConfig) -> None:
+    """The worker has its device and parallel groups and no model yet: measure the runtime the rest stands on."""
+    sampler = worker_sampler(worker)
+    setattr(worker, RUNTIME_ATTRIBUTE, Runtime(sampler, sampler().process_bytes))
+
+
 def after_load_model(worker: Any, config: HookConfig) -> None:
     """Publish the declarations of the just-loaded model and start beating."""
     previous: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
@@ -79,10 +104,17 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
         previous.publisher.stop()
     facts = facts_of(worker)
     engine_id = claim_engine_id(engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank), worker)
-    identity = {**facts.identity, "weights_bytes": weights_bytes(worker, facts.model)}
+    runtime: Runtime | None = getattr(worker, RUNTIME_ATTRIBUTE, None)
+    identity = {
+        **facts.identity,
+        "weights_bytes": weights_bytes(worker, facts.model),
+        "runtime_bytes": None if runtime is None else runtime.runtime_bytes,
+    }
     snapshot = build_snapshot(facts.model, max_num_seqs=facts.max_num_seqs, engine_id=engine_id, **identity)
+    if callable(getattr(type(worker), "sleep", None)):
+        snapshot = replace(snapshot, sleep=SleepState(level=0, released=released_bytes(sleep_allocator())))
     config.spool_dir.mkdir(parents=True, exist_ok=True)
-    sampler = WithExtensibleKV(sampler_for(getattr(worker, "device", None)), committed_reader(worker))
+    sampler = runtime.sampler if runtime is not None else worker_sampler(worker)
     observer = install(declaring_owners(facts.model), enabled=config.observe)
     if previous is not None and previous.discovery is not None:
         previous.discovery.uninstall()
@@ -91,7 +123,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
     publisher.start_heartbeat(config.sample_interval, sampler, observer.sample, discovery)
     setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler, observer, discovery))
-    record_graph_capture(worker, graph_recorder(worker))
+    record_graph_capture(worker, graph_recorder(worker), sampler.private_pool_bytes)
     atexit.register(_end_at_exit, publisher)
     if facts.settled_at_load:
         discovery.start()
@@ -155,6 +187,7 @@ def record_extensible(hook: WorkerHook, figures: ExtensibleKV, sample: MemorySam
             paged_kv_blocks=figures.committed_blocks,
             paged_kv_reserved_bytes=figures.reserved_bytes,
             paged_kv_reserved_blocks=figures.reserved_blocks,
+            torch_headroom_bytes=figures.torch_headroom_bytes,
         )
         return with_baseline(replace(snapshot, settings=settings), sample)
 
@@ -224,6 +257,48 @@ def hold_peak_resets(worker: Any, config: HookConfig) -> Callable[[], None] | No
         return None
     hold = getattr(hook.sampler, "hold_resets", None)
     return hold() if callable(hold) else None
+
+
+def after_sleep(worker: Any, config: HookConfig, /, *args: Any, **kwargs: Any) -> None:
+    """The worker slept at ``level`` (``sleep``'s one parameter, 1 by default): publish it, and what is off the device."""
+    level = kwargs.get("level", args[0] if args else 1)
+    publish_sleep(worker, level if isinstance(level, int) and level in (1, 2) else 1)
+
+
+def after_wake_up(worker: Any, config: HookConfig, /, *args: Any, **kwargs: Any) -> None:
+    """The worker mapped some or all of its memory again (``wake_up(tags)``): awake once nothing is off the device."""
+    publish_sleep(worker, None)
+
+
+def after_discard(worker: Any, config: HookConfig, /, *args: Any, **kwargs: Any) -> None:
+    """vLLM 0.34 dropped tagged memory without a sleep (``discard(tags)``): publish what is off the device now."""
+    publish_sleep(worker, None)
+
+
+def publish_sleep(worker: Any, slept_at: int | None) -> None:
+    """Publish the sleep level (``slept_at`` after a sleep; else the last one while anything is still off the device,
+    0 once nothing is) and the bytes off the device by tag: the sleep allocator's books (None: they could not be
+    read), and an extensible KV cache whose pages are released (it lives outside that allocator) under ``kv_cache``."""
+    hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
+    if hook is None:
+        return
+    released = released_bytes(sleep_allocator())
+    extensible = figures_of(extensible_cache(worker))
+
+    def record(snapshot: Snapshot) -> Snapshot:
+        books = released
+        if (
+            books is not None
+            and extensible is not None
+            and extensible.committed_blocks
+            and not extensible.committed_bytes
+        ):
+            books = {**books, "kv_cache": books.get("kv_cache", 0) + (snapshot.settings.paged_kv_bytes or 0)}
+        before = snapshot.sleep.level if snapshot.sleep is not None else 0
+        level = slept_at if slept_at is not None else before if books is None or books else 0
+        return replace(snapshot, sleep=SleepState(level=level, released=books))
+
+    hook.publisher.update(record)
 
 
 def before_shutdown(worker: Any, config: HookConfig) -> None:

@@ -9,10 +9,12 @@ process's memory with them (``modelkv_memory_breakdown_bytes``).
 - the activation peak: ``Worker.peak_activation_memory``, set by ``determine_available_memory``. When
   ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` is on (vLLM's default), vLLM adds its estimate of the
   graph pools (``cudagraph_memory_estimate``) to it: that is taken out, the pools being a part of their own;
-- the CUDA graph pools: ``capture_model`` returns the bytes capture took and vLLM keeps no attribute
-  of it, so the runner's ``capture_model`` is wrapped on the instance at load and its result kept (a
-  measuring pass, ``profile_only=True``, is not the capture). A worker that captures nothing
-  (``enforce_eager``) has 0.
+- the CUDA graph pools: torch's own books, not the device's free memory (which vLLM's ``capture_model``
+  returns: it counts a neighbour's allocations on the same card and non-torch bytes such as NCCL's made
+  during the capture). The runner's ``capture_model`` is wrapped on the instance at load; it reads the
+  bytes of torch's private-pool segments (``CudaSampler.private_pool_bytes``) before and after the capture
+  and keeps the difference (a measuring pass, ``profile_only=True``, is not the capture). A worker that
+  captures nothing (``enforce_eager``) has 0; one whose torch cannot say has none.
 """
 
 from __future__ import annotations
@@ -73,13 +75,13 @@ def eager(worker: Any) -> bool:
     return getattr(model_config, "enforce_eager", False) is True
 
 
-def record_graph_capture(worker: Any, record: Callable[[int], None]) -> bool:
-    """Wrap the worker's runner's ``capture_model`` on the instance so that ``record`` gets the bytes it returns.
+def record_graph_capture(worker: Any, record: Callable[[int], None], pools: Callable[[], int | None]) -> bool:
+    """Wrap the worker's runner's ``capture_model`` on the instance so that ``record`` gets the bytes its capture
+    added to torch's private pools (``pools``, read before and after; nothing is recorded when either is unknown).
 
-    The wrapper returns what the original returns and lets its exceptions through; what ``record``
-    raises is logged and swallowed. The wrapper holds the runner weakly. A runner whose instance
-    already has its own ``capture_model`` (wrapped once, or by someone else) is left alone. Returns
-    whether it wrapped.
+    The wrapper returns what the original returns and lets its exceptions through; what ``pools`` or ``record``
+    raises is logged and swallowed. The wrapper holds the runner weakly. A runner whose instance already has its own
+    ``capture_model`` (wrapped once, or by someone else) is left alone. Returns whether it wrapped.
     """
     runner = getattr(worker, "model_runner", None)
     original = getattr(runner, "capture_model", None)
@@ -90,15 +92,24 @@ def record_graph_capture(worker: Any, record: Callable[[int], None]) -> bool:
         return False
     ref = weakref.ref(runner)
 
+    def measure() -> int | None:
+        try:
+            return pools()
+        except Exception as error:
+            logger.warning("modelkv: cannot read torch's graph pools: %s", error)
+            return None
+
     @functools.wraps(unbound)
     def capture_model(*args: Any, **kwargs: Any) -> Any:
         owner = ref()
+        capturing = not kwargs.get("profile_only")
+        before = measure() if capturing else None
         result = unbound(owner, *args, **kwargs)
-        if not kwargs.get("profile_only"):
+        if capturing and before is not None:
+            after = measure()
             try:
-                size = byte_count(result)
-                if size is not None:
-                    record(size)
+                if after is not None:
+                    record(max(0, after - before))
             except Exception as error:
                 logger.warning("modelkv: cannot record the CUDA graph pools: %s", error)
         return result

@@ -76,12 +76,25 @@ def worker_plan() -> Plan:
     from modelkv_exporter.engine.vllm_hook import lifecycle
 
     return (
+        Method("init_device", "after", lifecycle.after_init_device),
         Method("load_model", "after", lifecycle.after_load_model),
         Method("initialize_from_config", "after", lifecycle.after_kv_init, with_arguments=True),
         Method("compile_or_warm_up_model", "after", lifecycle.after_warm_up),
         Method("extend_kv_cache", "after", lifecycle.after_extend),
         Method("determine_available_memory", "around", lifecycle.hold_peak_resets),
+        *sleep_steps(),
         Method("shutdown", "before", lifecycle.before_shutdown),
+    )
+
+
+def sleep_steps() -> Plan:
+    """vLLM's sleep mode, in every worker that has it (vLLM's and vLLM-Omni's diffusion worker)."""
+    from modelkv_exporter.engine.vllm_hook import lifecycle
+
+    return (
+        Method("sleep", "after", lifecycle.after_sleep, with_arguments=True),
+        Method("wake_up", "after", lifecycle.after_wake_up, with_arguments=True),
+        Method("discard", "after", lifecycle.after_discard, with_arguments=True),
     )
 
 
@@ -90,8 +103,10 @@ def diffusion_plan() -> Plan:
     from modelkv_exporter.engine.vllm_hook import lifecycle
 
     return (
+        Method("init_device", "after", lifecycle.after_init_device),
         Method("load_model", "after", lifecycle.after_load_model),
         Method("set_kv_cache_configs", "after", lifecycle.after_kv_init, with_arguments=True),
+        *sleep_steps(),
         Method("shutdown", "before", lifecycle.before_shutdown),
     )
 

@@ -12,15 +12,15 @@ from collections.abc import Callable
 
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
-from modelkv_exporter.sidecar.breakdown import breakdown, part_words, parts_text, whole_and_missing
+from modelkv_exporter.sidecar.breakdown import breakdown, headroom_words, part_words, parts_text, whole_and_missing
 
 COLOURS = {
+    "runtime": "#6b7280",
     "weights": "#4a78c2",
     "paged_kv": "#3b9a5b",
     "cuda_graphs": "#d9822b",
     "activation_peak": "#e0b43c",
     "model_local_caches": "#9b59b6",
-    "non_torch": "#6b7280",
     "unexplained": "#d64545",
 }
 """One colour per part."""
@@ -54,5 +54,6 @@ def parts_chart(snapshot: Snapshot, escape: Callable[[str], str]) -> str:
         f'<figure class="parts"><svg class="parts" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
         f'role="img" aria-label="{escape(title)}"><title>{escape(title)}</title>'
         f'<rect x="0" y="{TOP}" width="{WIDTH}" height="{HEIGHT}" fill="#eef0f3"></rect>{"".join(rects)}</svg>'
-        f"<figcaption>Memory by part of {escape(whole)}: {keys or 'none known'}{escape(missing)}</figcaption></figure>"
+        f"<figcaption>Memory by part of {escape(whole)}: {keys or 'none known'}{escape(missing)}"
+        f"{escape(headroom_words(parts))}</figcaption></figure>"
     )
