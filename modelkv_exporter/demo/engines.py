@@ -128,7 +128,7 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         pp_rank=0,
         dp_rank=0,
         device="cpu",
-        weights_bytes=model_weight_bytes(model),
+        weights_bytes=model_weight_bytes(model, "cpu"),
     )
     config = HookConfig.from_environ({**os.environ, "MODELKV_SPOOL_DIR": spool_dir})
     assert config is not None
