@@ -43,7 +43,8 @@ COMPONENTS: tuple[Component, ...] = (
         WEIGHTS,
         "the model's weights",
         "`settings.weights_bytes`: vLLM's `model_runner.model_memory_usage`, else the bytes of the model's "
-        "parameters and buffers",
+        "parameters, buffers and computed weights (a legacy `weight_norm`'s or `spectral_norm`'s `weight`) on the "
+        "engine's device, each storage once: not `meta` tensors, not weights offloaded to the host (`--cpu-offload-gb`)",
         True,
     ),
     Component(
