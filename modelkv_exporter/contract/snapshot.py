@@ -149,8 +149,9 @@ class EngineSettings:
     )
     weights_bytes: int | None = wire(
         "bytes the model's weights take on the engine's device: vLLM's `model_runner.model_memory_usage` (what "
-        "loading the model took), else the bytes of the model's parameters and buffers, each storage once; absent "
-        "when unknown and from older writers",
+        "loading the model took), else the bytes of the model's parameters, buffers and computed weights on the "
+        "engine's device, each storage once (not `meta` tensors, not weights offloaded to the host); absent when "
+        "unknown and from older writers",
         default=None,
     )
     activation_peak_bytes: int | None = wire(

@@ -135,7 +135,7 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         pp_rank=0,
         dp_index=0,
         device="cpu",
-        weights_bytes=model_weight_bytes(model),
+        weights_bytes=model_weight_bytes(model, "cpu"),
         runtime_bytes=runtime,
     )
     config = HookConfig.from_environ({**os.environ, "MODELKV_SPOOL_DIR": spool_dir})

@@ -1,10 +1,21 @@
-"""The bytes tensors hold, each storage once: a model's weights (parameters and buffers) and any list of tensors.
+"""The bytes tensors hold on the engine's device, each storage once: a model's weights and any list of tensors.
 
 For an engine that keeps no figure of its own (vLLM's runners keep ``model_memory_usage``): the demo
 engines, a CPU worker, any engine that publishes with ``build_snapshot``; and for the paged KV cache's
 tensors (``engine.vllm_hook.paged_kv``). Walked once, after the model loaded; no tensor is kept. None of
 the model's code runs: the module tree is read through ``nn.Module``'s real ``__dict__`` (not a subclass's
 ``parameters()``), and storages through ``torch._C.TensorBase`` with ``__torch_function__`` turned off.
+
+What counts: tensors on the device named (a CUDA worker's ``cuda:N``; a host engine's ``cpu``), never a
+``meta`` tensor (no memory behind it). A model's weights are its parameters, its buffers and its computed
+weights (``engine.modules.computed_weights``: what a legacy ``weight_norm`` or ``spectral_norm`` rewrites at
+every forward, held between forwards like any weight).
+
+Weights vLLM offloads to the host (``--cpu-offload-gb``: ``UVAOffloader`` in vLLM 0.30 and 0.32) are left out: without UVA
+a parameter becomes a plain CPU tensor (on another device than the worker's); with UVA it becomes a CUDA view of
+pinned host memory, whose device is the worker's, told apart only by the flag vLLM sets on the parameter
+(``_vllm_is_uva_offloaded``). Another engine's UVA view of host memory cannot be told from device memory and is
+counted. The prefetch offloader's parameters point at its device buffers, shared by layers: counted once.
 """
 
 from __future__ import annotations
@@ -14,20 +25,51 @@ from typing import Any
 
 import torch
 
-from modelkv_exporter.engine.modules import MODULE_DICT, walk_modules
+from modelkv_exporter.engine.modules import MODULE_DICT, computed_weights, walk_modules
 
 _TensorBase = torch._C.TensorBase
 _device_of = vars(_TensorBase)["device"].__get__
+_tensor_dict = torch.Tensor.__dict__["__dict__"].__get__
+UVA_OFFLOADED = "_vllm_is_uva_offloaded"
+"""The flag vLLM's ``UVAOffloader`` sets on a parameter whose data it moved to host memory behind a CUDA view."""
+
+Device = torch.device | str | None
+"""The engine's device (``torch.device`` or its spelling); None, or anything else: every device (meta never counts)."""
 
 
-def storage_bytes(tensors: Iterable[Any]) -> int | None:
-    """Bytes of the distinct storages behind ``tensors`` (views of one buffer count once); None for no tensor."""
+def _wanted(device: object) -> torch.device | None:
+    """``device`` as a ``torch.device``; None (every device) for anything else, such as a worker without one."""
+    if type(device) is torch.device:
+        return device
+    return torch.device(device) if type(device) is str else None
+
+
+def _on(found: torch.device, wanted: torch.device | None) -> bool:
+    """Whether a tensor on ``found`` holds memory on ``wanted`` (a device without an index: any of its type)."""
+    if found.type == "meta":
+        return False
+    if wanted is None:
+        return True
+    return found.type == wanted.type and (wanted.index is None or found.index == wanted.index)
+
+
+def storage_bytes(tensors: Iterable[Any], device: Device = None) -> int | None:
+    """Bytes of the distinct storages behind ``tensors`` on ``device`` (every device when None; views of one buffer
+    count once; a ``meta`` tensor never counts); None when no tensor counts."""
+    wanted = _wanted(device)
     storages: dict[tuple[str, int], int] = {}
     with torch._C.DisableTorchFunction():
         for tensor in tensors:
-            storage = _TensorBase.untyped_storage(tensor)
-            storages[(str(_device_of(tensor)), int(storage.data_ptr()))] = int(storage.nbytes())
+            where = _device_of(tensor)
+            if _on(where, wanted):
+                storage = _TensorBase.untyped_storage(tensor)
+                storages[(str(where), int(storage.data_ptr()))] = int(storage.nbytes())
     return sum(storages.values()) if storages else None
+
+
+def _host_offloaded(tensor: Any) -> bool:
+    held = _tensor_dict(tensor, type(tensor))
+    return type(held) is dict and held.get(UVA_OFFLOADED) is True
 
 
 def _weights(model: torch.nn.Module) -> Iterator[Any]:
@@ -36,15 +78,20 @@ def _weights(model: torch.nn.Module) -> Iterator[Any]:
         for name in ("_parameters", "_buffers"):
             held = state.get(name)
             if type(held) is dict:
-                yield from (t for t in held.values() if issubclass(type(t), torch.Tensor))
+                yield from (t for t in held.values() if issubclass(type(t), torch.Tensor) and not _host_offloaded(t))
+        for name in computed_weights(state):
+            computed = state.get(name)
+            if issubclass(type(computed), torch.Tensor):
+                yield computed
 
 
-def model_weight_bytes(model: Any) -> int | None:
-    """Bytes of ``model``'s parameters and buffers, views of one storage counted once; None when not a module or
-    when a tensor's storage cannot be read."""
+def model_weight_bytes(model: Any, device: Device = None) -> int | None:
+    """Bytes of ``model``'s parameters, buffers and computed weights on ``device`` (every device when None; never
+    ``meta``, never a parameter vLLM offloaded to the host), each storage once; None when not a module or when a
+    tensor's storage cannot be read."""
     if not issubclass(type(model), torch.nn.Module):
         return None
     try:
-        return storage_bytes(_weights(model)) or 0
+        return storage_bytes(_weights(model), device) or 0
     except Exception:
         return None

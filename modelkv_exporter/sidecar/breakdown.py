@@ -59,8 +59,9 @@ COMPONENTS: tuple[Component, ...] = (
         WEIGHTS,
         "the model's weights",
         "`settings.weights_bytes`: vLLM's `model_runner.model_memory_usage`, else the bytes of the model's "
-        "parameters and buffers on the engine's device, each storage once; less what vLLM's sleep allocator holds "
-        "off the device under its `weights` tag",
+        "parameters, buffers and computed weights (a legacy `weight_norm`'s or `spectral_norm`'s `weight`) on the "
+        "engine's device, each storage once: not `meta` tensors, not weights offloaded to the host (`--cpu-offload-gb`); "
+        "less what vLLM's sleep allocator holds off the device under its `weights` tag",
         "`model_memory_usage` is what loading took, temporary buffers kept by the loader included",
         True,
     ),

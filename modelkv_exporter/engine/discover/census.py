@@ -3,7 +3,9 @@
 From each module it follows the attributes the module's own code set (``nn.Module``'s
 bookkeeping is skipped), its buffers, and the containers (dicts, lists, tuples, deques, sets) and
 plain objects (their ``__dict__`` and ``__slots__``) they hold, to a bounded depth. Parameters are
-read only for the baseline. Modules are visited innermost first (every module before the modules
+read only for the baseline; computed weights (the attribute a legacy ``weight_norm`` or
+``spectral_norm`` rewrites before every forward) are read with them, at every census, and never
+followed as attributes. Modules are visited innermost first (every module before the modules
 that contain it), so a storage or a container reachable from several modules belongs to the
 innermost one that holds it.
 
@@ -23,6 +25,7 @@ It allocates nothing per object it merely passes over, so its own garbage trigge
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +35,7 @@ import torch
 from modelkv_exporter.engine.discover import safe
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.discover.safe import Kind
-from modelkv_exporter.engine.modules import MODULE_DICT
+from modelkv_exporter.engine.modules import MODULE_DICT, computed_weights
 from modelkv_exporter.engine.observe.layers import StorageKey
 
 SLICE_SECONDS = 0.0005
@@ -66,7 +69,8 @@ class CensusResult:
     found: dict[StorageKey, tuple[int, int]] = field(default_factory=dict)
     """Storage -> (index of its module in the map, bytes)."""
     parameters: set[StorageKey] = field(default_factory=set)
-    """Storages of parameters (read for the baseline only)."""
+    """Storages of parameters (read for the baseline only) and of computed weights (``engine.modules.computed_weights``,
+    read at every census: a legacy ``weight_norm`` writes a new one at every forward). Never discovered."""
     layers: dict[int, tuple[int, int]] = field(default_factory=dict)
     """``id`` of a cache layer object reached -> (index of the innermost module holding it, ``id`` of the cache
     object whose layers it is, or 0)."""
@@ -137,12 +141,22 @@ def census(
                     safe.weigh(tensor, weighed)
                     result.parameters.update(weighed)
             tensor = None
+        computed: Any = ()
+        hooks = attributes.get("_forward_pre_hooks")
+        if type(hooks) is OrderedDict and hooks:
+            computed = computed_weights(attributes)
+            for name in computed:
+                weighed.clear()
+                safe.weigh(dict.get(attributes, name), weighed)
+                result.parameters.update(weighed)
         buffers = attributes.get("_buffers")
         if type(buffers) is dict and buffers:
             stack.append([Kind.DICT, iter(dict.values(buffers)), 0, 1, 0])
         names = [name for name in list(attributes) if type(name) is str and name not in MODULE_ATTRIBUTES]
+        if computed:
+            names = [name for name in names if name not in computed]
         stack.append([None, (names, attributes), 0, 1, 0])
-        attributes = buffers = None
+        attributes = buffers = hooks = None
         while stack:
             frame = stack[-1]
             how, source, position, depth, cache = frame

@@ -10,8 +10,8 @@ Two ways of finding them (``contract.vocabulary.DiscoveryMethod``):
   exactly as a declaring owner's layers are (``observe``'s records, re-weighed at every sample).
 - ``census``: at load, the storages reachable from the modules are the baseline; every
   ``census_interval`` the heartbeat thread walks them again (``census``), and storages that are
-  not parameters, not in the baseline, not the paged KV cache and not behind an observed cache
-  layer belong to the innermost module that holds them.
+  not parameters nor computed weights (a legacy ``weight_norm``'s), not in the baseline, not the
+  paged KV cache and not behind an observed cache layer belong to the innermost module that holds them.
 
 Whatever fails inside discovery is reported once (``log.report``: queued, logged later by the heartbeat
 thread) and turns discovery off; the model never sees it, not even at the recursion limit.
@@ -323,7 +323,7 @@ class Discovery:
             census.census(self.modules, self.budget, layer_class=self._layer_class, cache_class=self._cache_class)
         )
         self._place_layers(result)
-        excluded = self.baseline | self._paged_storages() | self._layer_storages()
+        excluded = self.baseline | result.parameters | self._paged_storages() | self._layer_storages()
         sizes: dict[int, int] = {}
         counts: dict[int, int] = {}
         for storage, (index, size) in result.found.items():

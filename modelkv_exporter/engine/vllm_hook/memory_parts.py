@@ -41,12 +41,14 @@ def byte_count(value: Any) -> int | None:
 
 
 def weights_bytes(worker: Any, model: Any) -> int | None:
-    """Bytes of the worker's weights: vLLM's ``model_memory_usage`` on a CUDA worker, else the model's tensors."""
-    if getattr(getattr(worker, "device", None), "type", None) == "cuda":
+    """Bytes of the worker's weights: vLLM's ``model_memory_usage`` on a CUDA worker, else the model's tensors on the
+    worker's device (``model_weight_bytes``: weights offloaded to the host are not the device's)."""
+    device = getattr(worker, "device", None)
+    if getattr(device, "type", None) == "cuda":
         measured = byte_count(getattr(getattr(worker, "model_runner", None), "model_memory_usage", None))
         if measured is not None:
             return measured
-    return model_weight_bytes(model)
+    return model_weight_bytes(model, device)
 
 
 def _estimate_applied() -> bool | None:
