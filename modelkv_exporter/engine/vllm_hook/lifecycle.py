@@ -17,7 +17,8 @@
 - around ``determine_available_memory`` (vLLM's memory profile, which resets torch's peak and
   reads it; it runs again only when someone calls it after initialisation): hold the sampler's
   resets, so that the profile reads the whole peak;
-- before ``shutdown`` (and at exit): mark the snapshot ended.
+- before ``shutdown`` (and at exit): mark the snapshot ended; before ``shutdown``, stop observing and
+  discovering the worker's model (another model in the process keeps its own).
 
 ``plugin`` runs every step guarded, so that no failure here reaches the engine.
 """
@@ -71,12 +72,20 @@ class WorkerHook:
     observer: Observer | None = None
     discovery: Discovery | None = None
 
+    def release(self) -> None:
+        """Stop observing and discovering this worker's model; another model in the process keeps its own."""
+        if self.discovery is not None:
+            self.discovery.uninstall()
+        if self.observer is not None:
+            self.observer.uninstall()
+
 
 def after_load_model(worker: Any, config: HookConfig) -> None:
     """Publish the declarations of the just-loaded model and start beating."""
     previous: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if previous is not None:
         previous.publisher.stop()
+        previous.release()
     facts = facts_of(worker)
     engine_id = engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank)
     identity = {**facts.identity, "weights_bytes": weights_bytes(worker, facts.model)}
@@ -84,8 +93,6 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     config.spool_dir.mkdir(parents=True, exist_ok=True)
     sampler = WithExtensibleKV(sampler_for(getattr(worker, "device", None)), committed_reader(worker))
     observer = install(declaring_owners(facts.model), enabled=config.observe)
-    if previous is not None and previous.discovery is not None:
-        previous.discovery.uninstall()
     declaring = {d.owner for d in snapshot.declarations} | {d.owner for d in snapshot.dropped_declarations or ()}
     discovery = discover(facts.model, config, observer, declaring)
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
@@ -231,3 +238,4 @@ def before_shutdown(worker: Any, config: HookConfig) -> None:
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
         logger.info("modelkv: %s ended", hook.publisher.end())
+        hook.release()
