@@ -538,25 +538,23 @@ def _route() -> None:
         hooks.discover = Several(_attributing).attribute
 
 
-def _group(builder: int) -> int:
-    """The group of a layer built below the builder frame ``builder`` (0: none): one number per outermost frame
-    of the cache module or ``copy`` (holding ``hooks.lock``, as every attribution does)."""
-    global _burst, _burst_frame
-    if not builder:
-        return 0
-    if builder != _burst_frame:
-        _burst += 1
-        _burst_frame = builder
-    return _burst
-
-
 def _placed(walked: tuple[stack.Target[Discovery] | None, int] | None) -> tuple[OwnerState, int] | None:
     """The owner and group ``stack.innermost``'s result gives a layer: the module's model's owner there, or
-    ``OUTSIDE``; None for a shallow copy, or where that model's discovery is off."""
+    ``OUTSIDE``; None for a shallow copy, or where that model's discovery is off (holding ``hooks.lock``, as every
+    attribution does).
+
+    The group is one number per outermost frame of the cache module or ``copy`` the layer was built below (0: none).
+    """
+    global _burst, _burst_frame
     if walked is None:
         return None
     target, builder = walked
-    group = _group(builder)
+    group = 0
+    if builder:
+        if builder != _burst_frame:
+            _burst += 1
+            _burst_frame = builder
+        group = _burst
     if target is not None:
         path, reference, found = target
         if found.reason is not None:
