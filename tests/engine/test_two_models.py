@@ -255,6 +255,28 @@ def test_ending_one_models_observer_leaves_the_other_models_hooks_in_place(two) 
     assert installed() is None and hooks.discover is None, "the last model's end removes the hooks"
 
 
+@pytest.mark.parametrize("off", ["failed", "left out of the walk"])
+def test_a_model_whose_discovery_failed_stays_in_the_walk_so_its_caches_go_to_no_other_model(two, off: str) -> None:
+    """A model whose discovery is off keeps its modules in the walk: they still tell its frames from the other
+    model's. Left out (as a model with no discovery of ours is: one whose engine ended but that still runs, or no
+    engine's at all), its decoder cache goes to the other model's decoder, whose code is the same."""
+    a, b = two
+    b.discovery.fail("a site", RuntimeError("broke"))
+    assert not b.discovery.sample()[1].enabled
+    if off == "left out of the walk":
+        b.discovery.uninstall()
+    a.model(A)
+    b.model(B)
+    if off == "failed":
+        assert isinstance(getattr(hooks.discover, "__self__", None), Several)
+        a.assert_own()
+    else:
+        decoder = own_figures(a.model)[1] + own_figures(b.model)[1]
+        assert [(d.owner, d.live_bytes) for d in a.figures()[1]] == [("decoder", decoder)]
+    observations = b.observer.sample()
+    assert [(o.owner, o.live_bytes) for o in observations] == [("talker", own_figures(b.model)[0])], "observed on"
+
+
 # -- telling the models apart -------------------------------------------------------------------------
 
 
@@ -315,17 +337,18 @@ def test_telling_the_models_apart_keeps_no_tensor_of_the_frames_it_walks_alive(r
     assert installed() is None
     if read == "the model's own frame":
         monkeypatch.setattr(stack, "running_model", own_frame)
+    builders = [Builder(), Builder()]
     models = [Speech(), Speech()]
-    for model in models:
-        model.builder = Builder()
+    for model, builder in zip(models, builders, strict=True):
+        model.builder = builder
     made = [side(model) for model in models]
     try:
         assert isinstance(getattr(hooks.discover, "__self__", None), Several)
-        for one in made:
-            assert Runner(one.model.builder).step(), "the runner's tensor died when its frame deleted it"
-            assert one.model.builder() is (read == "the module call" or not SNAPSHOTS)
+        for one, builder in zip(made, builders, strict=True):
+            assert Runner(builder).step(), "the runner's tensor died when its frame deleted it"
+            assert builder() is (read == "the module call" or not SNAPSHOTS)
             (found,) = [d for d in one.figures()[1] if d.owner == "builder"]
-            assert found.live_bytes == storage_bytes(one.model.builder.kept)
+            assert found.live_bytes == storage_bytes(builder.kept)
     finally:
         for one in made:
             one.close()

@@ -18,7 +18,8 @@ Several models in one process (an RL trainer runs vLLM beside training) each hav
 which publishes its own model's owners only. The hooks have one callback: with one model it is that model's
 ``attribute``; with several, ``Several.attribute``, one walk of the stack over every model's code, which gives a
 layer to the model whose module is on the stack (``stack``: where the models run the same code, the nearest
-``nn.Module`` call tells them apart). A newer ``Discovery`` of the same root module replaces the older one.
+``nn.Module`` call tells them apart). A newer ``Discovery`` of the same root module replaces the older one; one
+that failed stays in the walk, so that its model's layers go to no other model (``DROPPED``).
 
 Whatever fails inside discovery is reported once (``log.report``: queued, logged later by the heartbeat
 thread) and turns discovery off; the model never sees it, not even at the recursion limit.
@@ -53,6 +54,8 @@ logger = get_logger("discover")
 
 OUTSIDE = "<outside the model>"
 """Where layers go that no module of the model built: held, weighed, never published."""
+DROPPED = "<a model whose discovery is off>"
+"""Where layers go that a module of a model whose discovery failed built, while other models discover."""
 OFF = "discovery is turned off (MODELKV_DISCOVER=0)"
 OBSERVE_OFF = "discovery is turned off with observation (MODELKV_OBSERVE=0)"
 
@@ -90,6 +93,8 @@ def _below(path: str, of: str) -> bool:
 
 _outside = OwnerState(OUTSIDE, object())
 """The owner of the layers no model's module was found for, whichever model's census places them later."""
+_dropped = OwnerState(DROPPED, object())
+"""The owner of the layers of a model whose discovery is off, beside other models' (weighed, never published)."""
 _burst = 0
 _burst_frame = 0
 
@@ -198,12 +203,12 @@ class Discovery:
             elif getattr(hooks.discover, "__self__", None) is self:
                 hooks.discover = None
 
-    def attributes(self) -> bool:
-        """Whether this discovery gives new layers to its model's modules: running, its observer still installed and
-        its model still loaded."""
+    def mapped(self) -> bool:
+        """Whether this discovery's model takes part in the walk over several models: its module map built, its
+        observer still installed, its model still loaded. One that failed still does: its model's layers must not
+        go to another model's module of the same class; they are dropped (``DROPPED``)."""
         return (
-            self.reason is None
-            and self._observing
+            self._observing
             and self.modules is not None
             and self.modules.root is not None
             and self.observer is not None
@@ -280,10 +285,6 @@ class Discovery:
             except Exception as error:
                 self.fail("sample", error)
         if self.reason is not None:
-            try:
-                self.uninstall()  # off for good: the walk over several models leaves this one out from now on
-            except Exception:  # noqa: BLE001 - the walk skips a model whose discovery is off anyway
-                pass
             return (), DiscoveryStatus(enabled=False, reason=self.reason)
         published, below, over = self._publishable(owners)
         last = self.last
@@ -527,10 +528,11 @@ def _register(found: Discovery) -> None:
 
 
 def _route() -> None:
-    """Point the hooks at the discoveries that still attribute: one directly, several through one walk (holding
-    ``_routing``)."""
-    _attributing[:] = [found for found in _attributing if found.attributes()]
-    if not _attributing:
+    """Point the hooks at the models' discoveries: one directly (none once it failed), several through one walk
+    (holding ``_routing``)."""
+    _attributing[:] = [found for found in _attributing if found.mapped()]
+    running = [found for found in _attributing if found.reason is None]
+    if not running:
         hooks.discover = None
     elif len(_attributing) == 1:
         hooks.discover = _attributing[0].attribute
@@ -539,8 +541,8 @@ def _route() -> None:
 
 
 def _placed(walked: tuple[stack.Target[Discovery] | None, int] | None) -> tuple[OwnerState, int] | None:
-    """The owner and group ``stack.innermost``'s result gives a layer: the module's model's owner there, or
-    ``OUTSIDE``; None for a shallow copy, or where that model's discovery is off (holding ``hooks.lock``, as every
+    """The owner and group ``stack.innermost``'s result gives a layer: the module's model's owner there, ``DROPPED``
+    where that model's discovery is off, or ``OUTSIDE``; None for a shallow copy (holding ``hooks.lock``, as every
     attribution does).
 
     The group is one number per outermost frame of the cache module or ``copy`` the layer was built below (0: none).
@@ -558,7 +560,7 @@ def _placed(walked: tuple[stack.Target[Discovery] | None, int] | None) -> tuple[
     if target is not None:
         path, reference, found = target
         if found.reason is not None:
-            return None
+            return _dropped, group
         module = reference()
         if module is not None:
             return found._owner(path, module), group
@@ -575,7 +577,7 @@ def _by_locals(
     position, path, module = found
     discovery = models[position][0]
     if discovery.reason is not None:
-        return None
+        return _dropped, cache
     return discovery._owner(path, module), cache
 
 
