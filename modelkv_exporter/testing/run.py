@@ -151,8 +151,7 @@ class CacheCheck:
                 self._discovery = None
             for recorder in [*self._recorders.values(), *self._found.values()]:
                 detach(recorder)
-            if installed() is observer:
-                observer.uninstall()
+            observer.uninstall()
             self._tracker.remove()
             self._observer = None
 

@@ -62,13 +62,19 @@ def assert_no_page(snapshot: Snapshot) -> None:
 class Engine:
     """A hooked stand-in worker on its own device, with the hook's heartbeat driven by hand."""
 
-    def __init__(self, spool: Path, monkeypatch: pytest.MonkeyPatch, **worker: Any) -> None:
+    def __init__(
+        self,
+        spool: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        worker_class: type[StandInWorker] = StandInWorker,
+        **worker: Any,
+    ) -> None:
         self.gpu = Gpu()
         monkeypatch.setattr(
             lifecycle, "sampler_for", lambda device: CudaSampler(self.gpu, "cuda:0", nvml=self.gpu, nvml_device=0)
         )
         monkeypatch.setitem(sys.modules, sleep.ALLOCATOR_MODULE, SimpleNamespace(CuMemAllocator=SleepAllocator))
-        cls = type("Worker", (StandInWorker,), {})
+        cls = type("Worker", (worker_class,), {})
         vllm_plugin.Registration(HookConfig(spool, sample_interval=3600)).patch_worker(SimpleNamespace(Worker=cls))  # type: ignore[arg-type]
         self.worker = cls(self.gpu, **worker)
 

@@ -230,7 +230,7 @@ def test_an_unreadable_switch_keeps_observation_on(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("MODELKV_OBSERVE", "maybe")
     observer = install([])
     try:
-        assert observer.enabled and installed() is observer
+        assert observer.enabled and observer.attached and observer.installation is installed()
     finally:
         observer.uninstall()
 

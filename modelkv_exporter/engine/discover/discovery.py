@@ -4,14 +4,22 @@ Two ways of finding them (``contract.vocabulary.DiscoveryMethod``):
 
 - ``cache_layer``: a ``transformers`` cache layer created, copied or first used while no declaring
   owner runs belongs to the innermost module of the model on the call stack whose code names it
-  (``ModuleMap.codes``: frames are matched by ``f_code`` alone, never by their locals), looked up
-  once, when the layer is first seen (``hooks.discover``). A layer no module was found for is held
-  ``OUTSIDE`` until a census finds the innermost module that holds it. From then on it is weighed
-  exactly as a declaring owner's layers are (``observe``'s records, re-weighed at every sample).
+  (``ModuleMap.codes``, walked by ``stack.innermost``: the model's frames are matched by ``f_code``
+  alone, never by their locals), looked up once, when the layer is first seen (``hooks.discover``).
+  A layer no module was found for is held ``OUTSIDE`` until a census finds the innermost module that
+  holds it. From then on it is weighed exactly as a declaring owner's layers are (``observe``'s
+  records, re-weighed at every sample).
 - ``census``: at load, the storages reachable from the modules are the baseline; every
   ``census_interval`` the heartbeat thread walks them again (``census``), and storages that are
   not parameters nor computed weights (a legacy ``weight_norm``'s), not in the baseline, not the
   paged KV cache and not behind an observed cache layer belong to the innermost module that holds them.
+
+Several models in one process (an RL trainer runs vLLM beside training) each have a ``Discovery`` of their own,
+which publishes its own model's owners only. The hooks have one callback: with one model it is that model's
+``attribute``; with several, ``Several.attribute``, one walk of the stack over every model's code, which gives a
+layer to the model whose module is on the stack (``stack``: where the models run the same code, the nearest
+``nn.Module`` call tells them apart). A newer ``Discovery`` of the same root module replaces the older one; one
+that failed stays in the walk, so that its model's layers go to no other model (``DROPPED``).
 
 Whatever fails inside discovery is reported once (``log.report``: queued, logged later by the heartbeat
 thread) and turns discovery off; the model never sees it, not even at the recursion limit.
@@ -21,9 +29,9 @@ from __future__ import annotations
 
 import copy
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import FrameType
 from typing import Any
 
 import torch
@@ -31,10 +39,10 @@ import torch
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Observation
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
 from modelkv_exporter.engine.config import DiscoverySettings, HookConfig
-from modelkv_exporter.engine.discover import census, locals_walk, safe
+from modelkv_exporter.engine.discover import census, locals_walk, safe, stack
 from modelkv_exporter.engine.discover.census import CensusResult
 from modelkv_exporter.engine.discover.layout import seen_layout, widest
-from modelkv_exporter.engine.discover.modules import MAX_FRAMES, ModuleMap
+from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, storages
@@ -46,6 +54,8 @@ logger = get_logger("discover")
 
 OUTSIDE = "<outside the model>"
 """Where layers go that no module of the model built: held, weighed, never published."""
+DROPPED = "<a model whose discovery is off>"
+"""Where layers go that a module of a model whose discovery failed built, while other models discover."""
 OFF = "discovery is turned off (MODELKV_DISCOVER=0)"
 OBSERVE_OFF = "discovery is turned off with observation (MODELKV_OBSERVE=0)"
 
@@ -81,7 +91,12 @@ def _below(path: str, of: str) -> bool:
     return path != of and (of == "" or path.startswith(of + "."))
 
 
-SHALLOW_COPY = copy.copy.__code__
+_outside = OwnerState(OUTSIDE, object())
+"""The owner of the layers no model's module was found for, whichever model's census places them later."""
+_dropped = OwnerState(DROPPED, object())
+"""The owner of the layers of a model whose discovery is off, beside other models' (weighed, never published)."""
+_burst = 0
+_burst_frame = 0
 
 
 def _cache_classes() -> tuple[type | None, type | None, frozenset[str]]:
@@ -125,10 +140,8 @@ class Discovery:
         self.unpublished: set[str] = set()
         self.observer = observer
         self._observing = observer is not None and observer.enabled and observer.unavailable is None
-        self._outside = OwnerState(OUTSIDE, object())
         self._layer_class, self._cache_class, self._builder_files = _cache_classes()
-        self._burst = 0
-        self._burst_frame = 0
+        self._index: stack.CodeIndex[Discovery] | None = None
         self._logged: set[str] = set()
         if reason is not None:
             return
@@ -139,9 +152,10 @@ class Discovery:
                 self.reason = f"the model is a {type(model).__name__}, not a torch module: nothing to discover"
                 return
             self.modules = ModuleMap(root)
+            self._index = stack.CodeIndex([(self, self.modules)])
             self.take_baseline()
             if self._observing:
-                hooks.discover = self.attribute
+                _register(self)
         except Exception as error:
             self.fail("install", error)
 
@@ -181,9 +195,25 @@ class Discovery:
         self.ready = True
 
     def uninstall(self) -> None:
-        """Stop attributing layers (the records already made stay with the observer)."""
-        if getattr(hooks.discover, "__self__", None) is self:
-            hooks.discover = None
+        """Stop attributing layers (the records already made stay with the observer); other models' discovery goes on."""
+        with _routing:
+            if self in _attributing:
+                _attributing.remove(self)
+                _route()
+            elif getattr(hooks.discover, "__self__", None) is self:
+                hooks.discover = None
+
+    def mapped(self) -> bool:
+        """Whether this discovery's model takes part in the walk over several models: its module map built, its
+        observer still installed, its model still loaded. One that failed still does: its model's layers must not
+        go to another model's module of the same class; they are dropped (``DROPPED``)."""
+        return (
+            self._observing
+            and self.modules is not None
+            and self.modules.root is not None
+            and self.observer is not None
+            and self.observer.attached
+        )
 
     # -- cache layers --------------------------------------------------------------------------
 
@@ -204,63 +234,24 @@ class Discovery:
             return None
 
     def _attribute(self, layer: object) -> tuple[OwnerState, int] | None:
-        """Walk the stack outward, by code alone, to the innermost module that is not only handed the cache.
+        """Walk the stack outward, by code alone, to the innermost module that is not only handed the cache
+        (``stack.innermost``).
 
         A frame names a module when its code is a method of a class only that module has (``ModuleMap.codes``).
-        Modules whose method takes ``past_key_values`` only pass the cache along (or fill an empty slot and
-        return it), so the walk goes on outward to the module that made or keeps it; when every module found
-        takes one, the innermost of them. Without any, the layer is held ``OUTSIDE`` and a census gives it to
-        the innermost module that holds it. At most ``MAX_FRAMES`` frames, whatever the caller's depth.
-
-        A layer ``copy.copy`` makes shares every tensor with the layer it copies: it is left alone (None), so that its
-        original's bytes are not counted twice.
+        Modules whose method takes ``past_key_values`` only pass the cache along, so the walk goes on outward to
+        the module that made or keeps it. Without any, the layer is held ``OUTSIDE`` and a census gives it to the
+        innermost module that holds it. A layer ``copy.copy`` makes shares every tensor with the layer it copies:
+        it is left alone (None), so that its original's bytes are not counted twice.
 
         The group (layers of one cache, for the layout) is the run of layers built within one outermost frame
         of the cache module or ``copy`` (a cache's ``__init__``, ``update``, or a ``deepcopy``); a census that
         reaches the cache object sets it exactly.
         """
-        modules = self.modules
-        assert modules is not None
+        index = self._index
+        assert self.modules is not None and index is not None
         if self.settings.discover_read_locals:
-            found_by_locals, cache = locals_walk.find(modules, self._cache_class, sys._getframe(2))
-            if found_by_locals is None:
-                return self._outside, cache
-            return self._owner(*found_by_locals), cache
-        codes = modules.codes
-        passing = modules.passing
-        builders = self._builder_files
-        frame: FrameType | None = sys._getframe(2)
-        builder = 0
-        handed: tuple[str, Any] | None = None
-        found: tuple[str, Any] | None = None
-        for _ in range(MAX_FRAMES):
-            if frame is None:
-                break
-            code = frame.f_code
-            entry = codes.get(id(code))
-            if entry is not None:
-                if id(code) not in passing:
-                    found = entry
-                    break
-                handed = handed or entry
-            elif code.co_filename in builders and found is None and handed is None:
-                if code is SHALLOW_COPY:
-                    return None
-                builder = id(frame)
-            frame = frame.f_back
-        frame = None
-        group = 0
-        if builder:
-            if builder != self._burst_frame:
-                self._burst += 1
-                self._burst_frame = builder
-            group = self._burst
-        entry = found or handed
-        if entry is not None:
-            module = entry[1]()
-            if module is not None:
-                return self._owner(entry[0], module), group
-        return self._outside, group
+            return _by_locals(((self, self.modules),), self._cache_class, sys._getframe(2))
+        return _placed(stack.innermost(index, self._builder_files, sys._getframe(2)))
 
     def _owner(self, path: str, module: object) -> OwnerState:
         observed = self.observer.state_of(module) if self.observer is not None else None
@@ -365,7 +356,7 @@ class Discovery:
                 record.group = group
             owner = record.owner
             path, reference = self.modules.modules[index]  # type: ignore[union-attr]
-            if owner is self._outside or (owner is self.layer_owners.get(owner.path) and _below(path, owner.path)):
+            if owner is _outside or (owner is self.layer_owners.get(owner.path) and _below(path, owner.path)):
                 module = reference()
                 if module is not None:
                     moves.append((record, owner, self._owner(path, module)))
@@ -483,6 +474,111 @@ class Discovery:
         kept = above[: self.settings.engine_max_discovered_owners]
         kept.sort(key=lambda o: (o.owner, o.found_by))
         return tuple(kept), len(owners) - len(above), len(above) - len(kept)
+
+
+class Several:
+    """Attribution for several models in one process: one walk of the stack over every model's code
+    (``stack.CodeIndex``), which gives a new layer to the model whose module is on the stack."""
+
+    def __init__(self, discoveries: Sequence[Discovery]) -> None:
+        self.discoveries = tuple(discoveries)
+        self.models = tuple((found, found.modules) for found in discoveries if found.modules is not None)
+        self.index = stack.CodeIndex(self.models)
+        self.read_locals = any(found.settings.discover_read_locals for found in discoveries)
+        """Whether to walk by the frames' locals: where any model's settings opted into it (the process pays)."""
+        self._cache_class = discoveries[0]._cache_class
+        self._builder_files = discoveries[0]._builder_files
+
+    def attribute(self, layer: object) -> tuple[OwnerState, int] | None:
+        """``Discovery.attribute`` for every model at once. Never raises: when anything fails, it returns None and
+        discovery is off for every model (the walk is theirs together)."""
+        try:
+            if self.read_locals:
+                return _by_locals(self.models, self._cache_class, sys._getframe(1))
+            return _placed(stack.innermost(self.index, self._builder_files, sys._getframe(1)))
+        except Exception as error:
+            if getattr(hooks.discover, "__self__", None) is self:
+                hooks.discover = None
+            try:
+                for found in self.discoveries:
+                    found.fail("cache layer attribution", error)
+            except Exception:  # noqa: BLE001 - no call is possible here; assignments are
+                for found in self.discoveries:
+                    found.reason = found.reason or "discovery failed in cache layer attribution"
+            return None
+
+
+_attributing: list[Discovery] = []
+"""The discoveries that give new layers to their models' modules, oldest first."""
+_routing = threading.Lock()
+"""Held while ``_attributing`` and ``hooks.discover`` change (at load and at an engine's end; never on a model's
+thread, which only reads ``hooks.discover``)."""
+
+
+def _register(found: Discovery) -> None:
+    """``found`` attributes new layers from now on, beside the other models' discovery (replacing an older discovery
+    of the same model)."""
+    root = found.modules.root if found.modules is not None else None
+    with _routing:
+        for older in list(_attributing):
+            if older.modules is None or older.modules.root is root:
+                _attributing.remove(older)
+        _attributing.append(found)
+        _route()
+
+
+def _route() -> None:
+    """Point the hooks at the models' discoveries: one directly (none once it failed), several through one walk
+    (holding ``_routing``)."""
+    _attributing[:] = [found for found in _attributing if found.mapped()]
+    running = [found for found in _attributing if found.reason is None]
+    if not running:
+        hooks.discover = None
+    elif len(_attributing) == 1:
+        hooks.discover = _attributing[0].attribute
+    else:
+        hooks.discover = Several(_attributing).attribute
+
+
+def _placed(walked: tuple[stack.Target[Discovery] | None, int] | None) -> tuple[OwnerState, int] | None:
+    """The owner and group ``stack.innermost``'s result gives a layer: the module's model's owner there, ``DROPPED``
+    where that model's discovery is off, or ``OUTSIDE``; None for a shallow copy (holding ``hooks.lock``, as every
+    attribution does).
+
+    The group is one number per outermost frame of the cache module or ``copy`` the layer was built below (0: none).
+    """
+    global _burst, _burst_frame
+    if walked is None:
+        return None
+    target, builder = walked
+    group = 0
+    if builder:
+        if builder != _burst_frame:
+            _burst += 1
+            _burst_frame = builder
+        group = _burst
+    if target is not None:
+        path, reference, found = target
+        if found.reason is not None:
+            return _dropped, group
+        module = reference()
+        if module is not None:
+            return found._owner(path, module), group
+    return _outside, group
+
+
+def _by_locals(
+    models: Sequence[tuple[Discovery, ModuleMap]], cache_class: type | None, frame: Any
+) -> tuple[OwnerState, int] | None:
+    """The opt-in walk by the frames' locals (``locals_walk``), over one model or several."""
+    found, cache = locals_walk.find(tuple(modules for _, modules in models), cache_class, frame)
+    if found is None:
+        return _outside, cache
+    position, path, module = found
+    discovery = models[position][0]
+    if discovery.reason is not None:
+        return _dropped, cache
+    return discovery._owner(path, module), cache
 
 
 def discover(model: object, config: HookConfig, observer: Observer | None, declaring: Iterable[str] = ()) -> Discovery:

@@ -3,7 +3,8 @@
 It follows a cache through every argument of the frames it walks: the module that built or keeps a cache is the
 innermost one on the stack that was not handed that cache, in any argument (``*args`` and ``**kwargs`` one level
 in), or an empty ``past_key_values`` slot; the cache is the ``Cache`` whose method runs, or the one
-``copy.deepcopy`` rebuilds. It tells caches apart exactly, and follows caches handed under any name.
+``copy.deepcopy`` rebuilds. It tells caches apart exactly, and follows caches handed under any name; with several
+models in one process, it tells their modules apart by the frames' ``self`` too.
 
 What it costs: it reads ``f_locals`` of every frame with a ``self`` it passes, which on CPython 3.11 stores a
 snapshot of that frame's locals on the frame, keeping every tensor the frame deletes later alive until the frame
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import CodeType, FrameType
 from typing import Any
 
@@ -50,11 +51,14 @@ def handed(code: CodeType, local: Mapping[str, Any], cache: object) -> bool:
     return False
 
 
-def find(modules: ModuleMap, cache_type: type | None, frame: FrameType | None) -> tuple[tuple[str, object] | None, int]:
-    """The module that built or keeps the cache being built above ``frame`` (None: no module of the model), and the
-    ``id`` of that cache (0: unknown)."""
+def find(
+    maps: Sequence[ModuleMap], cache_type: type | None, frame: FrameType | None
+) -> tuple[tuple[int, str, object] | None, int]:
+    """The module that built or keeps the cache being built above ``frame`` (None: no module of any model in
+    ``maps``), as the position of its model in ``maps``, its path and the module; and the ``id`` of that cache
+    (0: unknown)."""
     cache: object = None
-    innermost: tuple[str, object] | None = None
+    innermost: tuple[int, str, object] | None = None
     for _ in range(MAX_FRAMES):
         if frame is None:
             break
@@ -66,12 +70,21 @@ def find(modules: ModuleMap, cache_type: type | None, frame: FrameType | None) -
         elif code.co_argcount and code.co_varnames[0] == "self":
             local = frame.f_locals
             obj = local.get("self")
-            path = modules.path_of(obj)
-            if path is not None:
+            found = _module_of(maps, obj)
+            if found is not None:
                 if cache is None or not handed(code, local, cache):
-                    return (path, obj), id(cache) if cache is not None else 0
-                innermost = innermost or (path, obj)
+                    return found, id(cache) if cache is not None else 0
+                innermost = innermost or found
             elif cache is None and cache_type is not None and isinstance(obj, cache_type):
                 cache = obj
         frame = frame.f_back
     return innermost, id(cache) if cache is not None else 0
+
+
+def _module_of(maps: Sequence[ModuleMap], obj: object) -> tuple[int, str, object] | None:
+    """``obj``'s model's position in ``maps`` and its path there, when it is a module of one of them."""
+    for position, modules in enumerate(maps):
+        path = modules.path_of(obj)
+        if path is not None:
+            return position, path, obj
+    return None

@@ -5,9 +5,11 @@ root), held weakly, and ``codes``: every code object of the methods the model's 
 define (nested functions and comprehensions included, ``functools.wraps`` wrappers followed to the
 function they wrap), mapped to the one module whose class runs it, where only one module of the
 model has that class. Code shared by several modules (a decoder layer's, an attention's, or
-``nn.Module``'s own) names none. A frame is matched by its ``f_code`` alone: attribution reads no
-frame's locals (on CPython 3.11 reading ``f_locals`` stores a snapshot on the frame, keeping every
-tensor the frame deletes later alive until it returns).
+``nn.Module``'s own) names none. A frame of the model's code is matched by its ``f_code`` alone:
+attribution reads no such frame's locals (on CPython 3.11 reading ``f_locals`` stores a snapshot on
+the frame, keeping every tensor the frame deletes later alive until it returns). Where several
+models in one process run the same code, ``stack`` tells them apart by the nearest ``nn.Module``
+call's frame, which holds nothing but that call's arguments.
 """
 
 from __future__ import annotations
@@ -115,6 +117,11 @@ class ModuleMap:
 
     def __len__(self) -> int:
         return len(self.modules)
+
+    @property
+    def root(self) -> torch.nn.Module | None:
+        """The model's root module; None once it was released."""
+        return self.modules[0][1]() if self.modules else None
 
     def path_of(self, obj: object) -> str | None:
         """The path of ``obj`` when it is one of the model's modules."""

@@ -1,4 +1,11 @@
-"""The process-wide observer: install it once after load, add the owners, sample it at every heartbeat.
+"""The process's one installation of the hooks, and one view of it per model.
+
+``install`` hooks the classes the first time it runs (``Installation``: the class patches, shared by every model
+in the process) and returns a new ``Observer`` for the owners it is given: each model's heartbeat samples its own
+owners only, so two models in one process (an RL trainer runs vLLM beside training) never publish each other's
+caches. The hot path is the same whatever the number of models: a hook finds an owner's state by the owner object
+(``hooks.owners``). Removing a model's view takes its owners out and leaves the other models' hooks in place; the
+last view removes the hooks.
 
 A sample runs on the heartbeat thread beside the model: it holds ``hooks.lock`` (which every cache
 update takes) for at most ``CHUNK`` layers at a time, so an update never waits long, whatever the
@@ -27,47 +34,93 @@ from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 
 OFF = "observation is turned off (MODELKV_OBSERVE=0)"
 NO_CALL = "no call of this owner has been observed yet"
+MOVED = "another model in this process observes this module now"
 CHUNK = 64
 """Layers a sample re-weighs per hold of ``hooks.lock`` (a few microseconds each)."""
 
-_installed: Observer | None = None
+_installed: Installation | None = None
 _lock = threading.Lock()
 
 
-class Observer:
-    """Owner states and their figures. ``enabled`` False: nothing is hooked and every figure is absent."""
+class Installation:
+    """What ``install`` hooked in this process, shared by every model's ``Observer`` (its ``views``)."""
 
-    def __init__(self, enabled: bool, transformers_version: str = "") -> None:
+    def __init__(self, transformers_version: str) -> None:
+        self.transformers_version = transformers_version
+        self.unavailable: str | None = None
+        """Why nothing can be observed (transformers internals unknown); None when observing."""
+        self.patches = ClassPatches()
+        self.views: list[Observer] = []
+        """The observers ``install`` returned that were not uninstalled yet, one a model."""
+
+    def uninstall(self) -> None:
+        """Remove every hook and wrapper, and forget every model's owners and all state."""
+        with _lock:
+            self._remove()
+
+    def _remove(self) -> None:
+        """``uninstall``, holding ``_lock``."""
+        global _installed
+        hooks.deactivate()
+        self.patches.remove()
+        hooks.reset()
+        forget_plans()
+        for view in self.views:
+            view.forget()
+        self.views.clear()
+        if _installed is self:
+            _installed = None
+
+
+class Observer:
+    """One model's owners and their figures. ``enabled`` False: nothing is hooked and every figure is absent."""
+
+    def __init__(self, enabled: bool, transformers_version: str = "", installation: Installation | None = None) -> None:
         self.enabled = enabled
         self.transformers_version = transformers_version
         self.unavailable: str | None = None if enabled else OFF
         """Why no owner can be observed (off, or transformers internals unknown); None when observing."""
-        self.patches = ClassPatches()
+        self.installation = installation
+        """The hooks this observer's owners are observed through; None when off, or once uninstalled."""
         self._owners: dict[int, OwnerState] = {}
 
+    @property
+    def attached(self) -> bool:
+        """Whether this observer is one of the installed hooks' views (not off, not uninstalled)."""
+        installation = self.installation
+        return installation is not None and installation is _installed
+
     def add_owners(self, owners: Iterable[tuple[str, object]]) -> None:
-        """Observe these ``(path, owner)`` pairs from now on (an owner object already observed is skipped)."""
+        """Observe these ``(path, owner)`` pairs from now on (an owner object already observed is skipped).
+
+        An owner object another model's observer observes too (a module two models share) is observed here from
+        now on; there its figures become absent (``MOVED``).
+        """
         for path, owner in owners:
             known = self._owners.get(id(owner))
             if known is not None and known.owner_ref() is owner:
                 continue
             state = OwnerState(path, owner)
             self._owners[id(owner)] = state
-            if self.unavailable is None:
-                self.patches.hook_owner(owner, state)
+            installation = self.installation
+            if self.unavailable is None and installation is not None:
+                other = hooks.owners.get(id(owner))
+                if other is not None and other.owner_ref() is owner:
+                    other.unknown = MOVED
+                installation.patches.hook_owner(owner, state)
 
     def state_of(self, owner: object) -> OwnerState | None:
-        """The state of ``owner`` when it is observed."""
+        """The state of ``owner`` when this observer observes it."""
         state = self._owners.get(id(owner))
         return state if state is not None and state.owner_ref() is owner else None
 
     def owner_states(self) -> dict[str, OwnerState]:
-        """Every observed owner's state by its path."""
+        """Every owner this observer observes, its state by its path."""
         return {state.path: state for state in self._owners.values()}
 
     def sample(self) -> tuple[Observation, ...]:
-        """Every owner's figures now, and the start of the next interval. Never raises; takes ``hooks.lock``
-        only briefly (``CHUNK`` layers at a time)."""
+        """This observer's owners' figures now, and the start of their next interval. Never raises; takes
+        ``hooks.lock`` only briefly (``CHUNK`` layers at a time)."""
         try:
             return self._sample()
         except Exception as error:
@@ -120,17 +173,26 @@ class Observer:
     def _recount(self, state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
         return recount(state, records, observing)
 
+    def forget(self) -> None:
+        """Stop observing this observer's owners (the hooks stay in place for other models)."""
+        for key, state in list(self._owners.items()):
+            if hooks.owners.get(key) is state:
+                del hooks.owners[key]
+        self._owners.clear()
+        self.installation = None
+
     def uninstall(self) -> None:
-        """Remove every hook and wrapper and forget all state."""
-        global _installed
+        """Stop observing this model's owners; the last model's observer removes every hook and wrapper too.
+
+        Another model's observer keeps observing, through the same hooks.
+        """
         with _lock:
-            hooks.deactivate()
-            self.patches.remove()
-            hooks.reset()
-            forget_plans()
-            self._owners.clear()
-            if _installed is self:
-                _installed = None
+            installation = self.installation
+            self.forget()
+            if installation is not None and self in installation.views:
+                installation.views.remove(self)
+                if not installation.views:
+                    installation._remove()
 
 
 def recount(
@@ -211,36 +273,39 @@ def records_by_owner() -> dict[int, list[LayerRecord]]:
     return by_owner
 
 
-def installed() -> Observer | None:
-    """The observer installed in this process, if any."""
+def installed() -> Installation | None:
+    """The hooks installed in this process, if any (shared by every model's observer)."""
     return _installed
 
 
-def _new_observer() -> Observer:
+def _new_installation() -> Installation:
     import transformers
 
-    observer = Observer(True, getattr(transformers, "__version__", "?"))
+    installation = Installation(getattr(transformers, "__version__", "?"))
     cache_utils, reason = probe.names()
     if reason is None:
-        observer.patches.install(cache_utils)
+        installation.patches.install(cache_utils)
         hooks.activate()
         reason = probe.self_test(cache_utils) or hooks.broken()
         if reason is not None:
             hooks.deactivate()
-            observer.patches.remove()
+            installation.patches.remove()
             hooks.records.clear()
     if reason is not None:
-        observer.unavailable = f"transformers {observer.transformers_version} keeps caches in an unknown way: {reason}"
-        report(hooks.logger, "modelkv: model-local KV observation unavailable: %s", observer.unavailable)
-    return observer
+        installation.unavailable = (
+            f"transformers {installation.transformers_version} keeps caches in an unknown way: {reason}"
+        )
+        report(hooks.logger, "modelkv: model-local KV observation unavailable: %s", installation.unavailable)
+    return installation
 
 
 def install(owners: Iterable[tuple[str, object]], *, enabled: bool | None = None) -> Observer:
-    """Observe ``owners``: the process's one observer, installed on first use. Never raises.
+    """Observe ``owners``, one model's: a new observer of the process's hooks, installed on first use. Never raises.
 
-    Turned off (``enabled`` False, or ``MODELKV_OBSERVE=0`` when ``enabled`` is None), it hooks
-    nothing and returns an observer whose figures are all absent with that reason. So does a
-    ``transformers`` whose caches fail the install-time self-test.
+    Each call returns an observer of its own, which samples only the owners given to it (``add_owners`` adds more);
+    the hooks are installed once and shared. Turned off (``enabled`` False, or ``MODELKV_OBSERVE=0`` when
+    ``enabled`` is None), it hooks nothing and returns an observer whose figures are all absent with that reason.
+    So does a ``transformers`` whose caches fail the install-time self-test.
     """
     global _installed
     owners = list(owners)
@@ -250,14 +315,18 @@ def install(owners: Iterable[tuple[str, object]], *, enabled: bool | None = None
         return observer
     try:
         with _lock:
+            view: Observer | None = None
             try:
                 if _installed is None:
-                    _installed = _new_observer()
-                _installed.add_owners(owners)
-                return _installed
+                    _installed = _new_installation()
+                view = Observer(True, _installed.transformers_version, _installed)
+                view.unavailable = _installed.unavailable
+                _installed.views.append(view)
+                view.add_owners(owners)
+                return view
             except Exception as error:
                 hooks.fail("install", error)
-                fallback = _installed or Observer(True)
+                fallback = view or Observer(True)
                 fallback.unavailable = fallback.unavailable or hooks.broken()
                 return fallback
     finally:

@@ -21,7 +21,8 @@
   resets, so that the profile reads the whole peak;
 - after ``sleep``, ``wake_up`` and vLLM 0.34's ``discard``: publish the sleep level and what vLLM's sleep
   allocator holds off the device, by tag (``sleep.py``);
-- before ``shutdown`` (and at exit): mark the snapshot ended.
+- before ``shutdown`` (and at exit): mark the snapshot ended; before ``shutdown``, stop observing and
+  discovering the worker's model (another model in the process keeps its own).
 
 ``plugin`` runs every step guarded, so that no failure here reaches the engine.
 """
@@ -77,6 +78,13 @@ class WorkerHook:
     observer: Observer | None = None
     discovery: Discovery | None = None
 
+    def release(self) -> None:
+        """Stop observing and discovering this worker's model; another model in the process keeps its own."""
+        if self.discovery is not None:
+            self.discovery.uninstall()
+        if self.observer is not None:
+            self.observer.uninstall()
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -102,6 +110,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     previous: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if previous is not None:
         previous.publisher.stop()
+        previous.release()
     facts = facts_of(worker)
     engine_id = claim_engine_id(engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank), worker)
     runtime: Runtime | None = getattr(worker, RUNTIME_ATTRIBUTE, None)
@@ -116,8 +125,6 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     config.spool_dir.mkdir(parents=True, exist_ok=True)
     sampler = runtime.sampler if runtime is not None else worker_sampler(worker)
     observer = install(declaring_owners(facts.model), enabled=config.observe)
-    if previous is not None and previous.discovery is not None:
-        previous.discovery.uninstall()
     declaring = {d.owner for d in snapshot.declarations} | {d.owner for d in snapshot.dropped_declarations or ()}
     discovery = discover(facts.model, config, observer, declaring)
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
@@ -306,3 +313,4 @@ def before_shutdown(worker: Any, config: HookConfig) -> None:
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
         logger.info("modelkv: %s ended", hook.publisher.end())
+        hook.release()
