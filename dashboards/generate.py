@@ -274,11 +274,13 @@ def memory_by_part() -> timeseries.Panel:
     return (
         graph(
             "Memory by part",
-            "Where each engine's memory goes, stacked: weights, paged KV cache, CUDA graph pools, the activation "
-            "reserve, model-local caches, memory outside torch (CUDA context, libraries) and the unexplained rest. "
-            "A device engine's parts add up to the device bytes NVML gives its process, a CPU engine's to its "
-            "resident memory. A part that cannot be known is absent, and so is the rest: the stack is then short "
-            "of the whole. One panel per engine id (replicas of one id in several pods: pick a pod).",
+            "Where each engine's memory goes, stacked: the runtime it held before its model (CUDA context, "
+            "libraries), weights, paged KV cache, CUDA graph pools, the activation reserve, model-local caches, and "
+            "the unexplained rest. Each part is measured on its own; the rest is the device bytes NVML gives the "
+            "process (a CPU engine: its resident memory) less the parts, so a leak, memory made outside torch or a "
+            "part's error shows there (below 0: a part counts more than the process holds). A part that cannot be "
+            "known is absent, and so is the rest: the stack is then short of the whole. One panel per engine id "
+            "(replicas of one id in several pods: pick a pod).",
             "bytes",
             query(
                 f"sum by (namespace, pod, engine, component) (modelkv_memory_breakdown_bytes{{{ENGINE_SELECTOR}}})",

@@ -140,6 +140,8 @@ def _engine_heading(snapshot: Snapshot, state: EngineState) -> str:
         bits.append(f"paged KV {human_bytes(snapshot.settings.paged_kv_bytes)}")
     if snapshot.settings.paged_kv_reserved_bytes is not None:
         bits.append(f"paged KV reserved {human_bytes(snapshot.settings.paged_kv_reserved_bytes)}")
+    if snapshot.sleep is not None and snapshot.sleep.summary:
+        bits.append(snapshot.sleep.summary)
     return ", ".join(bits)
 
 

@@ -198,6 +198,14 @@ class SleepState:
         pattern=PLAIN_NAME,
     )
 
+    @property
+    def summary(self) -> str | None:
+        """The sleep in words (``asleep, level 1: weights offloaded to host memory``); None while awake."""
+        if not self.level:
+            return None
+        kept = {1: "weights offloaded to host memory", 2: "weights discarded"}.get(self.level, "")
+        return f"asleep, level {self.level}: {kept}"
+
 
 @dataclass(frozen=True)
 class Declaration:

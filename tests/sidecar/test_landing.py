@@ -468,3 +468,23 @@ def test_a_runbook_address_links_each_problem_to_its_section(spool: Path) -> Non
         )  # fmt: skip
         assert result.returncode == 2 and "is not an absolute http(s) address without a #fragment" in result.stderr
         assert ("--runbook-url" if flag else "MODELKV_RUNBOOK_URL") in result.stderr.splitlines()[-1]
+
+
+def test_a_sleeping_engine_says_so_on_the_page_and_in_inspect(spool: Path) -> None:
+    """vLLM's sleep level, in the same words on the page and in ``inspect``; an awake engine says nothing of sleep."""
+    from modelkv_exporter.cli.reports import inspect_report
+    from modelkv_exporter.contract.snapshot import SleepState
+
+    now = time.time()
+    asleep = replace(make_snapshot("trainer-side", heartbeat_at=now), sleep=SleepState(1, {"weights": 1 << 30}))
+    awake = replace(make_snapshot("serving", heartbeat_at=now), sleep=SleepState(0, {}))
+    write_snapshot(spool, asleep)
+    write_snapshot(spool, awake)
+    view = classify(SpoolReader(spool).scan(), now, 30.0, 0.0)
+    html = render_landing(view, spool_dir=str(spool), version="0", max_discovered=LIMIT)
+    words = "asleep, level 1: weights offloaded to host memory"
+    section = html.split('id="engine-trainer-side"', 1)[1].split("<h3", 1)[0]
+    assert f"sleep <code>{words}</code>" in section
+    assert "asleep" not in html.split('id="engine-serving"', 1)[1].split("<h3", 1)[0]
+    report = inspect_report(view, 200)
+    assert words in report and report.count("asleep") == 1

@@ -235,6 +235,7 @@ def _engine_section(snapshot: Snapshot, max_discovered: int) -> str:
         ("ranks", engine.ranks_label),
         ("device", engine.device),
         ("writer", snapshot.writer),
+        ("sleep", snapshot.sleep.summary if snapshot.sleep is not None else None),
     ]
     line = " · ".join(f"{k} <code>{escape(str(v))}</code>" for k, v in facts if v)
     owners = _owner_rows(snapshot)
