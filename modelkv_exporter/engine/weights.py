@@ -20,6 +20,7 @@ counted. The prefetch offloader's parameters point at its device buffers, shared
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -85,13 +86,14 @@ def _weights(model: torch.nn.Module) -> Iterator[Any]:
                 yield computed
 
 
-def model_weight_bytes(model: Any, device: Device = None) -> int | None:
+def model_weight_bytes(model: Any, device: Device = None, also: Iterable[Any] = ()) -> int | None:
     """Bytes of ``model``'s parameters, buffers and computed weights on ``device`` (every device when None; never
-    ``meta``, never a parameter vLLM offloaded to the host), each storage once; None when not a module or when a
-    tensor's storage cannot be read."""
+    ``meta``, never a parameter vLLM offloaded to the host), and of the tensors ``also`` names (weights a backend
+    keeps where no module does), each storage once; None when not a module or when a tensor's storage cannot be
+    read."""
     if not issubclass(type(model), torch.nn.Module):
         return None
     try:
-        return storage_bytes(_weights(model), device) or 0
+        return storage_bytes(itertools.chain(_weights(model), also), device) or 0
     except Exception:
         return None

