@@ -10,10 +10,12 @@ from __future__ import annotations
 from modelkv_testbed.simulation.physics import (
     GIB,
     MIB,
+    SLEEP_TAGS_034,
     Cache,
     Device,
     Engine,
     ExtensibleKV,
+    Sleep,
     Undeclared,
     burst,
     bursts,
@@ -632,7 +634,9 @@ def _extensible_kv() -> Story:
         Device("GPU-k2"),
         started=0,
         paged_kv=50 * GIB,
-        extensible=ExtensibleKV(62 * GIB, sleeps=((60, 90), (150, 155))),
+        extensible=ExtensibleKV(62 * GIB),
+        sleeps=(Sleep(60, 90), Sleep(150, 155)),
+        sleep_tags=SLEEP_TAGS_034,
     )
     leak = Engine(
         "v034-leak",
@@ -663,9 +667,10 @@ def _extensible_kv() -> Story:
         warm-up commits 8 GiB at minutes 7 and 8. "v034-graphs" gives them back before it captures
         CUDA graphs, and the final extend commits 50 GiB at minute 10. "v034-eager" runs without
         graphs: its warm-up commits 56 GiB and keeps them, and the final extend shrinks them to 50 GiB.
-        "v034-sleeper" sleeps from minute 60 to 90 and from 150 to 155: its 50 GiB are released and
-        recommitted. "v034-leak" leaks 0.15 GiB of live tensors a minute from minute 60 to 130 and keeps them. The KV cache
-        shows in NVML's figure and the device's, never in torch's.
+        "v034-sleeper" sleeps (level 1) from minute 60 to 90 and from 150 to 155: the sleep allocator
+        unmaps its 16 GiB of weights and its cache releases its 50 GiB, and both come back when it wakes.
+        "v034-leak" leaks 0.15 GiB of live tensors a minute from minute 60 to 130 and keeps them. The KV
+        cache shows in NVML's figure and the device's, never in torch's.
         """,
         [
             Episode(
