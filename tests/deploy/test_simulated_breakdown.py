@@ -118,6 +118,25 @@ def _with_samples(timeline: Timeline, change: Callable[[Sample], Sample]) -> Tim
     return Timeline(samples, timeline.heartbeats)
 
 
+def _graphs_as_capture_model_returns(sample: Sample) -> Sample:
+    if "cuda_graph_bytes" not in sample.recorded or sample.capture_drop is None:
+        return sample
+    return replace(sample, recorded={**sample.recorded, "cuda_graph_bytes": sample.capture_drop})
+
+
+def test_the_graph_figure_capture_model_returns_counts_the_neighbour_and_the_check_fails() -> None:
+    """Break the graph figure on purpose: the bytes vLLM's ``capture_model`` returns (the drop in the device's free
+    memory across the capture) in place of torch's private-pool growth. The neighbour that allocated during the
+    capture lands in ``cuda_graphs`` and the rest goes negative by as much: the check sees it."""
+    name, episode, timeline = _story("story-n")
+    wrong, _ = mismatches(episode.engines, timeline, series(episode.engines, timeline, episode.minutes))
+    assert not wrong, wrong[:3]
+    broken = _with_samples(timeline, _graphs_as_capture_model_returns)
+    wrong, _ = mismatches(episode.engines, broken, series(episode.engines, broken, episode.minutes))
+    assert wrong, f"{name}: the neighbour's allocation in the graph figure went unnoticed"
+    assert any("'cuda_graphs'" in line for line in wrong), wrong[:3]
+
+
 def test_a_sleep_without_the_allocators_books_leaves_the_parts_on_the_device_and_the_check_fails() -> None:
     """Break the sleep books on purpose: a hook that publishes the level but not what the sleep allocator holds off
     the device. The weights and the KV cache then stay in their parts while NVML's figure dropped."""
