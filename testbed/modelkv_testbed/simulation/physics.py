@@ -371,8 +371,12 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
     high_water = max(window, process.previous_window) if process.baseline is not None else live
     process.previous_window = window
     process.peak_allocated = max(process.peak_allocated, window)
-    pooled = {WEIGHTS_TAG: engine.weights, KV_CACHE_TAG: in_torch_kv, CUDAGRAPH_TAG: graphs}
-    pooled[RUNTIME_TAG] = engine.runtime_buffers
+    pooled = {
+        WEIGHTS_TAG: engine.weights,
+        KV_CACHE_TAG: in_torch_kv,
+        CUDAGRAPH_TAG: graphs,
+        RUNTIME_TAG: engine.runtime_buffers,
+    }
     off_device = {tag: pooled[tag] for tag in engine.sleep_tags if pooled.get(tag)} if sleep is not None else {}
     process_gpu = (
         process.reserved
