@@ -97,8 +97,8 @@ COMPONENTS: tuple[Component, ...] = (
         MODEL_LOCAL_CACHES,
         "caches the model keeps outside the paged KV cache, each counted once",
         "the live bytes of every observed owner's caches, plus every discovered owner's live bytes (a declaring "
-        "owner's: beyond its declared caches) except an observed owner's that discovery repeats; absent while a "
-        "declaring owner's caches cannot be observed",
+        "owner's: beyond its declared caches; the larger figure where two methods found it) except an observed "
+        "owner's that discovery repeats; absent while a declaring owner's caches cannot be observed",
         "a cache discovery cannot see (beyond its census budget) is not in it",
         True,
     ),
@@ -144,7 +144,8 @@ def model_local_bytes(snapshot: Snapshot) -> int | None:
 
     An observed owner that declares nothing is also a discovered owner (``cache_layer``) with the same
     figures: it counts once, as observed. A declaring owner that discovery finds holding more counts its
-    observed caches and, beyond them, what was discovered."""
+    observed caches and, beyond them, what was discovered. An owner two methods found (``cache_layer`` and
+    ``census``) counts once, at the larger figure: both see the same memory, as the rules take it."""
     total = 0
     observed: set[str] = set()
     for owner, observation in snapshot.owners().items():
@@ -154,11 +155,12 @@ def model_local_bytes(snapshot: Snapshot) -> int | None:
             continue
         observed.add(owner)
         total += observation.live_bytes
+    found_live: dict[str, int] = {}
     for found in snapshot.discovered:
         if found.owner in observed and not found.declares and found.found_by == DiscoveryMethod.CACHE_LAYER.value:
             continue
-        total += found.live_bytes
-    return total
+        found_live[found.owner] = max(found_live.get(found.owner, 0), found.live_bytes)
+    return total + sum(found_live.values())
 
 
 def resident(snapshot: Snapshot, part: str, figure: int | None) -> int | None:

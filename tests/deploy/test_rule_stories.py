@@ -5,9 +5,11 @@ from __future__ import annotations
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from modelkv_exporter.engine.vllm_hook.identity import data_parallel_index, engine_id_for
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_testbed import ROOT
 from modelkv_testbed.processes import require_tool
@@ -95,3 +97,26 @@ def test_the_extensible_kv_story_fails_when_the_baseline_is_taken_before_the_fin
             said = result.stdout + result.stderr
             assert "ModelKVUndeclaredMemoryGrowth" in said, said
             assert 'engine="v034-graphs"' in said and 'engine="v034-sleeper"' in said, said
+
+
+def test_replicas_named_by_their_data_parallel_rank_would_write_one_file() -> None:
+    """The data-parallel story's ids are the hook's for vLLM's replicas (``data_parallel_rank`` 0 in each, the index
+    their own). Break the id on purpose, named by the rank as before: the four replicas get one id, one file, and
+    the simulation refuses them."""
+    story = next(s for s in STORIES if s.name == "story-l-data-parallel-replicas")
+    replicas = story.episodes[0].engines
+
+    def ids(configs: list[SimpleNamespace]) -> list[str]:
+        return [
+            engine_id_for(
+                {"served_model_name": "qwen3-8b", "dp_index": data_parallel_index(c), "tp_rank": 0, "pp_rank": 0}, None
+            )
+            for c in configs
+        ]
+
+    vllm = [SimpleNamespace(data_parallel_rank=0, data_parallel_index=i) for i in range(len(replicas))]
+    assert ids(vllm) == [e.engine_id for e in replicas]
+    by_rank = [SimpleNamespace(data_parallel_rank=0) for _ in replicas]
+    broken = [replace(e, engine_id=i) for e, i in zip(replicas, ids(by_rank), strict=True)]
+    with pytest.raises(AssertionError, match="two engines write one snapshot file"):
+        simulate(broken, 30)

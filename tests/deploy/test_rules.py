@@ -300,6 +300,18 @@ BREAKS = {
         "ModelKVUndeclaredCache",
         "story-j",
     ),
+    "a sleeping engine's device taken for its own": (
+        "\n          unless on (job, instance, engine) modelkv_engine_sleep_level > 0\n",
+        "\n",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-m",
+    ),
+    "a sleeping engine's pending cache set against what a trainer borrows": (
+        "(modelkv_engine:declared_peak_pending_bytes unless on (job, instance, engine) modelkv_engine_sleep_level > 0)",
+        "modelkv_engine:declared_peak_pending_bytes",
+        "ModelKVDeclaredPeakWillNotFit",
+        "story-m",
+    ),
     "unobservable owners counted as unused": (
         "and on (job, instance, engine, owner) modelkv_observation_available == 1\n",
         "",

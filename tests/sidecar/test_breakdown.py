@@ -75,6 +75,14 @@ def test_what_discovery_finds_beyond_a_declaring_owner_s_caches_adds_to_them() -
     assert model_local_bytes(host(discovered=(beyond, undeclared))) == 40 * MIB
 
 
+def test_an_owner_two_methods_found_counts_once_at_the_larger_figure() -> None:
+    """Census and cache layer see the same memory of one owner: 6 MiB once, not 6 + 4 MiB (the rules take the
+    larger too)."""
+    by_layer = make_discovered("codec", peak_bytes=7 * MIB, live_bytes=6 * MIB)
+    by_census = make_discovered("codec", found_by=CENSUS, peak_bytes=5 * MIB, live_bytes=4 * MIB)
+    assert model_local_bytes(host(discovered=(by_layer, by_census))) == 36 * MIB
+
+
 def test_a_declaring_owner_that_cannot_be_observed_makes_the_caches_and_the_rest_unknown() -> None:
     blind = host(observations=(make_observation("talker", reason="not observed yet", peak_bytes=None),))
     parts = breakdown(blind)

@@ -1,9 +1,10 @@
 """A small simulation of engines and devices that writes the rules' story tests.
 
-``physics`` follows each engine's memory minute by minute (weights, paged KV, activations and
-the caching allocator that keeps them, the CUDA context, declared, observed and discovered
-caches, leaks, heartbeats, restarts) and each device's used memory as the sum of the processes
-on it, asserting the physical relations. ``render`` turns every engine's state into real
+``physics`` follows each engine's memory minute by minute (the runtime, weights, paged KV,
+CUDA graph pools, activations and the caching allocator that keeps them, declared, observed and
+discovered caches, leaks, vLLM's sleep mode, heartbeats, restarts) and each device's used memory
+as the sum of the processes on it (those that publish nothing too), asserting the physical
+relations and knowing what each part of the memory breakdown holds. ``render`` turns every engine's state into real
 snapshots and lets the sidecar's own sample functions say which series it exports, then writes
 them as promtool input. ``story`` is what a story is (engines, devices, what an operator expects,
 its promtool file); ``stories`` holds one per situation; ``replay`` replays them outside promtool

@@ -1,17 +1,24 @@
 """Engines and devices minute by minute: what each engine process holds, and what each device has in use.
 
-A GPU engine's live tensors are its weights, its paged KV cache, what its model-local caches
-hold, what undeclared owners hold and what leaks. Each sample window adds a transient activation
-peak on top; torch's caching allocator keeps the highest window peak since start (or since vLLM
-last emptied it), so ``torch_reserved`` only grows between those points. NVML's figure for the
-process is the allocator's memory plus the CUDA context and whatever the process allocated outside
-torch. A device's used memory is the sum over every process on it, hung ones included, plus
-processes that publish no snapshot. A CPU engine's resident memory keeps the most its caches ever
+A GPU engine's live tensors are its runtime buffers, its weights, its paged KV cache, what its
+model-local caches hold, what undeclared owners hold and what leaks. Each sample window adds a
+transient activation peak on top; torch's caching allocator keeps the highest window peak since
+start (or since vLLM last emptied it), so ``torch_reserved`` only grows between those points. The
+CUDA graph pools captured in the last loading minute are torch's too: private-pool segments whose
+blocks are free between replays. NVML's figure for the process is the allocator's memory plus the
+CUDA context and whatever the process allocated outside torch, less what vLLM's sleep allocator
+holds off the device while the engine sleeps (torch's figures do not move then). A device's used
+memory is the sum over every process on it, hung ones included, plus processes that publish no
+snapshot (a trainer, another tenant). A CPU engine's resident memory keeps the most its caches ever
 held (the C allocator rarely returns freed heap) plus its own heap growth.
 
 A vLLM 0.34 engine with an extensible KV cache (``ExtensibleKV``) keeps its paged KV cache outside
 torch: pages mapped by the driver, in NVML's figure and the device's but in no torch figure, and
 committed in steps (reserve, warm-up, the final extend, released while asleep).
+
+Each sample also says what the hook has recorded by then (``Sample.recorded``: the settings the
+memory breakdown splits the process figure with) and, once the engine is ready, what the physics
+knows each part of the breakdown holds (``Sample.truth``), the memory no part names included.
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ STALE_AFTER_S = 30
 """The sidecar's default ``--stale-after``."""
 FORGET_AFTER_S = 3600
 """The sidecar's default ``--forget-after``."""
+DISCOVERY_FLOOR = 16 * MIB
+"""The engines' size floor: discovered owners below it are counted, not published."""
+HOST_RUNTIME = GIB
+"""What a CPU engine's resident base holds besides its weights: the interpreter, torch, libraries."""
 
 Curve = Callable[[int], int]
 """Bytes at a story minute."""
@@ -65,11 +76,15 @@ def plus(*curves: Curve) -> Curve:
 
 @dataclass(frozen=True)
 class Device:
-    """One GPU; ``others`` is memory held by processes that publish no snapshot."""
+    """One GPU; ``others`` is memory held by processes that publish no snapshot: bytes, or bytes at each minute."""
 
     uuid: str
     total: int = 80 * GIB
-    others: int = 0
+    others: int | Curve = 0
+
+    def others_at(self, t: int) -> int:
+        """Bytes the processes that publish no snapshot hold at minute ``t``."""
+        return self.others(t) if callable(self.others) else self.others
 
 
 @dataclass(frozen=True)
@@ -106,20 +121,18 @@ class ExtensibleKV:
     address space and commits the null block; warm-up then commits ``warm_up`` bytes for two minutes
     and, when it captures CUDA graphs, gives them back before capture; an ``eager`` engine (no graphs)
     keeps them until the final ``extend_kv_cache``. That final commit (or shrink) to the engine's
-    ``paged_kv`` lands when the engine is ready. While asleep (``sleeps``: story minutes ``[start,
-    stop)``) the pages are released and then recommitted.
+    ``paged_kv`` lands when the engine is ready. While the engine sleeps its pages are released, and
+    recommitted when it wakes.
     """
 
     reserved: int = 120 * GIB
     warm_up: int = 8 * GIB
     eager: bool = False
-    sleeps: tuple[tuple[int, int], ...] = ()
     baseline_at_warm_up: bool = False
     """The hook before vLLM 0.34 support: its baseline at the end of warm-up, before the final commit."""
 
-    def committed(self, t: int, start: int, load_minutes: int, final: int) -> int:
-        """Bytes mapped at story minute ``t`` of a process that started at ``start``."""
-        since = t - start
+    def committed(self, since: int, load_minutes: int, final: int, asleep: bool) -> int:
+        """Bytes mapped ``since`` minutes after the process started."""
         if since < load_minutes - 4:
             return 0
         if since == load_minutes - 4:
@@ -128,7 +141,33 @@ class ExtensibleKV:
             return NULL_BLOCK + self.warm_up
         if since < load_minutes:
             return NULL_BLOCK + self.warm_up if self.eager else NULL_BLOCK
-        return 0 if any(a <= t < b for a, b in self.sleeps) else final
+        return 0 if asleep else final
+
+
+WEIGHTS_TAG, KV_CACHE_TAG, CUDAGRAPH_TAG, RUNTIME_TAG = "weights", "kv_cache", "cudagraph", "runtime"
+SLEEP_TAGS_030 = (WEIGHTS_TAG, KV_CACHE_TAG)
+"""What vLLM 0.30 to 0.33 allocate through the sleep allocator (``CuMemAllocator``) in sleep mode."""
+SLEEP_TAGS_034 = (WEIGHTS_TAG, KV_CACHE_TAG, CUDAGRAPH_TAG, RUNTIME_TAG)
+"""vLLM 0.34: also the CUDA graph pools and the runner's buffers."""
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """One sleep of vLLM's sleep mode, from story minute ``start`` to ``stop`` (not included), at ``level``.
+
+    The sleep allocator unmaps what it holds: NVML's figure drops by it and torch's do not move (its
+    pool's segments stay reserved, its tensors allocated). Level 1 backs the weights up in host memory
+    first (the process's resident memory grows by them), level 2 discards them. An extensible KV
+    cache releases its pages beside it.
+    """
+
+    start: int
+    stop: int
+    level: int = 1
+
+    def covers(self, t: int) -> bool:
+        """Whether the engine sleeps at minute ``t``."""
+        return self.start <= t < self.stop
 
 
 @dataclass(frozen=True)
@@ -142,12 +181,18 @@ class Engine:
     """None: a CPU engine, measured by resident memory."""
     model: str = "omni"
     stage: str = "talker"
+    architecture: str = "Qwen3OmniMoeForConditionalGeneration"
     started: int = -600
     """Story minute the engine process started publishing (negative: long before the story)."""
     load_minutes: int = 10
     weights: int = 16 * GIB
     paged_kv: int = 30 * GIB
     context: int = GIB
+    """The CUDA context and what the process holds outside torch before its model loads."""
+    runtime_buffers: int = 0
+    """Tensors the runner makes before the model loads (vLLM 0.34's persistent buffers): the runtime's, in torch."""
+    graphs: int = 0
+    """Bytes of the CUDA graph pools captured in the last loading minute (0: ``enforce_eager``)."""
     activation_budget: int = 2 * GIB
     activation: Curve = flat()
     caches: tuple[Cache, ...] = ()
@@ -170,11 +215,21 @@ class Engine:
     max_num_seqs: int = 8
     extensible: ExtensibleKV | None = None
     """vLLM 0.34's extensible KV cache: ``paged_kv`` lives outside torch, committed in steps."""
+    sleeps: tuple[Sleep, ...] = ()
+    """vLLM's sleep mode: when the engine sleeps, and at which level."""
+    sleep_tags: tuple[str, ...] = SLEEP_TAGS_030
+    """What the sleep allocator holds (and unmaps while the engine sleeps)."""
+    dp_index: int | None = None
+    """The data-parallel replica's index (vLLM's ``data_parallel_index``), where the engine is one."""
 
     @property
     def key(self) -> tuple[str, str]:
         """Engines are told apart by exporter instance and engine id (replicas share the id)."""
         return (self.instance, self.engine_id)
+
+    def asleep(self, t: int) -> Sleep | None:
+        """The sleep the engine is in at minute ``t`` (None: awake)."""
+        return next((s for s in self.sleeps if s.covers(t)), None)
 
 
 @dataclass
@@ -189,6 +244,21 @@ class Sample:
     discovered: Discovered
     calls: int
     process_gpu: int = 0
+    recorded: dict[str, int] = field(default_factory=dict)
+    """The settings the hook has recorded by this minute (``EngineSettings`` field names; absent: not yet)."""
+    sleep_level: int = 0
+    off_device: dict[str, int] = field(default_factory=dict)
+    """Per tag, the bytes vLLM's sleep allocator holds off the device (its books)."""
+    truth: dict[str, int] | None = None
+    """Once the engine is ready: what each part of the memory breakdown holds, as the physics knows it, and
+    ``unexplained``: the memory no part names (a leak, memory made outside torch, free blocks beyond the
+    activation budget, caches nothing finds or that stay under the floor, freed heap a CPU engine keeps)."""
+    counted_twice: int = 0
+    """Free blocks of the CUDA graph pools that the activation part takes for activations (its documented
+    error): the breakdown's ``activation_peak`` is the truth plus this, its ``unexplained`` the truth less it."""
+    capture_drop: int | None = None
+    """What vLLM's ``capture_model`` returns: the drop in the device's free memory across the capture, the
+    graph pools and whatever else the device's processes allocated meanwhile (not what the hook records)."""
 
 
 @dataclass
@@ -200,6 +270,9 @@ class _Process:
     retained: int = 0
     lifetime: dict[str, int] = field(default_factory=dict)
     baseline: dict[str, int] | None = None
+    runtime: int | None = None
+    capture_drop: int | None = None
+    previous_gpu: int = 0
 
 
 @dataclass
@@ -210,8 +283,18 @@ class Timeline:
     heartbeats: dict[tuple[str, str], list[int | None]]
 
 
-def _live(engine: Engine, t: int, process: _Process) -> tuple[int, dict[str, tuple[int, int]], Discovered]:
-    """Bytes the caches hold at ``t``, and per owner (declaring, then undeclared) now and most since start."""
+@dataclass(frozen=True)
+class _Caches:
+    total: int
+    named: int
+    """What the breakdown can name: observed declaring owners' caches, and owners discovery publishes."""
+    held: dict[str, tuple[int, int]]
+    discovered: Discovered
+
+
+def _live(engine: Engine, t: int, process: _Process) -> _Caches:
+    """Bytes the caches hold at ``t``, of which the breakdown can name, and per owner (declaring, then undeclared)
+    now and most since start."""
     now: dict[str, int] = {}
     for cache in engine.caches:
         now[cache.owner] = now.get(cache.owner, 0) + cache.held(t)
@@ -220,37 +303,62 @@ def _live(engine: Engine, t: int, process: _Process) -> tuple[int, dict[str, tup
     held = {owner: (value, process.lifetime[owner]) for owner, value in now.items()}
     discovered: Discovered = {}
     undeclared: dict[str, int] = {}
+    published: dict[str, int] = {}
     for found in engine.undeclared:
         value, key = found.held(t), f"{found.owner}/{found.found_by}"
         process.lifetime[key] = max(process.lifetime.get(key, 0), value)
         discovered[(found.owner, found.found_by)] = (value, process.lifetime[key])
         undeclared[found.owner] = max(undeclared.get(found.owner, 0), value)
-    return sum(now.values()) + sum(undeclared.values()), held, discovered
+        if engine.discovers and process.lifetime[key] >= DISCOVERY_FLOOR:
+            published[found.owner] = max(published.get(found.owner, 0), value)
+    named = (sum(now.values()) if engine.observes else 0) + sum(published.values())
+    return _Caches(sum(now.values()) + sum(undeclared.values()), named, held, discovered)
+
+
+def _host_sample(engine: Engine, t: int, process: _Process, ready: bool, caches: _Caches, calls: int) -> Sample:
+    """A CPU engine's sample: its resident memory, the rest of its memory plan in host memory."""
+    loaded = min(1.0, (t - process.start + 1) / engine.load_minutes)
+    process.retained = max(process.retained, caches.total)
+    resident = engine.resident_base + process.retained + engine.heap(t) + engine.leak(t)
+    values = {"process_resident": resident if ready else int(engine.resident_base * loaded)}
+    recorded = {"runtime_bytes": HOST_RUNTIME}
+    truth = None
+    if ready:
+        if process.baseline is None:
+            process.baseline = dict(values)
+        recorded["weights_bytes"] = engine.resident_base - HOST_RUNTIME
+        unnamed = process.retained - caches.total + engine.heap(t) + engine.leak(t) + caches.total - caches.named
+        truth = {
+            "runtime": HOST_RUNTIME,
+            "weights": engine.resident_base - HOST_RUNTIME,
+            "model_local_caches": caches.named,
+            "unexplained": unnamed,
+        }
+    return Sample(
+        values, process.baseline, process.start, caches.held, caches.discovered, calls, recorded=recorded, truth=truth
+    )
 
 
 def _sample(engine: Engine, t: int, process: _Process) -> Sample:
-    ready = t >= process.start + engine.load_minutes
-    loaded = min(1.0, (t - process.start + 1) / engine.load_minutes)
-    caches, held, discovered = _live(engine, t, process) if ready else (0, {}, {})
-    calls = max(0, t - process.start - engine.load_minutes) * 30
+    since = t - process.start
+    load = engine.load_minutes
+    ready = since >= load
+    loaded = min(1.0, (since + 1) / load)
+    caches = _live(engine, t, process) if ready else _Caches(0, 0, {}, {})
+    calls = max(0, since - load) * 30
     if engine.device is None:
-        process.retained = max(process.retained, caches)
-        resident = engine.resident_base + process.retained + engine.heap(t) + engine.leak(t) if ready else 0
-        values = {"process_resident": resident if ready else int(engine.resident_base * loaded)}
-        if ready and process.baseline is None:
-            process.baseline = dict(values)
-        return Sample(values, process.baseline, process.start, held, discovered, calls)
+        return _host_sample(engine, t, process, ready, caches, calls)
 
+    sleep = engine.asleep(t) if ready else None
     extensible = engine.extensible
     in_torch_kv = 0 if extensible is not None else engine.paged_kv
-    committed = (
-        0 if extensible is None else extensible.committed(t, process.start, engine.load_minutes, engine.paged_kv)
-    )
+    committed = 0 if extensible is None else extensible.committed(since, load, engine.paged_kv, sleep is not None)
+    graphs = engine.graphs if since >= load - 1 else 0
     if not ready:
-        live = int(engine.weights * loaded)
+        live = engine.runtime_buffers + int(engine.weights * loaded)
         window = live
     else:
-        live = engine.weights + in_torch_kv + caches + engine.leak(t)
+        live = engine.runtime_buffers + engine.weights + in_torch_kv + caches.total + engine.leak(t)
         window = live + engine.activation(t)
     if not ready:
         process.reserved = max(process.reserved, live)
@@ -263,13 +371,30 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
     high_water = max(window, process.previous_window) if process.baseline is not None else live
     process.previous_window = window
     process.peak_allocated = max(process.peak_allocated, window)
-    process_gpu = process.reserved + engine.context + (engine.non_torch(t) if ready else 0) + committed
+    pooled = {
+        WEIGHTS_TAG: engine.weights,
+        KV_CACHE_TAG: in_torch_kv,
+        CUDAGRAPH_TAG: graphs,
+        RUNTIME_TAG: engine.runtime_buffers,
+    }
+    off_device = {tag: pooled[tag] for tag in engine.sleep_tags if pooled.get(tag)} if sleep is not None else {}
+    process_gpu = (
+        process.reserved
+        + graphs
+        + engine.context
+        + (engine.non_torch(t) if ready else 0)
+        + committed
+        - sum(off_device.values())
+    )
+    if process.runtime is None:
+        process.runtime = engine.context + engine.runtime_buffers
+    offloaded = engine.weights if sleep is not None and sleep.level == 1 and WEIGHTS_TAG in off_device else 0
     values = {
         "torch_allocated": live,
         "torch_allocated_high_water": high_water,
         "torch_peak_allocated": process.peak_allocated,
-        "torch_reserved": process.reserved,
-        "process_resident": engine.resident_base + engine.heap(t),
+        "torch_reserved": process.reserved + graphs,
+        "process_resident": engine.resident_base + engine.heap(t) + offloaded,
         "device_total": engine.device.total,
     }
     if engine.nvml:
@@ -277,7 +402,7 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
     if extensible is not None:
         values["paged_kv_committed"] = committed
     early = extensible is not None and extensible.baseline_at_warm_up
-    settled = ready or early and t >= process.start + engine.load_minutes - 1
+    settled = ready or early and since >= load - 1
     if settled and process.baseline is None:
         process.baseline = {k: values[k] for k in ("torch_allocated", "torch_reserved", "process_resident")}
         process.baseline["torch_allocated_high_water"] = live + engine.activation_budget
@@ -285,7 +410,58 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
             process.baseline["process_gpu"] = process_gpu
         if extensible is not None:
             process.baseline["paged_kv_committed"] = committed
-    return Sample(values, process.baseline, process.start, held, discovered, calls, process_gpu)
+    sample = Sample(
+        values,
+        process.baseline,
+        process.start,
+        caches.held,
+        caches.discovered,
+        calls,
+        process_gpu,
+        recorded=_recorded(engine, since, process),
+        sleep_level=0 if sleep is None else sleep.level,
+        off_device=off_device,
+        capture_drop=process.capture_drop,
+    )
+    if ready:
+        kept = process.reserved - live
+        budget = engine.activation_budget
+        sample.truth = {
+            "runtime": process.runtime - off_device.get(RUNTIME_TAG, 0),
+            "weights": engine.weights - off_device.get(WEIGHTS_TAG, 0),
+            "paged_kv": committed if extensible is not None else in_torch_kv - off_device.get(KV_CACHE_TAG, 0),
+            "cuda_graphs": graphs - off_device.get(CUDAGRAPH_TAG, 0),
+            "activation_peak": min(budget, kept),
+            "model_local_caches": caches.named,
+            "unexplained": engine.leak(t) + engine.non_torch(t) + max(0, kept - budget) + caches.total - caches.named,
+        }
+        sample.counted_twice = min(budget, kept + graphs) - min(budget, kept)
+    return sample
+
+
+def _recorded(engine: Engine, since: int, process: _Process) -> dict[str, int]:
+    """The settings a GPU engine's hook has recorded ``since`` minutes after its process started.
+
+    The runtime after ``init_device`` (NVML's figure for the process; unknown without NVML); an
+    extensible KV cache's reservation and first commit at ``initialize_from_config``, four minutes
+    before the engine is ready; once it is ready, the weights, the paged KV cache (the final commit of
+    an extensible one), the activation peak vLLM profiled and the graph pools captured.
+    """
+    recorded: dict[str, int] = {}
+    if engine.nvml and process.runtime is not None:
+        recorded["runtime_bytes"] = process.runtime
+    load = engine.load_minutes
+    extensible = engine.extensible
+    if extensible is not None and since >= load - 4:
+        recorded["paged_kv_bytes"] = engine.paged_kv if since >= load else NULL_BLOCK
+        recorded["paged_kv_reserved_bytes"] = extensible.reserved
+        recorded["torch_headroom_bytes"] = engine.activation_budget
+    if since >= load:
+        recorded["weights_bytes"] = engine.weights
+        recorded["paged_kv_bytes"] = engine.paged_kv
+        recorded["activation_peak_bytes"] = engine.activation_budget
+        recorded["cuda_graph_bytes"] = engine.graphs
+    return recorded
 
 
 def _processes(engine: Engine, t: int) -> tuple[int | None, bool]:
@@ -299,19 +475,23 @@ def _processes(engine: Engine, t: int) -> tuple[int | None, bool]:
 
 def simulate(engines: list[Engine], minutes: int) -> Timeline:
     """Every engine's samples for minutes 0..``minutes``, with the device figures filled in; relations asserted."""
+    keys = [e.key for e in engines]
+    assert len(set(keys)) == len(keys), f"two engines write one snapshot file: {sorted(keys)}"
     samples: dict[tuple[str, str], list[Sample | None]] = {e.key: [] for e in engines}
     beats: dict[tuple[str, str], list[int | None]] = {e.key: [] for e in engines}
     processes: dict[tuple[tuple[str, str], int], _Process] = {}
     frozen: dict[tuple[str, str], Sample] = {}
     last_beat: dict[tuple[str, str], int] = {}
+    previous_used: dict[str, int] = {}
     for t in range(-max(0, -min(e.started for e in engines)), minutes + 1):
         now: dict[tuple[str, str], Sample | None] = {}
+        alive: dict[tuple[str, str], _Process] = {}
         for engine in engines:
             start, beating = _processes(engine, t)
             if start is None:
                 now[engine.key] = None
                 continue
-            process = processes.setdefault((engine.key, start), _Process(start))
+            process = alive[engine.key] = processes.setdefault((engine.key, start), _Process(start))
             if beating:
                 frozen[engine.key] = _sample(engine, t, process)
                 last_beat[engine.key] = t
@@ -320,7 +500,8 @@ def simulate(engines: list[Engine], minutes: int) -> Timeline:
         for engine in engines:
             sample = now[engine.key]
             if engine.device is not None and sample is not None:
-                used[engine.device.uuid] = used.get(engine.device.uuid, engine.device.others) + sample.process_gpu
+                held = used.get(engine.device.uuid, engine.device.others_at(t))
+                used[engine.device.uuid] = held + sample.process_gpu
         for engine in engines:
             sample = now[engine.key]
             if engine.device is None or sample is None:
@@ -329,7 +510,15 @@ def simulate(engines: list[Engine], minutes: int) -> Timeline:
                 sample.values["device_used"] = used[engine.device.uuid]
                 if sample.baseline is not None and "device_used" not in sample.baseline:
                     sample.baseline["device_used"] = used[engine.device.uuid]
+                _capture(
+                    engine,
+                    t,
+                    alive[engine.key],
+                    sample,
+                    used[engine.device.uuid] - previous_used.get(engine.device.uuid, 0),
+                )
             check(engine, sample, used[engine.device.uuid])
+        previous_used = used
         if t >= 0:
             for engine in engines:
                 samples[engine.key].append(now[engine.key])
@@ -337,11 +526,27 @@ def simulate(engines: list[Engine], minutes: int) -> Timeline:
     return Timeline(samples, beats)
 
 
+def _capture(engine: Engine, t: int, process: _Process, sample: Sample, device_grew: int) -> None:
+    """At the minute the engine captures its graphs, what ``capture_model`` would return: the graph pools and
+    what every other process on the device allocated in that minute."""
+    if t - process.start == engine.load_minutes - 1 and engine.graphs:
+        own = sample.process_gpu - process.previous_gpu
+        process.capture_drop = sample.capture_drop = engine.graphs + device_grew - own
+    process.previous_gpu = sample.process_gpu
+
+
 def check(engine: Engine, sample: Sample, device_used: int) -> None:
-    """The physical relations: allocated <= reserved <= process GPU memory <= device used <= total."""
+    """The physical relations: allocated <= reserved; reserved, less what the sleep allocator holds off the device,
+    <= process GPU memory <= device used <= total.
+
+    While the engine sleeps torch's reserved memory may exceed NVML's figure for the process: the sleep
+    allocator's segments stay reserved in torch while their pages are unmapped.
+    """
     v = sample.values
+    asleep = sum(sample.off_device.values())
     assert v["torch_allocated"] <= v["torch_allocated_high_water"] or sample.baseline is None, engine.engine_id
-    assert v["torch_allocated"] <= v["torch_reserved"] <= sample.process_gpu, engine.engine_id
+    assert v["torch_allocated"] <= v["torch_reserved"], engine.engine_id
+    assert v["torch_reserved"] - asleep <= sample.process_gpu, engine.engine_id
     assert v["torch_peak_allocated"] >= v["torch_allocated"], engine.engine_id
     assert "process_gpu" not in v or v["process_gpu"] <= device_used, engine.engine_id
     assert sample.process_gpu <= device_used <= v["device_total"], f"{engine.engine_id}: device over-full"

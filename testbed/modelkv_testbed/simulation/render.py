@@ -22,6 +22,7 @@ from modelkv_exporter.contract.snapshot import (
     Measured,
     MemorySample,
     Observation,
+    SleepState,
     Snapshot,
 )
 from modelkv_exporter.sidecar.budget import Budget
@@ -29,18 +30,21 @@ from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_exporter.sidecar.labels import engine_labels
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
-from modelkv_testbed.simulation.physics import FORGET_AFTER_S, STALE_AFTER_S, Engine, Sample, Timeline
+from modelkv_testbed.simulation.physics import (
+    DISCOVERY_FLOOR,
+    FORGET_AFTER_S,
+    KV_CACHE_TAG,
+    STALE_AFTER_S,
+    Engine,
+    Sample,
+    Timeline,
+)
 from modelkv_testbed.snapshots import make_declaration
 
 JOB = "modelkv-exporter"
 NAMESPACE = "llm"
 POSITION_BYTES = 2 * 32 * 8 * 128 * 2
 """Bytes of one position of one row of every simulated cache: 32 layers, 8 KV heads of 128, bfloat16."""
-DISCOVERY_FLOOR = 16 * 1024**2
-"""The engines' size floor: discovered owners below it are counted, not published."""
-
-HOST_RUNTIME = 1024**3
-"""What a CPU engine's resident base holds besides its weights: the interpreter, torch, libraries."""
 SIMULATED_VERSION = "0+simulated"
 """The build_info version label: the installed version would make the files depend on the environment."""
 Labels = tuple[tuple[str, str], ...]
@@ -81,6 +85,15 @@ def _discovered(engine: Engine, sample: Sample) -> tuple[tuple[DiscoveredOwner, 
     return published, len(found) - len(published)
 
 
+def sleep_state(engine: Engine, sample: Sample) -> SleepState:
+    """The sleep state the hook publishes: every vLLM worker has ``sleep``. The level, and the sleep allocator's
+    books of what is off the device (an extensible KV cache whose pages are released counts under ``kv_cache``)."""
+    released = dict(sample.off_device)
+    if engine.extensible is not None and sample.sleep_level and sample.values.get("paged_kv_committed") == 0:
+        released[KV_CACHE_TAG] = released.get(KV_CACHE_TAG, 0) + sample.recorded["paged_kv_bytes"]
+    return SleepState(level=sample.sleep_level, released=released)
+
+
 def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
     """The snapshot the engine's hook last wrote, at minute ``beat``."""
     gpu = engine.device is not None
@@ -90,25 +103,31 @@ def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
     )
     discovered, below_floor = _discovered(engine, sample) if engine.discovers else ((), 0)
     status = DiscoveryStatus(True, None, beat * 60.0, 0.4, 900, 40000, None, below_floor, 0)
+    recorded = sample.recorded
+    kv = recorded.get("paged_kv_bytes")
+    reserved = recorded.get("paged_kv_reserved_bytes")
     return Snapshot(
         engine=EngineIdentity(
             engine_id=engine.engine_id,
             served_model_name=engine.model,
-            architecture="Qwen3OmniMoeForConditionalGeneration",
-            stage_name=engine.stage,
+            architecture=engine.architecture,
+            stage_name=engine.stage or None,
             tp_rank=0,
+            dp_index=engine.dp_index,
             device=engine.device.uuid if engine.device is not None else "cpu",
         ),
         settings=EngineSettings(
             max_num_seqs=engine.max_num_seqs,
             gpu_memory_utilization=0.9 if gpu else None,
-            paged_kv_bytes=engine.paged_kv if gpu else None,
-            paged_kv_blocks=engine.paged_kv // (2 * 1024**2) if gpu else None,
-            paged_kv_reserved_bytes=None if engine.extensible is None else engine.extensible.reserved,
-            paged_kv_reserved_blocks=None if engine.extensible is None else engine.extensible.reserved // (2 * 1024**2),
-            weights_bytes=engine.weights if gpu else engine.resident_base - HOST_RUNTIME,
-            activation_peak_bytes=engine.activation_budget if gpu else None,
-            cuda_graph_bytes=0 if gpu else None,
+            paged_kv_bytes=kv,
+            paged_kv_blocks=None if kv is None else kv // (2 * 1024**2),
+            paged_kv_reserved_bytes=reserved,
+            paged_kv_reserved_blocks=None if reserved is None else reserved // (2 * 1024**2),
+            weights_bytes=recorded.get("weights_bytes"),
+            activation_peak_bytes=recorded.get("activation_peak_bytes"),
+            cuda_graph_bytes=recorded.get("cuda_graph_bytes"),
+            runtime_bytes=recorded.get("runtime_bytes"),
+            torch_headroom_bytes=recorded.get("torch_headroom_bytes"),
         ),
         declarations=tuple(declaration(engine, i) for i in range(len(engine.caches))),
         started_at=sample.started_minute * 60.0,
@@ -123,6 +142,7 @@ def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
         dropped_declarations=(),
         discovered=discovered,
         discovery=status if engine.discovers else None,
+        sleep=sleep_state(engine, sample),
     )
 
 

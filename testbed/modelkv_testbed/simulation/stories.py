@@ -7,13 +7,19 @@ negative minute were running long before the story begins.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from modelkv_exporter.engine.vllm_hook.identity import engine_id_for
 from modelkv_testbed.simulation.physics import (
     GIB,
     MIB,
+    SLEEP_TAGS_034,
     Cache,
+    Curve,
     Device,
     Engine,
     ExtensibleKV,
+    Sleep,
     Undeclared,
     burst,
     bursts,
@@ -44,6 +50,7 @@ UNDER_REPORTS = "ModelKVDeclarationUnderReports"
 IMMINENT = "ModelKVDeviceMemoryExhaustionImminent"
 IMMINENT_URL = "https://modelkv-exporter.invalid/docs/runbook.md#modelkvdevicememoryexhaustionimminent"
 EXPORTER_DOWN = "ModelKVExporterDown"
+BREAKDOWN = "modelkv_memory_breakdown_bytes"
 WARNING = {"severity": "warning"}
 PENDING = "modelkv_engine:device_declared_pending_bytes:sum"
 
@@ -632,7 +639,9 @@ def _extensible_kv() -> Story:
         Device("GPU-k2"),
         started=0,
         paged_kv=50 * GIB,
-        extensible=ExtensibleKV(62 * GIB, sleeps=((60, 90), (150, 155))),
+        extensible=ExtensibleKV(62 * GIB),
+        sleeps=(Sleep(60, 90), Sleep(150, 155)),
+        sleep_tags=SLEEP_TAGS_034,
     )
     leak = Engine(
         "v034-leak",
@@ -663,9 +672,10 @@ def _extensible_kv() -> Story:
         warm-up commits 8 GiB at minutes 7 and 8. "v034-graphs" gives them back before it captures
         CUDA graphs, and the final extend commits 50 GiB at minute 10. "v034-eager" runs without
         graphs: its warm-up commits 56 GiB and keeps them, and the final extend shrinks them to 50 GiB.
-        "v034-sleeper" sleeps from minute 60 to 90 and from 150 to 155: its 50 GiB are released and
-        recommitted. "v034-leak" leaks 0.15 GiB of live tensors a minute from minute 60 to 130 and keeps them. The KV cache
-        shows in NVML's figure and the device's, never in torch's.
+        "v034-sleeper" sleeps (level 1) from minute 60 to 90 and from 150 to 155: the sleep allocator
+        unmaps its 16 GiB of weights and its cache releases its 50 GiB, and both come back when it wakes.
+        "v034-leak" leaks 0.15 GiB of live tensors a minute from minute 60 to 130 and keeps them. The KV
+        cache shows in NVML's figure and the device's, never in torch's.
         """,
         [
             Episode(
@@ -720,6 +730,279 @@ def _extensible_kv() -> Story:
     )
 
 
+def _data_parallel() -> Story:
+    leak_per_minute = GIB // 10
+    replicas = [
+        Engine(
+            engine_id_for({"served_model_name": "qwen3-8b", "dp_index": index, "tp_rank": 0, "pp_rank": 0}, None),
+            "llm-dp-0",
+            "10.12.0.1:9400",
+            Device(f"GPU-l{index}"),
+            model="qwen3-8b",
+            stage="",
+            architecture="Qwen3ForCausalLM",
+            dp_index=index,
+            paged_kv=40 * GIB,
+            graphs=GIB,
+            activation=flat(2 * GIB),
+            leak=ramp(60, leak_per_minute, 180) if index == 2 else flat(),
+        )
+        for index in range(4)
+    ]
+    leaking = replicas[2]
+    assert leaking.device is not None
+    pod = 'pod="llm-dp-0"'
+    return Story(
+        "story-l-data-parallel-replicas",
+        """
+        Data-parallel replicas of a dense model on one node: `vllm serve qwen3-8b --data-parallel-size 4`
+        runs four engine processes in one pod, beside one sidecar, each alone on a GPU of its own (16
+        GiB of weights, 40 GiB of paged KV cache, 1 GiB of CUDA graphs, its 2 GiB activation budget in
+        use). vLLM sets data_parallel_rank to 0 in every replica of a dense model; each replica's hook
+        names it by its data_parallel_index, qwen3-8b-dp0-tp0-pp0 to qwen3-8b-dp3-tp0-pp0. Replica dp2
+        leaks 0.1 GiB of live tensors a minute from 1 hour to 3 hours, and keeps the 12 GiB.
+        """,
+        [
+            Episode(
+                """
+                The operator expects every replica exported, each with its own device and its own
+                figures: four engines in the pod, one per GPU, none overwriting another's file or
+                baseline. The leak pages for dp2 alone, as undeclared memory growth within 20 minutes
+                of its start and for as long as it holds the memory, and dp2's device alone is
+                predicted to fill (a warning, while it leaks, resolved within 20 minutes after it
+                stops). The other replicas and their devices never page.
+                """,
+                replicas,
+                240,
+                [
+                    Value(f"count(modelkv_engine_info{{{pod}}})", 30, (("{}", 4),)),
+                    Value(
+                        f"count by (device) (modelkv_engine:device:info{{{pod}}})",
+                        30,
+                        tuple((f'{{device="{e.device.uuid}"}}', 1) for e in replicas if e.device is not None),
+                    ),
+                    Value(
+                        f"modelkv_memory_process_gpu_bytes{{{pod}}} - ignoring (engine) group_left () "
+                        f'modelkv_memory_process_gpu_bytes{{engine="{replicas[0].engine_id}"}}',
+                        150,
+                        tuple(
+                            (
+                                selector("", tuple(sorted(engine_labels(e).items()))),
+                                90 * leak_per_minute if e is leaking else 0,
+                            )
+                            for e in replicas
+                        ),
+                    ),
+                    Quiet(UNDECLARED, 0, 240, f'engine!="{leaking.engine_id}"'),
+                    Quiet(UNDECLARED, 0, 70),
+                    Firing(UNDECLARED, 80, (engine_labels(leaking, **WARNING),)),
+                    Held(UNDECLARED, 80, 240, (engine_labels(leaking, **WARNING),)),
+                    Quiet(PREDICTED, 0, 240, f'device!="{leaking.device.uuid}"'),
+                    Firing(PREDICTED, 150, (device_labels(leaking.device, **WARNING),)),
+                    Quiet(PREDICTED, 200, 240),
+                    Quiet(IMMINENT, 0, 240),
+                    Quiet(STALE, 0, 240),
+                ],
+            )
+        ],
+    )
+
+
+SLEEPS = tuple(Sleep(start, start + 30, 1 if n % 2 == 0 else 2) for n, start in enumerate(range(30, 360, 60)))
+"""Half an hour asleep every hour from minute 30, at level 1 and 2 in turn."""
+
+
+def _sleep_cycles() -> Story:
+    def trainer(freed: int) -> Curve:
+        """The trainer's 4 GiB, and while the engine sleeps what it released and 13 GiB more."""
+        return plus(flat(4 * GIB), lambda t: freed + 13 * GIB if any(s.covers(t) for s in SLEEPS) else 0)
+
+    rollout = Engine(
+        "rollout-030",
+        "rl-rollout-030",
+        "10.13.0.1:9400",
+        Device("GPU-m0", others=trainer(16 * GIB + 40 * GIB)),
+        model="omni-rl",
+        stage="thinker",
+        paged_kv=40 * GIB,
+        graphs=GIB,
+        activation=flat(2 * GIB),
+        caches=(Cache("thinker", "thinker_kv", 512 * MIB, held=flat(GIB)),),
+        sleeps=SLEEPS,
+    )
+    v034 = replace(
+        rollout,
+        engine_id="rollout-034",
+        pod="rl-rollout-034",
+        instance="10.13.0.2:9400",
+        device=Device("GPU-m1", others=trainer(16 * GIB + 40 * GIB + GIB + GIB // 2)),
+        extensible=ExtensibleKV(62 * GIB),
+        sleep_tags=SLEEP_TAGS_034,
+        runtime_buffers=GIB // 2,
+    )
+    blind = replace(
+        rollout,
+        engine_id="rollout-no-nvml",
+        pod="rl-rollout-no-nvml",
+        instance="10.13.0.3:9400",
+        device=Device("GPU-m2", others=trainer(16 * GIB + 40 * GIB)),
+        nvml=False,
+    )
+    engines = [rollout, v034, blind]
+    breakdown = f'{BREAKDOWN}{{engine="rollout-030",component=~"weights|paged_kv|unexplained"}}'
+    return Story(
+        "story-m-rl-sleep-cycles",
+        """
+        Reinforcement learning beside vLLM's sleep mode. On each of three 80 GiB devices a rollout
+        engine (16 GiB of weights, 40 GiB of paged KV cache, 1 GiB of CUDA graphs, its 2 GiB
+        activation budget in use, a declared 4 GiB cache holding 1 GiB) shares the card with a
+        trainer that holds 4 GiB. The engines generate for half an hour and sleep for half an hour
+        while the trainer trains, six times: at level 1 (weights backed up to host memory) and level 2
+        (weights discarded) in turn. The sleep allocator unmaps the weights and the KV cache (vLLM
+        0.34: the graph pools and its runtime buffers too, and the extensible cache releases its
+        pages): NVML's figure for the engine drops by 56 GiB (57.5 GiB on vLLM 0.34), torch's figures
+        do not move.
+        The trainer takes what the engine released and 13 GiB more of the card's free memory, leaving
+        2 GiB free, and gives it all back before the engine wakes. "rollout-030" runs vLLM 0.30 to
+        0.33, "rollout-034" vLLM 0.34 with its extensible KV cache, "rollout-no-nvml" is the first
+        without NVML's per-process figures (the usual container).
+        """,
+        [
+            Episode(
+                """
+                The operator expects no page while an engine sleeps or when it wakes: no undeclared
+                memory growth (what the trainer borrows is not the engine's, and the engine's NVML
+                figure only dropped), no over-commit (a sleeping engine's caches cannot grow, and the
+                trainer gives the memory back before the engine wakes), no stale snapshot (the hook
+                beats through its sleep), no exhaustion prediction (the card's memory goes up and down
+                with each cycle, a step each time, no trend). The sleep level reads 1 and 2 in turn, 0
+                awake; while "rollout-030" sleeps its weights and KV cache parts read 0 (on vLLM 0.34 its
+                graphs too, and its runtime is its CUDA context alone) and nothing is unexplained; the
+                device's used memory is the engine's remaining 5 GiB and the trainer's 73 GiB.
+                """,
+                engines,
+                360,
+                [
+                    Quiet(UNDECLARED, 0, 360),
+                    Quiet(WILL_NOT_FIT, 0, 360),
+                    Quiet(STALE, 0, 360),
+                    Quiet(PREDICTED, 0, 360),
+                    Quiet(IMMINENT, 0, 360),
+                    Value(
+                        'modelkv_engine_sleep_level{namespace="llm"}',
+                        45,
+                        _each("modelkv_engine_sleep_level", 1, *engines),
+                    ),
+                    Value(
+                        'modelkv_engine_sleep_level{namespace="llm"}',
+                        105,
+                        _each("modelkv_engine_sleep_level", 2, *engines),
+                    ),
+                    Value(
+                        'modelkv_engine_sleep_level{namespace="llm"}',
+                        75,
+                        _each("modelkv_engine_sleep_level", 0, *engines),
+                    ),
+                    Value(breakdown, 45, _parts(rollout, weights=0, paged_kv=0, unexplained=0)),
+                    Value(breakdown, 75, _parts(rollout, weights=16 * GIB, paged_kv=40 * GIB, unexplained=0)),
+                    Value(
+                        f'{BREAKDOWN}{{engine="rollout-034",component=~"runtime|paged_kv|cuda_graphs|unexplained"}}',
+                        105,
+                        _parts(v034, runtime=GIB, paged_kv=0, cuda_graphs=0, unexplained=0),
+                    ),
+                    Value(
+                        'modelkv_engine:device_used_bytes:max{device="GPU-m0"}',
+                        45,
+                        (('modelkv_engine:device_used_bytes:max{device="GPU-m0",device_key="GPU-m0"}', 78 * GIB),),
+                    ),
+                    Value(
+                        'modelkv_memory_process_gpu_bytes{engine="rollout-030"}',
+                        45,
+                        _each("modelkv_memory_process_gpu_bytes", 5 * GIB, rollout),
+                    ),
+                ],
+            )
+        ],
+    )
+
+
+def _neighbour_during_capture() -> Story:
+    declared = Cache("talker", "talker_kv", 768 * MIB, held=flat(GIB))
+
+    def engine(name: str, host: str, device: Device, nvml: bool) -> Engine:
+        return Engine(
+            name,
+            f"tts-{name}",
+            host,
+            device,
+            started=0,
+            paged_kv=40 * GIB,
+            graphs=2 * GIB,
+            activation=flat(2 * GIB),
+            caches=(declared,),
+            nvml=nvml,
+        )
+
+    roomy = Device("GPU-n0", others=plus(step(9, 12 * GIB), step(120, 2 * GIB)))
+    tight = Device("GPU-n1", others=step(9, 16 * GIB))
+    with_nvml = engine("capture-nvml", "10.14.0.1:9400", roomy, True)
+    without = engine("capture-no-nvml", "10.14.0.2:9400", tight, False)
+    parts = f'{BREAKDOWN}{{engine="capture-nvml",component=~"cuda_graphs|unexplained"}}'
+    return Story(
+        "story-n-neighbour-during-capture",
+        """
+        A neighbour allocating while an engine captures its CUDA graphs. Two engines start at minute 0
+        on 80 GiB devices they share with processes that publish nothing, and are ready at minute 10:
+        16 GiB of weights, 40 GiB of paged KV cache, 2 GiB of CUDA graphs captured in minute 9, their
+        2 GiB activation budget in use from then on, a declared 6 GiB talker cache holding 1 GiB. In
+        minute 9, during the capture, a neighbour takes 12 GiB of GPU-n0 and another 16 GiB of GPU-n1:
+        the devices' used memory jumps by the graphs and the neighbour at once (the drop in free memory
+        that vLLM's capture_model returns is 14 and 18 GiB). At 2 hours GPU-n0's neighbour takes 2 GiB
+        more. "capture-nvml" has NVML's per-process figures,
+        "capture-no-nvml" has not.
+        """,
+        [
+            Episode(
+                """
+                The operator expects no page for either engine: its graphs are the 2 GiB torch's pools
+                hold, not the neighbour's bytes, and its baseline comes after the capture; its parts
+                stay exact (cuda_graphs 2 GiB, nothing unexplained). The shared-device alerts see the
+                neighbour as they see any: GPU-n1 keeps 2 GiB free for 5 GiB of declared cache still
+                to allocate, so it pages as over-committed 5 minutes after the engine is ready and
+                keeps paging; GPU-n0 fits (6 GiB free) until its neighbour takes 2 GiB more, and pages
+                5 minutes after. No exhaustion is predicted: the start-up is no trend, nor is a step.
+                """,
+                [with_nvml, without],
+                240,
+                [
+                    Quiet(UNDECLARED, 0, 240),
+                    Quiet(PREDICTED, 0, 240),
+                    Quiet(IMMINENT, 0, 240),
+                    Firing(WILL_NOT_FIT, 20, (device_labels(tight, **WARNING),)),
+                    Held(WILL_NOT_FIT, 20, 240, (device_labels(tight, **WARNING),), 'device="GPU-n1"'),
+                    Quiet(WILL_NOT_FIT, 0, 120, 'device="GPU-n0"'),
+                    Firing(WILL_NOT_FIT, 126, (device_labels(roomy, **WARNING), device_labels(tight, **WARNING))),
+                    Held(WILL_NOT_FIT, 126, 240, (device_labels(roomy, **WARNING),), 'device="GPU-n0"'),
+                    Value(parts, 30, _parts(with_nvml, cuda_graphs=2 * GIB, unexplained=0)),
+                    Value(
+                        f'{BREAKDOWN}{{engine="capture-no-nvml",component="cuda_graphs"}}',
+                        30,
+                        _parts(without, cuda_graphs=2 * GIB),
+                    ),
+                ],
+            )
+        ],
+    )
+
+
+def _parts(engine: Engine, **components: float) -> tuple[tuple[str, float], ...]:
+    """The samples of the engine's breakdown parts ``components``, each at its value."""
+    return tuple(
+        (selector(BREAKDOWN, tuple(sorted({**engine_labels(engine), "component": c}.items()))), value)
+        for c, value in components.items()
+    )
+
+
 def _each(name: str, value: float, *engines: Engine) -> tuple[tuple[str, float], ...]:
     """The samples of the engine-level series ``name`` of ``engines``, each at ``value``."""
     return tuple((selector(name, tuple(sorted(engine_labels(engine).items()))), value) for engine in engines)
@@ -737,5 +1020,8 @@ STORIES = [
     _small_slice(),
     _undeclared_bursts(),
     _extensible_kv(),
+    _data_parallel(),
+    _sleep_cycles(),
+    _neighbour_during_capture(),
 ]
 """Every story, in the order their files sort."""

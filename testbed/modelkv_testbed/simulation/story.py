@@ -13,9 +13,11 @@ from modelkv_testbed.simulation.render import JOB, NAMESPACE, ScrapeGap, selecto
 
 
 def engine_labels(engine: Engine, **extra: str) -> dict[str, str]:
-    """The labels of an engine's alert (``severity`` and any others given)."""
+    """The labels of an engine's alert (``severity`` and any others given); a label without a value is none (a
+    dense model's engine has no stage)."""
     labels = {"job": JOB, "instance": engine.instance, "namespace": NAMESPACE, "pod": engine.pod}
-    return {**labels, "engine": engine.engine_id, "model": engine.model, "stage": engine.stage, **extra}
+    labels = {**labels, "engine": engine.engine_id, "model": engine.model, "stage": engine.stage, **extra}
+    return {name: value for name, value in labels.items() if value}
 
 
 def device_labels(device: Device, **extra: str) -> dict[str, str]:
