@@ -165,6 +165,12 @@ class EngineSettings:
         "absent when unknown and from older writers",
         default=None,
     )
+    cuda_graph_free_bytes: int | None = wire(
+        "of `cuda_graph_bytes`, the free blocks (the graphs' intermediate tensors, freed after the capture and kept "
+        "for the replays): torch counts them among its free blocks, which are no activations (0 for an engine that "
+        "captures none); absent when unknown and from older writers",
+        default=None,
+    )
     runtime_bytes: int | None = wire(
         "bytes the engine process held before its model loaded: the interpreter, its libraries, the CUDA context, "
         "communication buffers and the buffers the engine made up to then (a device engine: NVML's figure for the "

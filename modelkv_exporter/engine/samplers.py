@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import MemorySample
@@ -75,6 +76,20 @@ def nvml_process_bytes(nvml: Any, device_id: str | int, pid: int) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class PrivatePools:
+    """What torch's caching allocator holds in private pools at one moment: their segments' bytes, and how many of
+    those its tensors hold (the rest are free blocks, kept for the pools' own allocations: a CUDA graph's replays)."""
+
+    total: int
+    allocated: int
+
+    @property
+    def free(self) -> int:
+        """Bytes of the pools' free blocks."""
+        return self.total - self.allocated
+
+
 HIGH_WATER_SECONDS = 120.0
 """How far back ``torch_allocated_high_water`` reaches: two scrapes at the common one-minute interval."""
 
@@ -93,8 +108,8 @@ class MemorySampler:
         """The engine finished initialising: return the baseline sample (the budget is for CUDA samplers)."""
         return self()
 
-    def private_pool_bytes(self) -> int | None:
-        """Bytes torch's caching allocator holds in private pools (CUDA graph pools); None where it keeps none."""
+    def private_pools(self) -> PrivatePools | None:
+        """What torch's caching allocator holds in private pools (CUDA graph pools); None where it keeps none."""
         return None
 
 
@@ -152,9 +167,10 @@ class CudaSampler(MemorySampler):
                 values["torch_allocated_high_water"] = high
             return MemorySample(sample.sampled_at, values)
 
-    def private_pool_bytes(self) -> int | None:
-        """Bytes of the segments torch's caching allocator holds on this device in private pools (CUDA graph pools,
-        vLLM's sleep-mode pool), from its own books (``memory_snapshot``); None when torch cannot say.
+    def private_pools(self) -> PrivatePools | None:
+        """The segments torch's caching allocator holds on this device in private pools (CUDA graph pools, vLLM's
+        sleep-mode pool): their bytes and the bytes allocated in them, from its own books (``memory_snapshot``);
+        None when torch cannot say.
 
         Not for an engine step: it lists every segment. The capture wrapper reads it before and after a capture.
         """
@@ -167,16 +183,17 @@ class CudaSampler(MemorySampler):
             return None
         index = getattr(self.device, "index", None)
         index = index if isinstance(index, int) else None
-        total = 0
+        total = allocated = 0
         try:
             for segment in segments:
                 if index is not None and segment.get("device", index) != index:
                     continue
                 if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
                     total += int(segment["total_size"])
+                    allocated += int(segment["allocated_size"])
         except Exception:
             return None
-        return total
+        return PrivatePools(total, allocated)
 
     def hold_resets(self) -> Callable[[], None]:
         """Stop resetting torch's peak until the returned function is called (once per hold).

@@ -80,17 +80,18 @@ COMPONENTS: tuple[Component, ...] = (
         "`settings.cuda_graph_bytes`: the segments torch's caching allocator added to its private pools across "
         "vLLM's `capture_model` (0 for an engine that captures none); less what vLLM's sleep allocator holds off the "
         "device under its `cudagraph` tag",
-        "another private pool growing during the capture counts here; the pools' free blocks count here and may "
-        "count again in activation_peak",
+        "another private pool growing during the capture counts here",
         False,
     ),
     Component(
         ACTIVATION_PEAK,
         "what torch's caching allocator keeps free for activations",
-        "the free blocks torch's caching allocator holds (`torch_reserved` − `torch_allocated`), at most the "
-        "activation budget: the peak vLLM profiled (`settings.activation_peak_bytes`) or, where larger, what vLLM "
-        "0.34 keeps free for torch (`settings.torch_headroom_bytes`)",
-        "free blocks inside the graph pools or the sleep allocator's pool count here too, up to the budget",
+        "the free blocks torch's caching allocator holds (`torch_reserved` − `torch_allocated`) outside the graph "
+        "pools (less `settings.cuda_graph_free_bytes`), at most the activation budget: the peak vLLM profiled "
+        "(`settings.activation_peak_bytes`) or, where larger, what vLLM 0.34 keeps free for torch "
+        "(`settings.torch_headroom_bytes`)",
+        "free blocks of the sleep allocator's pool count here too, up to the budget; graph pools that gained or lost "
+        "free blocks after the capture are off by that",
         False,
     ),
     Component(
@@ -186,12 +187,16 @@ def paged_kv_part(snapshot: Snapshot) -> tuple[int | None, bool]:
     return resident(snapshot, PAGED_KV, settings.paged_kv_bytes), settings.paged_kv_bytes is not None
 
 
-def activation_part(values: Mapping[str, int], budget: int | None) -> int | None:
-    """Torch's free blocks at the sample, at most ``budget``; None when either is unknown."""
+def activation_part(snapshot: Snapshot, values: Mapping[str, int]) -> int | None:
+    """Torch's free blocks at the sample outside the graph pools, at most the activation budget; None when any of
+    them is unknown (the graph pools' free blocks too, once the engine captured graphs)."""
     reserved, allocated = values.get("torch_reserved"), values.get("torch_allocated")
-    if budget is None or reserved is None or allocated is None:
+    budget = activation_budget(snapshot)
+    settings = snapshot.settings
+    graph_free = 0 if settings.cuda_graph_bytes == 0 else settings.cuda_graph_free_bytes
+    if budget is None or reserved is None or allocated is None or graph_free is None:
         return None
-    return max(0, min(budget, reserved - allocated))
+    return max(0, min(budget, reserved - allocated - graph_free))
 
 
 def activation_budget(snapshot: Snapshot) -> int | None:
@@ -221,7 +226,7 @@ def breakdown(snapshot: Snapshot) -> Breakdown | None:
     }
     if device:
         parts[CUDA_GRAPHS] = resident(snapshot, CUDA_GRAPHS, settings.cuda_graph_bytes)
-        parts[ACTIVATION_PEAK] = activation_part(values, activation_budget(snapshot))
+        parts[ACTIVATION_PEAK] = activation_part(snapshot, values)
     parts[MODEL_LOCAL_CACHES] = model_local_bytes(snapshot)
     total = current.process_bytes
     required = [name for name in parts if name != PAGED_KV or has_paged_kv]

@@ -48,6 +48,8 @@ class Gpu:
         self.mapped = 0
         self.pool = 0
         """Bytes of segments in private pools (CUDA graph pools), part of ``reserved``."""
+        self.pool_free = 0
+        """Of ``pool``, the free blocks (a graph's intermediate tensors, freed after the capture)."""
         self.other = 0
         """Bytes the process maps outside torch and the KV cache (NCCL's buffers, a library's workspace)."""
         self.unmapped = 0
@@ -60,22 +62,26 @@ class Gpu:
         return self.reserved + self.context + self.mapped + self.other - self.unmapped
 
     def allocate(self, size: int) -> None:
+        """Live tensors of the default pool: its free blocks first, then new segments (a private pool's free blocks
+        serve only that pool)."""
         self.allocated += size
-        self.reserved = max(self.reserved, self.allocated)
+        self.reserved = max(self.reserved, self.allocated + self.pool_free)
         self.peak = max(self.peak, self.allocated)
 
     def free(self, size: int) -> None:
         self.allocated -= size
 
-    def allocate_pool(self, size: int) -> None:
-        """A private pool's segment (CUDA graph capture): reserved for it alone, live from the start."""
-        self.allocated += size
+    def allocate_pool(self, size: int, free: int = 0) -> None:
+        """A private pool's segment (CUDA graph capture): reserved for it alone, all but ``free`` bytes live."""
+        self.allocated += size - free
         self.reserved += size
         self.pool += size
-        self.peak = max(self.peak, self.allocated)
+        self.pool_free += free
+        self.peak = max(self.peak, self.allocated + free)
 
     def empty_cache(self) -> None:
-        self.reserved = self.allocated
+        """The default pool's free segments go back to the device; a private pool keeps its own."""
+        self.reserved = self.allocated + self.pool_free
 
     def memory_allocated(self, device: Any) -> int:
         return self.allocated
@@ -94,10 +100,11 @@ class Gpu:
 
     def memory_snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
         """torch's segments: the default pool's and the private pools', as ``torch.cuda.memory_snapshot`` lists them."""
-        segments = [(0, 0, self.reserved - self.pool), (1, 0, self.pool)]
+        pool_live = self.pool - self.pool_free
+        segments = [(0, 0, self.reserved - self.pool, self.allocated - pool_live), (1, 0, self.pool, pool_live)]
         return [
-            {"device": 0, "segment_pool_id": (first, second), "total_size": size, "allocated_size": size}
-            for first, second, size in segments
+            {"device": 0, "segment_pool_id": (first, second), "total_size": size, "allocated_size": live}
+            for first, second, size, live in segments
             if size
         ]
 
@@ -196,9 +203,10 @@ class StandInKVCache:
 class StandInRunner:
     """The runner's figures the hook reads: the model, the extensible cache, ``model_memory_usage``, ``capture_model``."""
 
-    def __init__(self, gpu: Gpu, graph_pool: int) -> None:
+    def __init__(self, gpu: Gpu, graph_pool: int, graph_pool_free: int = 0) -> None:
         self.gpu = gpu
         self.graph_pool = graph_pool
+        self.graph_pool_free = graph_pool_free
         self.model: Any = None
         self.extensible_kv_cache: StandInKVCache | None = None
         self.model_memory_usage = 0
@@ -210,7 +218,7 @@ class StandInRunner:
         """Capture the graphs into their private pool; return the drop in the device's free memory, as vLLM does."""
         free_before = self.gpu.mem_get_info(None)[0]
         if not profile_only:
-            self.gpu.allocate_pool(self.graph_pool)
+            self.gpu.allocate_pool(self.graph_pool, self.graph_pool_free)
             if self.allocator is not None:
                 self.allocator.allocate("cudagraph", self.graph_pool)
             for happen in self.during_capture:
@@ -227,6 +235,7 @@ class StandInWorker:
         weights: int = 4 * GIB,
         activation_peak: int = 2 * GIB,
         graph_pool: int = 300 * MIB,
+        graph_pool_free: int = 200 * MIB,
         warm_up_blocks: int = 1000,
         extensible: bool = True,
         device_type: str = "stand-in",
@@ -255,7 +264,7 @@ class StandInWorker:
             parallel_config=SimpleNamespace(data_parallel_rank=0),
             cache_config=SimpleNamespace(enable_extensible_kv_cache=extensible, num_gpu_blocks=None),
         )
-        self.model_runner = StandInRunner(gpu, graph_pool)
+        self.model_runner = StandInRunner(gpu, graph_pool, graph_pool_free)
         self.model_runner.allocator = self.allocator
         self.calls: list[str] = []
 

@@ -203,7 +203,7 @@ def test_the_weights_vllm_s_cpu_backend_repacks_for_its_kernels_are_counted(rows
     dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
     assert model_weight_bytes(layer, "cpu") == 0, "the module tree holds an empty weight"
     tensors, opaque = packed_linear_weights(layer)
-    assert (tensors or opaque), "the packed weight is found, as a tensor of the closure or an opaque handle"
+    assert tensors or opaque, "the packed weight is found, as a tensor of the closure or an opaque handle"
     worker = SimpleNamespace(device=torch.device("cpu"))
     counted = weights_bytes(worker, layer)
     assert counted is not None and rows * columns * 4 <= counted <= 2 * rows * columns * 4, counted

@@ -46,6 +46,7 @@ def device(values: dict[str, int] | None = None, **settings: object) -> Snapshot
         "weights_bytes": 4 * GIB,
         "paged_kv_bytes": GIB,
         "cuda_graph_bytes": 300 * MIB,
+        "cuda_graph_free_bytes": 0,
         "activation_peak_bytes": 2 * GIB,
         **settings,
     }
@@ -132,6 +133,19 @@ def test_the_activation_part_is_torch_s_free_blocks_up_to_the_larger_budget() ->
     with_headroom = parts_of(device(free, torch_headroom_bytes=int(2.5 * GIB)))
     assert with_headroom["activation_peak"] == int(2.5 * GIB), "vLLM 0.34 keeps more free for torch: that budget"
     assert "activation_peak" not in parts_of(device(free, activation_peak_bytes=None)), "no budget: unknown"
+
+
+def test_the_graph_pools_free_blocks_are_left_to_the_graphs() -> None:
+    """Torch counts a graph pool's free blocks (the graphs' intermediate tensors, kept for replays) among its free
+    blocks: the activation part leaves them out, and is unknown while the engine does not say how many there are."""
+    pooled = {"torch_reserved": device().measured.current.values["torch_reserved"] + 200 * MIB}  # type: ignore[union-attr]
+    pooled["process_gpu"] = device().measured.current.values["process_gpu"] + 200 * MIB  # type: ignore[union-attr]
+    parts = parts_of(device(pooled, cuda_graph_bytes=500 * MIB, cuda_graph_free_bytes=200 * MIB))
+    assert (parts["cuda_graphs"], parts["activation_peak"], parts["unexplained"]) == (500 * MIB, 512 * MIB, 0)
+    unsaid = breakdown(device(pooled, cuda_graph_bytes=500 * MIB, cuda_graph_free_bytes=None))
+    assert unsaid is not None and "activation_peak" not in unsaid.parts and not unsaid.complete
+    eager = parts_of(device(cuda_graph_bytes=0, cuda_graph_free_bytes=None))
+    assert eager["activation_peak"] == 512 * MIB, "an engine that captures no graphs has no graph pools to leave out"
 
 
 def test_an_extensible_kv_cache_is_its_committed_figure_and_unknown_without_it() -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import MemorySample
-from modelkv_exporter.engine.samplers import MemorySampler
+from modelkv_exporter.engine.samplers import MemorySampler, PrivatePools
 
 SOURCE = "paged_kv_committed"
 """The measured source that carries the bytes committed at each sample."""
@@ -121,8 +121,8 @@ class WithExtensibleKV(MemorySampler):
     def initialised(self, activation_budget: int | None = None) -> MemorySample:
         return self._add(self.inner.initialised(activation_budget))
 
-    def private_pool_bytes(self) -> int | None:
-        return self.inner.private_pool_bytes()
+    def private_pools(self) -> PrivatePools | None:
+        return self.inner.private_pools()
 
     def hold_resets(self) -> Callable[[], None] | None:
         """The inner sampler's ``hold_resets``, where it has one (a CUDA sampler)."""

@@ -54,6 +54,7 @@ from modelkv_exporter.engine.vllm_hook.extensible_kv import (
 )
 from modelkv_exporter.engine.vllm_hook.identity import claim_engine_id, engine_id_for, facts_of
 from modelkv_exporter.engine.vllm_hook.memory_parts import (
+    GraphPools,
     activation_peak_bytes,
     byte_count,
     eager,
@@ -130,7 +131,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
     publisher.start_heartbeat(config.sample_interval, sampler, observer.sample, discovery)
     setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler, observer, discovery))
-    record_graph_capture(worker, graph_recorder(worker), sampler.private_pool_bytes)
+    record_graph_capture(worker, graph_recorder(worker), sampler.private_pools)
     atexit.register(_end_at_exit, publisher)
     if facts.settled_at_load:
         discovery.start()
@@ -221,14 +222,19 @@ def after_warm_up(worker: Any, config: HookConfig) -> None:
             hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
 
 
-def graph_recorder(worker: Any) -> Callable[[int], None]:
-    """What records the bytes of the worker's CUDA graph pools into its current snapshot (holding the worker weakly)."""
+def graph_recorder(worker: Any) -> Callable[[GraphPools], None]:
+    """What records the worker's CUDA graph pools (their bytes, and their free blocks) into its current snapshot,
+    holding the worker weakly."""
     ref = weakref.ref(worker)
 
-    def record(size: int) -> None:
+    def record(pools: GraphPools) -> None:
         hook: WorkerHook | None = getattr(ref(), ATTRIBUTE, None)
         if hook is not None:
-            hook.publisher.update(lambda snapshot: _with_settings(snapshot, cuda_graph_bytes=size))
+            hook.publisher.update(
+                lambda snapshot: _with_settings(
+                    snapshot, cuda_graph_bytes=pools.total, cuda_graph_free_bytes=pools.free
+                )
+            )
 
     return record
 
@@ -243,8 +249,9 @@ def record_plan(hook: WorkerHook, worker: Any) -> None:
     captures_none = eager(worker) and hook.publisher.snapshot.settings.cuda_graph_bytes is None
 
     def record(snapshot: Snapshot) -> Snapshot:
-        graphs = 0 if captures_none else snapshot.settings.cuda_graph_bytes
-        return _with_settings(snapshot, activation_peak_bytes=activation, cuda_graph_bytes=graphs)
+        if not captures_none:
+            return _with_settings(snapshot, activation_peak_bytes=activation)
+        return _with_settings(snapshot, activation_peak_bytes=activation, cuda_graph_bytes=0, cuda_graph_free_bytes=0)
 
     hook.publisher.update(record)
 

@@ -11,9 +11,11 @@ process's memory with them (``modelkv_memory_breakdown_bytes``).
   graph pools (``cudagraph_memory_estimate``) to it: that is taken out, the pools being a part of their own;
 - the CUDA graph pools: torch's own books, not the device's free memory (which vLLM's ``capture_model``
   returns: it counts a neighbour's allocations on the same card and non-torch bytes such as NCCL's made
-  during the capture). The runner's ``capture_model`` is wrapped on the instance at load; it reads the
-  bytes of torch's private-pool segments (``CudaSampler.private_pool_bytes``) before and after the capture
-  and keeps the difference (a measuring pass, ``profile_only=True``, is not the capture). A worker that
+  during the capture). The runner's ``capture_model`` is wrapped on the instance at load; it reads torch's
+  private-pool segments (``CudaSampler.private_pools``) before and after the capture and keeps what they
+  grew by, and how much of that is free blocks (the graphs' intermediate tensors, freed after the capture
+  and kept for the replays: the activation part must not take them for activations). A measuring pass
+  (``profile_only=True``) is not the capture. A worker that
   captures nothing (``enforce_eager``) has 0; one whose torch cannot say has none.
 """
 
@@ -24,17 +26,28 @@ import os
 import types
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.modules import MODULE_DICT, walk_modules
+from modelkv_exporter.engine.samplers import PrivatePools
 from modelkv_exporter.engine.weights import model_weight_bytes
 
 logger = get_logger("memory_parts")
 
 ESTIMATE_FLAG = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+
+
+@dataclass(frozen=True)
+class GraphPools:
+    """What a capture added to torch's private pools: their bytes, and of those the free blocks (kept for the graphs'
+    replays, in no tensor between them)."""
+
+    total: int
+    free: int
 
 
 def byte_count(value: Any) -> int | None:
@@ -146,9 +159,11 @@ def eager(worker: Any) -> bool:
     return getattr(model_config, "enforce_eager", False) is True
 
 
-def record_graph_capture(worker: Any, record: Callable[[int], None], pools: Callable[[], int | None]) -> bool:
-    """Wrap the worker's runner's ``capture_model`` on the instance so that ``record`` gets the bytes its capture
-    added to torch's private pools (``pools``, read before and after; nothing is recorded when either is unknown).
+def record_graph_capture(
+    worker: Any, record: Callable[[GraphPools], None], pools: Callable[[], PrivatePools | None]
+) -> bool:
+    """Wrap the worker's runner's ``capture_model`` on the instance so that ``record`` gets what its capture added to
+    torch's private pools (``pools``, read before and after; nothing is recorded when either is unknown).
 
     The wrapper returns what the original returns and lets its exceptions through; what ``pools`` or ``record``
     raises is logged and swallowed. The wrapper holds the runner weakly. A runner whose instance already has its own
@@ -163,7 +178,7 @@ def record_graph_capture(worker: Any, record: Callable[[int], None], pools: Call
         return False
     ref = weakref.ref(runner)
 
-    def measure() -> int | None:
+    def measure() -> PrivatePools | None:
         try:
             return pools()
         except Exception as error:
@@ -180,7 +195,7 @@ def record_graph_capture(worker: Any, record: Callable[[int], None], pools: Call
             after = measure()
             try:
                 if after is not None:
-                    record(max(0, after - before))
+                    record(GraphPools(max(0, after.total - before.total), max(0, after.free - before.free)))
             except Exception as error:
                 logger.warning("modelkv: cannot record the CUDA graph pools: %s", error)
         return result

@@ -253,9 +253,6 @@ class Sample:
     """Once the engine is ready: what each part of the memory breakdown holds, as the physics knows it, and
     ``unexplained``: the memory no part names (a leak, memory made outside torch, free blocks beyond the
     activation budget, caches nothing finds or that stay under the floor, freed heap a CPU engine keeps)."""
-    counted_twice: int = 0
-    """Free blocks of the CUDA graph pools that the activation part takes for activations (its documented
-    error): the breakdown's ``activation_peak`` is the truth plus this, its ``unexplained`` the truth less it."""
     capture_drop: int | None = None
     """What vLLM's ``capture_model`` returns: the drop in the device's free memory across the capture, the
     graph pools and whatever else the device's processes allocated meanwhile (not what the hook records)."""
@@ -435,7 +432,6 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
             "model_local_caches": caches.named,
             "unexplained": engine.leak(t) + engine.non_torch(t) + max(0, kept - budget) + caches.total - caches.named,
         }
-        sample.counted_twice = min(budget, kept + graphs) - min(budget, kept)
     return sample
 
 
@@ -461,6 +457,7 @@ def _recorded(engine: Engine, since: int, process: _Process) -> dict[str, int]:
         recorded["paged_kv_bytes"] = engine.paged_kv
         recorded["activation_peak_bytes"] = engine.activation_budget
         recorded["cuda_graph_bytes"] = engine.graphs
+        recorded["cuda_graph_free_bytes"] = engine.graphs
     return recorded
 
 

@@ -126,6 +126,7 @@ def snapshot(engine: Engine, sample: Sample, beat: int) -> Snapshot:
             weights_bytes=recorded.get("weights_bytes"),
             activation_peak_bytes=recorded.get("activation_peak_bytes"),
             cuda_graph_bytes=recorded.get("cuda_graph_bytes"),
+            cuda_graph_free_bytes=recorded.get("cuda_graph_free_bytes"),
             runtime_bytes=recorded.get("runtime_bytes"),
             torch_headroom_bytes=recorded.get("torch_headroom_bytes"),
         ),
