@@ -12,6 +12,7 @@ holds, on purpose; another engine's module holds a cache it does not declare at 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.synchronize
@@ -116,6 +117,19 @@ def build_model(engine: DemoEngine) -> nn.Module:
     return root
 
 
+def return_freed_heap() -> None:
+    """Give the C heap's freed pages back to the system (glibc's ``malloc_trim``; nothing elsewhere).
+
+    The demo fills its caches with prefills that ``transformers`` copies into each cache (``torch.cat``), and the C
+    allocator keeps the freed prefills in its heap: 5 to 70 MiB of resident memory no part names, an artefact of the
+    demo's filling that an engine allocating its KV once does not have.
+    """
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
+
+
 def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multiprocessing.synchronize.Event) -> None:
     """The body of one demo engine process; the parent ends it (Ctrl-C reaches the parent only)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -149,6 +163,7 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
     for module in model.modules():
         if isinstance(module, (owners.DemoOwner, owners.StreamingAudioKVCache)):
             module.allocate(engine.max_num_seqs)
+    return_freed_heap()
     if interval > 0:
         publisher.start_heartbeat(interval, sample_host_memory, observer.sample, discovery)
     discovery.census()
