@@ -126,18 +126,22 @@ def test_a_vocoder_s_weights_are_its_parameters_buffers_and_computed_weights(
 def test_without_computed_weights_read_as_parameters_each_convolution_would_be_discovered(
     vocoder: tuple[Vocoder, Discovery], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A new weight may land where a freed one of the baseline lay (and hide there): several forwards, each followed by
-    a census, show every convolution (an owner, once found, stays published with its peak)."""
+    """A new weight may land where a freed one of the baseline lay (and hide there): forwards, each followed by a
+    census, show every convolution in the end (an owner, once found, stays published with its peak). Four forwards
+    found them all in most runs, not in every one (the allocator's reuse differs from run to run): up to 40."""
     model, found = vocoder
     monkeypatch.setattr(census, "computed_weights", lambda state: [])
-    for _ in range(4):
-        model(torch.ones(1, 8, 32))
-        got = beat(found)
-    seen = {path: owner.peak_bytes for (path, _), owner in got.items()}
-    assert sorted(seen) == [
+    every = [
         "conv_post", "conv_pre", "post", "resblocks.0.convs.0", "resblocks.0.convs.1", "resblocks.1.convs.0",
         "resblocks.1.convs.1", "ups.0",
     ]  # fmt: skip
+    seen: dict[str, int | None] = {}
+    for _ in range(40):
+        model(torch.ones(1, 8, 32))
+        seen = {path: owner.peak_bytes for (path, _), owner in beat(found).items()}
+        if sorted(seen) == every:
+            break
+    assert sorted(seen) == every
     assert seen["post"] == model.post.weight.nbytes
 
 
