@@ -186,8 +186,8 @@ BREAKS = {
         "story-e",
     ),
     "discovered caches not explained": (
-        "              or\n              modelkv_engine:discovered_undeclared_recent_peak_bytes:max\n",
-        "\n",
+        "              or\n              max without (found_by) (\n                modelkv_discovered_recent_peak_bytes\n",
+        "              or\n              0 * max without (found_by) (\n                modelkv_discovered_recent_peak_bytes\n",
         "ModelKVUndeclaredMemoryGrowth",
         "story-f",
     ),
