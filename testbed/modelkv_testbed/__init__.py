@@ -8,7 +8,8 @@ image. Its modules:
 - ``snapshots``: valid snapshots and declarations, built without torch; ``worst_spool``: the worst spool the default
   budgets admit; ``scenario``: a spool with every situation the rules and dashboards watch for;
 - ``processes``: the real sidecar CLI and tools on 127.0.0.1; ``polling``: the one way to wait;
-- ``exposition``: reading an exposition; ``promql``: the PromQL this project ships;
+- ``exposition``: reading an exposition; ``promql``: the PromQL this project ships; ``rule_order``: the orders of
+  the rule groups that can compute differently;
 - ``prometheus``, ``victoria``, ``browser``: real Prometheus, VictoriaMetrics and vmalert, headless Chromium;
 - ``tiny_model``: tiny random checkpoints made locally, for real vLLM engines;
 - ``bench_tables``: the marked tables of docs/benchmarks.md's "Today" section, which each bench rewrites.

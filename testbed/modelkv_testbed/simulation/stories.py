@@ -995,6 +995,60 @@ def _neighbour_during_capture() -> Story:
     )
 
 
+def _restart_in_place() -> Story:
+    declared = Cache("talker", "talker_kv", 512 * MIB, held=plus(flat(GIB), step(60, 2 * GIB)))
+    under = Cache("talker", "talker_kv", 128 * MIB, held=declared.held)
+    with_nvml = Engine(
+        "restart-nvml", "omni-r0", "10.15.0.1:9400", Device("GPU-o0"), caches=(declared,), restarted_at=180
+    )
+    without = Engine(
+        "restart-no-nvml",
+        "omni-r1",
+        "10.15.0.2:9400",
+        Device("GPU-o1"),
+        caches=(declared,),
+        nvml=False,
+        restarted_at=180,
+    )
+    cpu = Engine("restart-cpu", "omni-r2", "10.15.0.3:9400", None, caches=(under,), restarted_at=180)
+    undeclared = 'max_over_time(modelkv_engine:undeclared_memory_bytes{engine=~"restart-.+"}[40m]) > 0'
+    return Story(
+        "story-o-restart-in-place",
+        """
+        Engines restarting in place: at 3 hours each engine's container crashes and is restarted
+        at once, in the same pod (the spool keeps its file; the new process publishes under the
+        same id from its first minute, loads for 10 minutes and takes a new baseline). Each
+        engine's talker cache holds 1 GiB, and 3 GiB from 1 hour on, in either process.
+        "restart-nvml" and "restart-no-nvml" (alone on its device, without NVML's per-process
+        figures) declare 4 GiB; the CPU engine "restart-cpu" declares 1 GiB, less than its cache
+        holds. The rule groups may evaluate in any order: at the restart, a group that read the
+        leak signal of another would read the old process's growth against the new process's
+        caches.
+        """,
+        [
+            Episode(
+                """
+                The operator expects no undeclared memory for any engine, before, during or after the
+                restart: the figure stays at 0 (what the old process grew by is its caches, and the new
+                process starts from a new baseline), and ModelKVUndeclaredMemoryGrowth never fires.
+                "restart-cpu" is paged for its declaration, which under-reports from 1 hour on, in the
+                old process and in the new one.
+                """,
+                [with_nvml, without, cpu],
+                300,
+                [
+                    Quiet(UNDECLARED, 0, 300),
+                    Value(undeclared, 175, ()),
+                    Value(undeclared, 215, ()),
+                    Value(undeclared, 300, ()),
+                    Firing(UNDER_REPORTS, 100, (engine_labels(cpu, owner="talker", **WARNING),)),
+                    Firing(UNDER_REPORTS, 300, (engine_labels(cpu, owner="talker", **WARNING),)),
+                ],
+            )
+        ],
+    )
+
+
 def _parts(engine: Engine, **components: float) -> tuple[tuple[str, float], ...]:
     """The samples of the engine's breakdown parts ``components``, each at its value."""
     return tuple(
@@ -1023,5 +1077,6 @@ STORIES = [
     _data_parallel(),
     _sleep_cycles(),
     _neighbour_during_capture(),
+    _restart_in_place(),
 ]
 """Every story, in the order their files sort."""
