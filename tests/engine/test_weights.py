@@ -7,7 +7,9 @@ the host, and a UVA view (a CUDA tensor over host memory) is a CPU tensor with v
 from __future__ import annotations
 
 import importlib.util
-import os
+import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -210,28 +212,44 @@ def test_the_weights_vllm_s_cpu_backend_repacks_for_its_kernels_are_counted(rows
     assert counted is not None and rows * columns * 4 <= counted <= 2 * rows * columns * 4, counted
 
 
-def resident_bytes() -> int:
-    """This process's resident memory (``/proc/self/statm``)."""
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+MEASURE_COPY = """
+import json, os, sys
+import torch
+from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+layer = torch.nn.Module()
+layer.weight = torch.nn.Parameter(torch.randn(int(sys.argv[1]), int(sys.argv[2])), requires_grad=False)
+before = resident()
+dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+print(json.dumps(resident() - before))
+"""
+"""Resident growth across vLLM making an embedding's handle, in a fresh interpreter: in a long test process the copy
+may land in memory an earlier test freed, and resident memory would not show it."""
 
 
 def test_onednn_copy_is_real() -> None:
     """An embedding or LM head keeps its ``weight`` (``remove_weight=False``: the lookup reads it) and its oneDNN handle
     makes a copy of its own: the process holds the table twice, and the count says so. The copy is measured: the
-    process's resident memory grows by the table's bytes when vLLM makes the handle."""
+    resident memory of a fresh process grows by the table's bytes when vLLM makes the handle."""
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers.utils import check_cpu_sgl_kernel, dispatch_cpu_unquantized_gemm
 
     rows, columns = 16384, 1024
     if not ops._supports_onednn or check_cpu_sgl_kernel(rows, columns, torch.float32):
         pytest.skip("this vLLM build takes another kernel for this table")
+    table = rows * columns * 4
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE_COPY, str(rows), str(columns)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown = json.loads(done.stdout.splitlines()[-1])
+    assert 0.9 * table <= grown <= 1.5 * table, f"the handle's copy: {grown} B for a {table} B table"
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(rows, columns), requires_grad=False)
-    table = rows * columns * 4
-    before = resident_bytes()
     dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
-    grown = resident_bytes() - before
-    assert 0.9 * table <= grown <= 1.5 * table, f"the handle's copy: {grown} B for a {table} B table"
     counted = weights_bytes(SimpleNamespace(device=torch.device("cpu")), layer)
     assert counted == 2 * table, "the table, and the handle's copy at its geometry"
 
