@@ -14,12 +14,9 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from modelkv_testbed.promql import RULES_FILE, metric_names
+from modelkv_testbed.promql import metric_names
 
 Read = tuple[str, str]
 """A group that reads another group's results: (reader, writer)."""
@@ -66,9 +63,3 @@ def with_order(test_text: str, order: Sequence[str]) -> str:
     """A promtool test file's text that evaluates the groups in ``order`` (``group_eval_order``)."""
     listed = ", ".join(order)
     return re.sub(r"^rule_files:", f"group_eval_order: [{listed}]\nrule_files:", test_text, count=1, flags=re.M)
-
-
-def rule_document(path: Path = RULES_FILE) -> dict[str, Any]:
-    """A rule file as YAML."""
-    document: dict[str, Any] = yaml.safe_load(path.read_text())
-    return document

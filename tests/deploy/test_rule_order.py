@@ -12,7 +12,6 @@ makes the restart story fail in the orders where the caches evaluate first.
 from __future__ import annotations
 
 import itertools
-import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from modelkv_testbed.processes import require_tool
 from modelkv_testbed.promql import RULE_TESTS, RULES_FILE, rule_groups
-from modelkv_testbed.rule_order import cross_group_reads, distinct_orders, fresh_reads, read_names, with_order
+from modelkv_testbed.rule_order import cross_group_reads, distinct_orders, fresh_reads, read_names
+from tests.deploy.test_rules import promtool_test
 
 pytestmark = pytest.mark.slow
 
@@ -36,27 +35,17 @@ LEAK_SIGNAL = (
 """The records of the leak signal, which ``modelkv.caches`` combines with what the caches explain."""
 
 
-def promtool(rules_text: str, tests: Sequence[Path], order: Sequence[str], directory: Path) -> str:
-    """``promtool test rules`` of ``tests`` against ``rules_text`` with the groups in ``order``: '' or its output."""
-    (directory / "tests").mkdir(parents=True)
-    (directory / RULES_FILE.name).write_text(rules_text)
-    for test in tests:
-        (directory / "tests" / test.name).write_text(with_order(test.read_text(), order))
-    done = subprocess.run(
-        [require_tool("promtool"), "test", "rules", *(t.name for t in tests)],
-        capture_output=True,
-        text=True,
-        cwd=directory / "tests",
-    )
-    return "" if done.returncode == 0 else done.stdout + done.stderr
-
-
-def in_every_order(rules_text: str, tests: Sequence[Path], directory: Path) -> dict[tuple[str, ...], str]:
-    """Per order of each class, what promtool said of the tests ('' when they passed); two runs at a time."""
+def in_every_order(rules_text: str, only: str, directory: Path) -> dict[tuple[str, ...], str]:
+    """Per order of each class, what promtool said of the rule tests named ``only`` ('' when they passed); two runs
+    at a time."""
     orders = distinct_orders(yaml.safe_load(rules_text)["groups"])
+
+    def run(k: int) -> str:
+        done = promtool_test(rules_text, directory / f"order-{k}", only, orders[k])
+        return "" if done.returncode == 0 else done.stdout + done.stderr
+
     with ThreadPoolExecutor(2) as pool:
-        said = pool.map(lambda k: promtool(rules_text, tests, orders[k], directory / f"order-{k}"), range(len(orders)))
-        return {tuple(order): text for order, text in zip(orders, said, strict=True)}
+        return {tuple(order): said for order, said in zip(orders, pool.map(run, range(len(orders))), strict=True)}
 
 
 def with_leak_signal_in_rules() -> str:
@@ -112,7 +101,7 @@ def test_one_order_of_each_class_stands_for_all_5040() -> None:
 
 @pytest.fixture(scope="module")
 def every_order(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], str]:
-    return in_every_order(RULES_FILE.read_text(), RULE_TESTS, tmp_path_factory.mktemp("orders"))
+    return in_every_order(RULES_FILE.read_text(), "", tmp_path_factory.mktemp("orders"))
 
 
 def test_every_rule_test_and_story_passes_in_every_order(every_order: dict[tuple[str, ...], str]) -> None:
@@ -126,7 +115,7 @@ def test_the_restart_story_fails_when_the_caches_read_the_leak_signal_of_another
     sets the old process's growth against the new process's caches in the minute of the restart. The CPU engine's
     undeclared memory then shows 1 GiB it does not hold (which a `max_over_time` of it keeps); the file's order, which
     the tests used to pin, shows nothing."""
-    said = in_every_order(with_leak_signal_in_rules(), [RESTART_STORY], tmp_path)
+    said = in_every_order(with_leak_signal_in_rules(), RESTART_STORY.name, tmp_path)
     names = [g["name"] for g in rule_groups()]
     caches_first = {o for o in said if o.index("modelkv.caches") < o.index("modelkv.rules")}
     assert said[tuple(names)] == "", "in the file's order the broken file passes: pinning the order hid it"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from modelkv_testbed import ROOT
 from modelkv_testbed.processes import require_tool
 from modelkv_testbed.promql import RULE_TESTS, RULES_FILE, alerts, metric_names, rule_expressions, rule_groups, rules
 from modelkv_testbed.promql import known_metric as is_known
+from modelkv_testbed.rule_order import with_order
 
 sys.path.insert(0, str(ROOT / "deploy" / "kubernetes"))
 import generate_manifests  # noqa: E402
@@ -25,7 +27,7 @@ RUNBOOK_URL = "https://modelkv-exporter.invalid/docs/runbook.md#"
 
 
 def promtool_test(
-    rules_text: str, directory: Path, only: str = "", group_order: list[str] | None = None
+    rules_text: str, directory: Path, only: str = "", group_order: Sequence[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``promtool test rules`` of the test files (those named ``only``) against ``rules_text``, copied to ``directory``.
 
@@ -36,11 +38,7 @@ def promtool_test(
     test_files = [t for t in RULE_TESTS if t.name.startswith(only)]
     for test_file in test_files:
         text = test_file.read_text()
-        if group_order:
-            text = re.sub(
-                r"^rule_files:", f"group_eval_order: [{', '.join(group_order)}]\nrule_files:", text, count=1, flags=re.M
-            )
-        (directory / "tests" / test_file.name).write_text(text)
+        (directory / "tests" / test_file.name).write_text(with_order(text, group_order) if group_order else text)
     return subprocess.run(
         [require_tool("promtool"), "test", "rules", *(t.name for t in test_files)],
         capture_output=True,
