@@ -2,11 +2,12 @@
 
 A Prometheus evaluates each group at an offset of its own in the interval, and Thanos's and Mimir's rulers place
 groups in different processes, so a group reads another group's result of this interval or of the last. Two
-properties keep the alerts the same either way, and both are held here: only an engine's identity (the ``:info``
-series) crosses a group, and every rule test and story, the restart in place among them, passes in one order of
-each class of orders that can compute differently (``modelkv_testbed.rule_order``: 4 classes of 5 040 orders).
-Breaking the first on purpose (the leak signal back in ``modelkv.rules``, read as a figure by ``modelkv.caches``)
-makes the restart story fail in the orders where the caches evaluate first.
+properties keep the alerts the same either way, and both are held here: every rule reads its figures from one time
+(raw series and its own group's results, or one other group's results alone; an engine's identity, the ``:info``
+series, crosses groups as a filter or a join), and every rule test and story, the restart in place among them, passes
+in one order of each class of orders that can compute differently (``modelkv_testbed.rule_order``: 8 classes of the
+5 040 orders). Breaking the first on purpose (the leak signal back in ``modelkv.rules``, read beside
+``modelkv.caches``' own figures) makes the restart story fail in the orders where the caches evaluate first.
 """
 
 from __future__ import annotations
@@ -59,30 +60,59 @@ def with_leak_signal_in_rules() -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def figures_across_groups(groups: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
-    """The recorded series a group reads from another that are not an engine's identity (a ``:info`` series)."""
-    figures = {
-        pair: sorted(n for n in names if not n.endswith(":info")) for pair, names in cross_group_reads(groups).items()
-    }
-    return {pair: names for pair, names in figures.items() if names}
+NOW = "raw series and its own group"
+"""The time source of a rule that reads raw series or its own group's results: this evaluation."""
 
 
-def test_only_an_engines_identity_crosses_a_group() -> None:
-    assert figures_across_groups(rule_groups()) == {}
-    assert cross_group_reads(rule_groups()), "the groups read each other's identity series"
-    broken = yaml.safe_load(with_leak_signal_in_rules())["groups"]
-    assert figures_across_groups(broken) == {
-        ("modelkv.caches", "modelkv.rules"): ["modelkv_engine:unbudgeted_growth_bytes"]
-    }, "a figure read across groups is named"
-
-
-def test_every_alert_sits_in_the_group_whose_results_it_reads() -> None:
-    writer = {r["record"]: g["name"] for g in rule_groups() for r in g["rules"] if "record" in r}
-    for group in rule_groups():
+def time_sources(groups: Sequence[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per rule (its record or alert name, with its group), where its figures come from: ``NOW``, or another group
+    whose results it reads (this interval's or the last one's). An engine's identity (a ``:info`` series) is a filter
+    or a join, not a figure, and has no time source."""
+    writer = {rule["record"]: group["name"] for group in groups for rule in group["rules"] if "record" in rule}
+    sources: dict[str, set[str]] = {}
+    for group in groups:
         for rule in group["rules"]:
-            if "alert" in rule:
-                read = {writer[name] for name in read_names(rule["expr"]) if name in writer}
-                assert read <= {group["name"]}, (rule["alert"], read)
+            key = f"{group['name']} {rule.get('record') or rule['alert']}"
+            for name in read_names(rule["expr"]):
+                source = writer.get(name, group["name"])
+                if source == group["name"]:
+                    sources.setdefault(key, set()).add(NOW)
+                elif not name.endswith(":info"):
+                    sources.setdefault(key, set()).add(source)
+    return sources
+
+
+def mixed_times(groups: Sequence[dict[str, Any]]) -> dict[str, set[str]]:
+    """The rules that combine figures of two times (one group's result beside fresher figures, or two groups')."""
+    return {rule: found for rule, found in time_sources(groups).items() if len(found) > 1}
+
+
+def with_device_alert_reading(extra: str) -> str:
+    """The rule file with ModelKVDeclaredPeakWillNotFit also reading ``extra`` (a raw series)."""
+    document: dict[str, Any] = yaml.safe_load(RULES_FILE.read_text())
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") == "ModelKVDeclaredPeakWillNotFit":
+                rule["expr"] = f"({rule['expr']}) and on (device, device_key) {extra}"
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def test_every_rule_reads_its_figures_from_one_time() -> None:
+    """Raw series and its own group's results, or one other group's results alone: never this interval's figures
+    beside a result that may be one interval old."""
+    groups = rule_groups()
+    assert mixed_times(groups) == {}
+    sources = time_sources(groups)
+    assert sources["modelkv.alerts ModelKVDeclaredPeakWillNotFit"] == {"modelkv.devices"}, "read across groups"
+    assert cross_group_reads(groups), "the groups read each other's identity series"
+    broken = yaml.safe_load(with_leak_signal_in_rules())["groups"]
+    assert mixed_times(broken) == {
+        "modelkv.caches modelkv_engine:undeclared_memory_bytes": {NOW, "modelkv.rules"}
+    }, "a late figure beside a fresh one is named"
+    fresh_beside_late = yaml.safe_load(with_device_alert_reading("modelkv_memory_device_total_bytes"))["groups"]
+    assert mixed_times(fresh_beside_late) == {
+        "modelkv.alerts ModelKVDeclaredPeakWillNotFit": {NOW, "modelkv.devices"}
+    }
 
 
 def test_one_order_of_each_class_stands_for_all_5040() -> None:
@@ -94,9 +124,9 @@ def test_one_order_of_each_class_stands_for_all_5040() -> None:
     orders = distinct_orders(groups)
     assert orders[:2] == [names, names[::-1]]
     classes = {fresh_reads(order, reads) for order in orders}
-    assert len(classes) == len(orders) == 4
+    assert len(classes) == len(orders) == 8
     assert {fresh_reads(order, reads) for order in itertools.permutations(names)} == classes
-    assert len(distinct_orders(yaml.safe_load(with_leak_signal_in_rules())["groups"])) == 4, "the same reads"
+    assert len(distinct_orders(yaml.safe_load(with_leak_signal_in_rules())["groups"])) == 8, "the same reads"
 
 
 @pytest.fixture(scope="module")
