@@ -296,6 +296,12 @@ def test_every_alert_goes_pending_or_firing_and_a_plateau_never_does(live: Live)
         return {r["metric"]["alertname"] for r in query(live.prometheus, "ALERTS")}
 
     wait(lambda: expected <= active(), f"alerts {sorted(expected)} (active: {sorted(active())})")
+
+    def predicted_tiers() -> set[str]:
+        alerts = query(live.prometheus, 'ALERTS{alertname="ModelKVDeviceMemoryExhaustionPredicted"}')
+        return {r["metric"]["severity"] for r in alerts}
+
+    wait(lambda: predicted_tiers() == {"critical", "warning"}, "both tiers of ModelKVDeviceMemoryExhaustionPredicted")
     by_name: dict[str, list[dict[str, Any]]] = {}
     for alert in _firing_or_pending(live):
         by_name.setdefault(alert["labels"]["alertname"], []).append(alert)
