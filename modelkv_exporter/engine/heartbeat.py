@@ -123,9 +123,13 @@ class SnapshotPublisher:
     def watch(self, engine: object, on_gone: Callable[[], None] | None = None) -> None:
         """End the snapshot at the first beat after ``engine`` (held weakly: a worker) is gone without ``end``, then
         run ``on_gone`` on the heartbeat thread and stop beating: an engine dropped without shutdown is not rewritten
-        forever."""
+        forever. An engine that cannot be held weakly is not watched."""
+        try:
+            watched = weakref.ref(engine)
+        except TypeError:
+            return
         self._on_gone = on_gone
-        self._watched = weakref.ref(engine)
+        self._watched = watched
 
     def start_heartbeat(
         self,

@@ -262,6 +262,23 @@ def test_stop_without_a_heartbeat_raises_no_handlers_system_exit(tmp_path: Path,
     assert exiting.calls == 1 and log.pending() == 0
 
 
+def test_an_exception_raised_into_the_heartbeat_thread_is_recorded_and_logged_never_unseen(tmp_path: Path) -> None:
+    """``SystemExit`` raised into the heartbeat (here by its sampler): the thread stops, says why, and the line is
+    logged, and ``stop()`` raises nothing."""
+
+    def exiting_sampler() -> Any:
+        raise SystemExit(4)
+
+    publisher = SnapshotPublisher(tmp_path, make_snapshot("e0"))
+    publisher.start_heartbeat(0.02, exiting_sampler)
+    thread = publisher._thread
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive() and publisher.stopped is not None and "SystemExit" in publisher.stopped
+    publisher.stop()
+    assert log.pending() == 0
+
+
 # -- nothing of ours holds the worker ----------------------------------------------------------------------------
 
 

@@ -252,8 +252,11 @@ def after_warm_up(worker: Any, config: HookConfig) -> None:
 
 def paged_reader(worker: Any) -> Callable[[], list[Any]]:
     """What reads the paged KV cache's tensors of the worker's runner now, holding the worker weakly (none once the
-    worker is gone)."""
-    ref = weakref.ref(worker)
+    worker is gone; strongly only a worker that cannot be held weakly)."""
+    try:
+        ref: Callable[[], Any] = weakref.ref(worker)
+    except TypeError:
+        ref = lambda: worker  # noqa: E731 - the same call as the weak reference's
 
     def read() -> list[Any]:
         return runner_caches(getattr(ref(), "model_runner", None))
