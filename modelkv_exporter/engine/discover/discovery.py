@@ -195,7 +195,9 @@ class Discovery:
         self.ready = True
 
     def uninstall(self) -> None:
-        """Stop attributing layers (the records already made stay with the observer); other models' discovery goes on."""
+        """Stop attributing layers (the records already made stay with the observer) and drop the paged cache's
+        reader (it reaches the worker); other models' discovery goes on."""
+        self.paged = None
         with _routing:
             if self in _attributing:
                 _attributing.remove(self)

@@ -130,17 +130,13 @@ def fail(site: str, error: BaseException) -> None:
         pass
 
 
-def _on_dead(record: LayerRecord) -> None:
-    """A layer died (weakref callback, any thread, any lock held): queue it for ``drain``."""
-    global _active, _late
-    try:
-        dead.append(record)
-    except Exception as error:
-        try:
-            fail("layer finaliser", error)
-        except Exception:
-            _active = False
-            _late = "layer finaliser", type(error)
+_on_dead: Callable[[LayerRecord], None] = dead.append
+"""A layer died (its record's weakref callback, on any thread, under any lock): queue the record for ``drain``.
+
+``deque.append`` itself, no Python function: the collector runs it without a frame of ours, so it cannot meet the
+recursion limit in a frame of ours, and a signal or asynchronous exception pending when the layer dies is raised in
+the model's code afterwards, where a Python callback would have run it and CPython dropped it as unraisable (the
+record lost with it)."""
 
 
 def drain() -> None:
