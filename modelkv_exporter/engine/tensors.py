@@ -70,15 +70,18 @@ def is_tensor(value: object) -> bool:
     return issubclass(type(value), torch.Tensor)
 
 
-def weigh(tensor: Any, out: dict[StorageKey, int]) -> bool:
+def weigh(tensor: Any, out: dict[StorageKey, int], *, empty: bool = False) -> bool:
     """Add the storages behind ``tensor`` to ``out`` (``{(device, data pointer): nbytes}``); False when its bytes
-    cannot be read without running the model's code (then nothing of it is added). Raises nothing."""
+    cannot be read without running the model's code (then nothing of it is added). Raises nothing.
+
+    A storage that holds no bytes (a meta tensor's, an empty tensor's) is left out; with ``empty``, it is added at 0
+    (keyed by its tensor's ``id``): where a tensor lies, even where it weighs nothing."""
     if not is_tensor(tensor):
         return False
     found: dict[StorageKey, int] = {}
     try:
         with _no_torch_function():
-            known = _weigh(tensor, found, 0)
+            known = _weigh(tensor, found, 0, empty)
     except Exception:
         return False
     if known:
@@ -141,7 +144,7 @@ def _slot_descriptors(cls: type) -> tuple[Any, ...]:
     return known
 
 
-def _weigh(tensor: Any, out: dict[StorageKey, int], depth: int) -> bool:
+def _weigh(tensor: Any, out: dict[StorageKey, int], depth: int, empty: bool) -> bool:
     """``weigh`` with ``__torch_function__`` already off; raises what torch raises for a storage it cannot show."""
     try:
         storage = _untyped_storage(tensor)
@@ -149,13 +152,15 @@ def _weigh(tensor: Any, out: dict[StorageKey, int], depth: int) -> bool:
         device = storage.device
         pointer = storage.data_ptr()
     except Exception:
-        return _without_storage(tensor, out, depth)
-    if size and device.type != "meta":
-        out[(str(device), pointer if pointer else -id(tensor))] = size
+        return _without_storage(tensor, out, depth, empty)
+    if device.type == "meta":
+        size = 0
+    if size or empty:
+        out[(str(device), pointer if pointer and size else -id(tensor))] = size
     return True
 
 
-def _without_storage(tensor: Any, out: dict[StorageKey, int], depth: int) -> bool:
+def _without_storage(tensor: Any, out: dict[StorageKey, int], depth: int, empty: bool) -> bool:
     keys = _dispatch_keys(tensor)
     if not keys.has(_PYTHON):
         if keys.has(_SPARSE):
@@ -167,8 +172,8 @@ def _without_storage(tensor: Any, out: dict[StorageKey, int], depth: int) -> boo
                 parts = tuple(getter(tensor) for getter in getters)
         else:
             return False
-        return bool(parts) and all(_weigh(part, out, depth) for part in parts)
+        return bool(parts) and all(_weigh(part, out, depth, empty) for part in parts)
     if depth >= MAX_DEPTH:
         return False
     inner = inner_tensors(tensor)
-    return bool(inner) and all(_weigh(part, out, depth + 1) for part in inner)
+    return bool(inner) and all(_weigh(part, out, depth + 1, empty) for part in inner)

@@ -154,7 +154,7 @@ def _weigh(tensor: Any, out: dict[StorageKey, int]) -> None:
         return
     if not is_tensor(tensor):
         raise Unweighable(f"a cache layer holds a {type(tensor).__name__} where a tensor belongs")
-    if not weigh(tensor, out):
+    if not weigh(tensor, out, empty=True):
         raise Unweighable(
             f"a cache tensor of type {type(tensor).__qualname__} has no storage that can be read without its code"
         )
@@ -209,7 +209,8 @@ def _nothing() -> None:
 def storages(
     layer: Any, attributes: tuple[str, ...], state: Callable[[Any], dict[str, Any]] = vars
 ) -> dict[StorageKey, int]:
-    """``{(device, data pointer): nbytes}`` of the storages behind ``attributes`` (a meta tensor adds none).
+    """``{(device, data pointer): nbytes}`` of the storages behind ``attributes`` (a meta or empty storage at 0, keyed by
+    its tensor's id: its device still counts).
     ``state`` reads the layer's instance dict (its plan's). Raises ``Unweighable`` where a tensor cannot be read."""
     found: dict[StorageKey, int] = {}
     values = state(layer)
@@ -228,7 +229,7 @@ def readable_storages(layer: Any, plan: Plan) -> dict[StorageKey, int]:
     except Exception:
         return found
     for name in plan.attributes:
-        weigh(_get(values, name), found)
+        weigh(_get(values, name), found, empty=True)
     return found
 
 
