@@ -334,3 +334,27 @@ def test_the_weights_walk_calls_no_method_of_a_dict_subclass_put_as_a_modules_di
     CALLS.clear()
     assert model_weight_bytes(model, "cpu") == (4 * 4 + 4 + 4 * 2 + 2) * 4
     assert dict(CALLS) == {}
+
+
+def test_the_hostile_tensors_are_hostile_to_the_reads_the_weigher_avoids() -> None:
+    """The mechanism the tests above guard: each read the weigher leaves alone runs the subclass's code."""
+    base = torch._C.TensorBase
+    sizes, wrapped, counted = SizesTensor(torch.ones(4)), Wrapper(torch.ones(4)), torch.ones(4).as_subclass(Counted)
+    reads: dict[str, Callable[[Any], Any]] = {
+        "nbytes": vars(base)["nbytes"].__get__,
+        "is_meta": vars(base)["is_meta"].__get__,
+        "device": vars(base)["device"].__get__,
+        "layout": vars(base)["layout"].__get__,
+        "data_ptr": base.data_ptr,
+        "dim": base.dim,
+    }
+    for name, read in reads.items():
+        CALLS.clear()
+        read(sizes)
+        assert CALLS["__torch_dispatch__"] >= 1, name
+    CALLS.clear()
+    base.nbytes.__get__(wrapped)
+    base.untyped_storage(counted)
+    assert CALLS == {"__torch_dispatch__": 1, "__torch_function__": 1}
+    with pytest.raises(RuntimeError):
+        base.untyped_storage(wrapped).data_ptr()  # no storage of its own: what turned discovery off
