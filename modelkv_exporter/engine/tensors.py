@@ -46,6 +46,8 @@ TENSOR_DICT = torch.Tensor.__dict__["__dict__"]
 """The real instance dict of every tensor subclass, whatever a subclass defines as ``__dict__``."""
 _TYPE_MRO = type.__dict__["__mro__"]
 _TYPE_DICT = type.__dict__["__dict__"]
+_Tensor = torch.Tensor
+_modes_on = torch._C._is_torch_function_mode_enabled
 _untyped_storage = TENSOR_BASE.untyped_storage
 _layout_of: Callable[[Any], Any] = vars(TENSOR_BASE)["layout"].__get__
 _no_torch_function = torch._C.DisableTorchFunction
@@ -63,6 +65,7 @@ COMPRESSED_PARTS: dict[Any, tuple[Callable[[Any], Any], ...]] = {
 """The parts of a compressed sparse tensor, by layout: torch's own getters."""
 
 _slots: dict[type, tuple[Any, ...]] = {}
+_device_names: dict[torch.device, str] = {}
 
 
 def is_tensor(value: object) -> bool:
@@ -76,10 +79,12 @@ def weigh(tensor: Any, out: dict[StorageKey, int], *, empty: bool = False) -> bo
 
     A storage that holds no bytes (a meta tensor's, an empty tensor's) is left out; with ``empty``, it is added at 0
     (keyed by its tensor's ``id``): where a tensor lies, even where it weighs nothing."""
-    if not is_tensor(tensor):
-        return False
-    found: dict[StorageKey, int] = {}
     try:
+        if type(tensor) is _Tensor and not _modes_on():
+            return _weigh(tensor, out, 0, empty)
+        if not is_tensor(tensor):
+            return False
+        found: dict[StorageKey, int] = {}
         with _no_torch_function():
             known = _weigh(tensor, found, 0, empty)
     except Exception:
@@ -153,10 +158,13 @@ def _weigh(tensor: Any, out: dict[StorageKey, int], depth: int, empty: bool) -> 
         pointer = storage.data_ptr()
     except Exception:
         return _without_storage(tensor, out, depth, empty)
-    if device.type == "meta":
+    name = _device_names.get(device)
+    if name is None:
+        name = _device_names[device] = str(device)
+    if name == "meta":
         size = 0
     if size or empty:
-        out[(str(device), pointer if pointer and size else -id(tensor))] = size
+        out[(name, pointer if pointer and size else -id(tensor))] = size
     return True
 
 
