@@ -13,8 +13,8 @@ Python, whatever the subclass (checked against a subclass counting its dispatch 
 - ``torch._C.TensorBase.untyped_storage`` called unbound, and the storage's ``nbytes()``, ``data_ptr()`` and
   ``device``: a tensor's bytes are its storage's ``nbytes``, keyed by ``(device, data pointer)`` so views of one
   buffer count once;
-- the dispatch key set (``torch._C._dispatch_keys``): whether a tensor without a storage is sparse, and whether
-  it dispatches to Python at all;
+- the dispatch key set (``torch._C._dispatch_keys``): whether a tensor without a storage dispatches to Python at
+  all; only one that does not (or a plain ``torch.Tensor``) has its ``layout`` read, to find its sparse parts;
 - the instance's attributes, through ``torch.Tensor``'s real ``__dict__`` descriptor and the ``__slots__``
   member descriptors of its class (never a property of the subclass).
 
@@ -54,15 +54,15 @@ _no_torch_function = torch._C.DisableTorchFunction
 _no_python_dispatch = torch._C._DisableTorchDispatch
 _dispatch_keys = torch._C._dispatch_keys
 _PYTHON = torch._C.DispatchKey.Python
-_SPARSE = torch._C.DispatchKey.Sparse
-_SPARSE_COMPRESSED = torch._C.DispatchKey.SparseCsr
-COMPRESSED_PARTS: dict[Any, tuple[Callable[[Any], Any], ...]] = {
+_STRIDED = torch.strided
+SPARSE_PARTS: dict[Any, tuple[Callable[[Any], Any], ...]] = {
+    torch.sparse_coo: (TENSOR_BASE._indices, TENSOR_BASE._values),
     torch.sparse_csr: (TENSOR_BASE.crow_indices, TENSOR_BASE.col_indices, TENSOR_BASE.values),
     torch.sparse_csc: (TENSOR_BASE.ccol_indices, TENSOR_BASE.row_indices, TENSOR_BASE.values),
     torch.sparse_bsr: (TENSOR_BASE.crow_indices, TENSOR_BASE.col_indices, TENSOR_BASE.values),
     torch.sparse_bsc: (TENSOR_BASE.ccol_indices, TENSOR_BASE.row_indices, TENSOR_BASE.values),
 }
-"""The parts of a compressed sparse tensor, by layout: torch's own getters."""
+"""The parts of a sparse tensor, by layout: torch's own getters."""
 
 _slots: dict[type, tuple[Any, ...]] = {}
 _device_names: dict[torch.device, str] = {}
@@ -81,6 +81,8 @@ def weigh(tensor: Any, out: dict[StorageKey, int], *, empty: bool = False) -> bo
     (keyed by its tensor's ``id``): where a tensor lies, even where it weighs nothing."""
     try:
         if type(tensor) is _Tensor and not _modes_on():
+            if _layout_of(tensor) is not _STRIDED:
+                return _sparse(tensor, out, 0, empty)
             return _weigh(tensor, out, 0, empty)
         if not is_tensor(tensor):
             return False
@@ -169,19 +171,16 @@ def _weigh(tensor: Any, out: dict[StorageKey, int], depth: int, empty: bool) -> 
 
 
 def _without_storage(tensor: Any, out: dict[StorageKey, int], depth: int, empty: bool) -> bool:
-    keys = _dispatch_keys(tensor)
-    if not keys.has(_PYTHON):
-        if keys.has(_SPARSE):
-            with _no_python_dispatch():
-                parts = (TENSOR_BASE._indices(tensor), TENSOR_BASE._values(tensor))
-        elif keys.has(_SPARSE_COMPRESSED):
-            with _no_python_dispatch():
-                getters = COMPRESSED_PARTS.get(_layout_of(tensor), ())
-                parts = tuple(getter(tensor) for getter in getters)
-        else:
-            return False
-        return bool(parts) and all(_weigh(part, out, depth, empty) for part in parts)
+    if not _dispatch_keys(tensor).has(_PYTHON):
+        return _sparse(tensor, out, depth, empty)
     if depth >= MAX_DEPTH:
         return False
     inner = inner_tensors(tensor)
     return bool(inner) and all(_weigh(part, out, depth + 1, empty) for part in inner)
+
+
+def _sparse(tensor: Any, out: dict[StorageKey, int], depth: int, empty: bool) -> bool:
+    """A tensor that dispatches nothing to Python: its layout's parts (False for a layout that has none here)."""
+    with _no_python_dispatch():
+        parts = tuple(getter(tensor) for getter in SPARSE_PARTS.get(_layout_of(tensor), ()))
+    return bool(parts) and all(_weigh(part, out, depth, empty) for part in parts)
