@@ -45,7 +45,7 @@ from modelkv_exporter.engine.discover.layout import seen_layout, widest
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
-from modelkv_exporter.engine.observe.layers import StorageKey, storages
+from modelkv_exporter.engine.observe.layers import StorageKey, readable_storages
 from modelkv_exporter.engine.observe.observer import CHUNK, recount
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 from modelkv_exporter.engine.protocol import unwrap_model
@@ -82,7 +82,7 @@ def _storage_count(records: Iterable[Any]) -> int:
     for record in records:
         layer = record()
         if layer is not None:
-            found.update(storages(layer, record.plan.attributes, record.plan.state))
+            found.update(readable_storages(layer, record.plan))
     return len(found)
 
 
@@ -384,7 +384,7 @@ class Discovery:
         for record in records:
             layer = record()
             if layer is not None and record.plan.unknown is None:
-                found.update(storages(layer, record.plan.attributes, record.plan.state))
+                found.update(readable_storages(layer, record.plan))
         return found
 
     def _figures(self, observations: Sequence[Observation]) -> list[DiscoveredOwner]:

@@ -8,11 +8,9 @@ Nothing here calls a property, ``__getattr__``, ``__getattribute__``, ``__class_
 - containers are read through the C methods of their built-in base (``list.__getitem__``, ``dict.values``);
 - an object's attributes through the real ``__dict__`` descriptor of the class that made its dict, and the
   member descriptors of its ``__slots__`` (``getters``);
-- a tensor's storage through ``torch._C.TensorBase``'s C getters, under ``DisableTorchFunctionSubclass``
-  (``weigh``). A wrapper subclass (DTensor, FP8 or torchao tensors, a jagged ``NestedTensor``) has no
-  storage of its own: its inner tensors are found in its ``__dict__`` instead (``__tensor_flatten__`` is
-  the subclass's own code, and is not called). A meta tensor weighs nothing; a sparse tensor weighs its
-  indices and values.
+- a tensor's storages by the engine's one weigher (``engine.tensors``: ``weigh`` and ``tensor_dict`` are its, named
+  here for the census): no ``__torch_function__``, no ``__torch_dispatch__``; a wrapper subclass through its inner
+  tensors, or unknown.
 """
 
 from __future__ import annotations
@@ -28,22 +26,12 @@ from typing import Any
 
 import torch
 
-from modelkv_exporter.engine.observe.layers import StorageKey
+from modelkv_exporter.engine.tensors import TENSOR_BASE
+from modelkv_exporter.engine.tensors import tensor_dict as tensor_dict
+from modelkv_exporter.engine.tensors import weigh as weigh
 
 TYPE_DICT = type.__dict__["__dict__"]
 TYPE_MRO = type.__dict__["__mro__"]
-TENSOR_BASE = torch._C.TensorBase
-TENSOR_DICT = torch.Tensor.__dict__["__dict__"]
-_DEVICE = TENSOR_BASE.__dict__["device"]
-_LAYOUT = TENSOR_BASE.__dict__["layout"]
-_untyped_storage = TENSOR_BASE.untyped_storage
-_no_torch_function = torch._C.DisableTorchFunctionSubclass
-SPARSE_COMPRESSED = {
-    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
-    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
-}
 
 
 class Kind(enum.IntEnum):
@@ -193,43 +181,3 @@ def slot_values(obj: Any) -> tuple[Any, ...]:
 def _hidden_dict(cls: type) -> dict[str, Any]:
     """The class-level ``__dict__`` entries of ``cls``'s MRO that are not the real descriptor (a property, say)."""
     return {"__dict__": True} if any("__dict__" in class_dict(klass) for klass in mro(cls)[:-1]) else {}
-
-
-def weigh(tensor: Any, out: dict[StorageKey, int]) -> bool:
-    """Add the storages behind ``tensor`` to ``out``; False when it has none of its own (a wrapper subclass, whose
-    inner tensors are in its ``__dict__``). A meta tensor adds nothing and is True. Raises nothing."""
-    try:
-        with _no_torch_function():
-            layout = _LAYOUT.__get__(tensor)
-            if layout is not torch.strided:
-                return _weigh_sparse(tensor, layout, out)
-            device = _DEVICE.__get__(tensor)
-            if device.type == "meta":
-                return True
-            storage = _untyped_storage(tensor)
-            pointer = storage.data_ptr()
-            out[(str(device), pointer if pointer else -id(tensor))] = int(storage.nbytes())
-            return True
-    except Exception:
-        return False
-
-
-def _weigh_sparse(tensor: Any, layout: Any, out: dict[StorageKey, int]) -> bool:
-    if layout is torch.sparse_coo:
-        parts = (TENSOR_BASE._indices(tensor), TENSOR_BASE._values(tensor))
-    elif layout in SPARSE_COMPRESSED:
-        parts = tuple(getattr(TENSOR_BASE, name)(tensor) for name in SPARSE_COMPRESSED[layout])
-    else:
-        return False
-    for part in parts:
-        weigh(part, out)
-    return True
-
-
-def tensor_dict(tensor: Any) -> dict[str, Any] | None:
-    """A tensor subclass instance's own attribute dict (a wrapper's inner tensors), never through a property."""
-    try:
-        found = TENSOR_DICT.__get__(tensor, type(tensor))
-    except Exception:
-        return None
-    return found if type(found) is dict else None
