@@ -1,20 +1,24 @@
-"""Observed owners stay what they were: their methods' kinds, TorchScript, cloudpickle.
+"""Observed owners stay what they were: their methods' kinds, TorchScript, cloudpickle; so do runners and workers.
 
 The observer wraps an owner's entry methods on its class. A generator ``generate``, an ``async`` ``forward``
 and an asynchronous generator stay so for ``inspect`` and for whoever drives them (send, throw, close, return
 values), and the caches each step builds are still the owner's. ``torch.jit.script`` compiles an observed
 owner's source against the original's globals, and cloudpickle pickles an observed owner's class by value.
+The runner's ``capture_model`` keeps its signature, and works on copies, on ``__slots__`` runners and under class
+patches made after load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import subprocess
 import sys
 import types
 from collections.abc import AsyncIterator, Callable, Generator
+from types import SimpleNamespace
 from typing import Any
 
 import cloudpickle
@@ -23,6 +27,8 @@ import torch
 from transformers import DynamicCache
 
 from modelkv_exporter.engine.observe import Observer, hooks
+from modelkv_exporter.engine.samplers import PrivatePools
+from modelkv_exporter.engine.vllm_hook import memory_parts
 from modelkv_testbed import ROOT
 from tests.engine.observing import add, figures, kv, storage_bytes
 
@@ -265,3 +271,73 @@ def test_the_wrapper_resolves_names_in_the_originals_globals(observer: Observer)
 
     with pytest.raises(RuntimeError, match="undefined value helper"):
         torch.jit.script(Broken())
+
+
+class Runner:
+    """A model runner as vLLM's: ``capture_model`` returns what the device's free memory dropped by."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pools = PrivatePools(0, 0)
+
+    def capture_model(self, *, profile_only: bool = False) -> str:
+        if not profile_only:
+            self.pools = PrivatePools(self.pools.total + 100, self.pools.allocated + 60)
+        return self.name
+
+
+class SlotRunner:
+    __slots__ = ("name", "pools", "__weakref__")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pools = PrivatePools(0, 0)
+
+    def capture_model(self, *, profile_only: bool = False) -> str:
+        self.pools = PrivatePools(self.pools.total + 100, self.pools.allocated + 60)
+        return self.name
+
+
+def recorded(runner: Any) -> list[memory_parts.GraphPools]:
+    """Hook ``runner``'s capture as the plugin does at load; the pools read are the runner's own."""
+    seen: list[memory_parts.GraphPools] = []
+    assert memory_parts.record_graph_capture(SimpleNamespace(model_runner=runner), seen.append, lambda: runner.pools)
+    return seen
+
+
+@pytest.mark.parametrize("cls", [Runner, SlotRunner], ids=["runner", "__slots__ runner"])
+def test_the_capture_wrapper_keeps_the_signature_and_works_on_copies(cls: type[Any]) -> None:
+    runner = cls("original")
+    bound, unbound = inspect.signature(runner.capture_model), inspect.signature(cls.capture_model)
+    seen = recorded(runner)
+    assert (inspect.signature(runner.capture_model), inspect.signature(cls.capture_model)) == (bound, unbound)
+    assert runner.capture_model() == "original" and seen == [memory_parts.GraphPools(100, 40)]
+    twin = copy.copy(runner)
+    twin.name = "copy"
+    assert twin.capture_model() == "copy", "the copy captures on itself"
+    assert twin.pools.total == 200 and runner.pools.total == 100 and len(seen) == 1, "and is not the recorded runner"
+    assert cls("another").capture_model() == "another" and len(seen) == 1
+
+
+def test_a_class_patch_made_after_load_is_respected() -> None:
+    class Patched(Runner):
+        def capture_model(self, *, profile_only: bool = False) -> str:
+            return super().capture_model(profile_only=profile_only)
+
+    recorded(Runner("base"))
+    runner = Patched("loaded")
+    seen = recorded(runner)
+    assert runner.capture_model() == "loaded" and len(seen) == 1, "once, though the override and its base are wrapped"
+    wrapped = Patched.capture_model
+
+    def around(self: Patched, **kwargs: Any) -> str:
+        return "around " + wrapped(self, **kwargs)
+
+    Patched.capture_model = around  # type: ignore[method-assign]
+    assert runner.capture_model() == "around loaded" and len(seen) == 2, "a patch around ours: both run"
+
+    def instead(self: Patched, **kwargs: Any) -> str:
+        return "instead"
+
+    Patched.capture_model = instead  # type: ignore[method-assign]
+    assert runner.capture_model() == "instead" and len(seen) == 2, "a patch instead of ours: only it runs"
