@@ -167,10 +167,11 @@ def _plain(
     _modelkv_hooks: types.ModuleType,
     _modelkv_begin: Callable[[object, Callable[..., Any]], Entry | None],
     _modelkv_end: Callable[[Entry], None],
+    _modelkv_id: Callable[[object], int],
     **_: Any,
 ) -> Callable[..., Any]:
     def entered(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if not _modelkv_hooks._active:
+        if not _modelkv_hooks._active or _modelkv_id(self) not in _modelkv_hooks.owners:
             return _modelkv_function(self, *args, **kwargs)
         entry = _modelkv_begin(self, _modelkv_function)
         if entry is None:
@@ -264,6 +265,7 @@ def wrap_owner_method(function: types.FunctionType) -> types.FunctionType:
         _modelkv_call=call,
         _modelkv_steps=Steps,
         _modelkv_awaiting=Awaiting,
+        _modelkv_id=id,
     )
     wrapper = types.FunctionType(made.__code__, function.__globals__, function.__name__, None, made.__closure__)
     functools.update_wrapper(wrapper, function)
