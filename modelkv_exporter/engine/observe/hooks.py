@@ -441,57 +441,6 @@ def leave(owner: OwnerState, token: contextvars.Token[OwnerState | None]) -> Non
             settle(owner)
 
 
-def wrap_owner_method(function: Callable[..., Any]) -> Callable[..., Any]:
-    """One of an owner class's methods, wrapped on the class: marks an observed owner running while it runs.
-
-    Any other instance of the class (an unobserved one, a deep copy, an unpickled one) passes straight
-    through, so copies run their own code on their own state and pickle as if nothing were wrapped.
-    """
-    site = f"owner entry ({function.__qualname__})"
-
-    @functools.wraps(function)
-    def entered(self: Any, *args: Any, **kwargs: Any) -> Any:
-        global _active, _late
-        if not _active:
-            return function(self, *args, **kwargs)
-        owner = token = None
-        try:
-            if not _is_compiling():
-                owner = owners.get(id(self))
-                if owner is not None and (owner.owner_ref() is not self or running.get() is owner):
-                    owner = None
-                if owner is not None:
-                    token = enter(owner)
-        except Exception as error:
-            owner = None
-            try:
-                fail(site, error)
-            except Exception:
-                _active = False
-                _late = site, type(error)
-        if owner is None or token is None:
-            return function(self, *args, **kwargs)
-        try:
-            return function(self, *args, **kwargs)
-        finally:
-            try:
-                leave(owner, token)
-            except Exception as error:
-                try:
-                    running.reset(token)
-                except Exception:  # noqa: BLE001 - already reset by leave
-                    pass
-                try:
-                    fail("owner exit", error)
-                except Exception:
-                    _active = False
-                    _late = "owner exit", type(error)
-
-    setattr(entered, ENTRY, True)
-    setattr(entered, ORIGINAL, function)
-    return entered
-
-
 def on_capture_begin() -> None:
     """A CUDA graph capture begins; an owner running now is not observable through replays."""
     global _graph_depth
