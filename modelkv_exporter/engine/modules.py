@@ -34,7 +34,7 @@ def computed_weights(state: dict[str, Any]) -> list[str]:
     property computes it at each access; ``parametrize.cached()`` keeps it in the parametrize module's own cache):
     its originals are parameters of ``module.parametrizations``, already weights.
     """
-    hooks = state.get("_forward_pre_hooks")
+    hooks = dict.get(state, "_forward_pre_hooks")
     if type(hooks) is not OrderedDict or not hooks:
         return []
     names = []
@@ -47,8 +47,9 @@ def computed_weights(state: dict[str, Any]) -> list[str]:
 
 
 def children_of(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
-    """``module._modules``, read through ``nn.Module``'s real ``__dict__`` (never a subclass's attribute hooks)."""
-    found = MODULE_DICT.__get__(module, type(module)).get("_modules")
+    """``module._modules``, read through ``nn.Module``'s real ``__dict__`` with ``dict``'s own ``get`` (never a
+    subclass's attribute hooks, nor the methods of a dict subclass set as ``__dict__``)."""
+    found = dict.get(MODULE_DICT.__get__(module, type(module)), "_modules")
     return found if type(found) is dict else {}
 
 
