@@ -48,7 +48,8 @@ def computed_weights(state: dict[str, Any]) -> list[str]:
 
 
 def children_of(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
-    """``module._modules``, read through ``nn.Module``'s real ``__dict__`` (never a subclass's attribute hooks)."""
+    """``module._modules``, read through ``nn.Module``'s real ``__dict__`` with ``dict``'s own ``get`` (never a
+    subclass's attribute hooks, nor the methods of a dict subclass set as ``__dict__``)."""
     found = dict.get(MODULE_DICT.__get__(module, type(module)), "_modules")
     return found if type(found) is dict else {}
 

@@ -8,9 +8,7 @@ Nothing here calls a property, ``__getattr__``, ``__getattribute__``, ``__class_
 - containers are read through the C methods of their built-in base (``list.__getitem__``, ``dict.values``);
 - an object's attributes through the real ``__dict__`` descriptor of the class that made its dict, and the
   member descriptors of its ``__slots__`` (``getters``);
-- a tensor's storages by the engine's one weigher (``engine.tensors``: ``weigh`` and ``tensor_dict`` are its, named
-  here for the census): no ``__torch_function__``, no ``__torch_dispatch__``; a wrapper subclass through its inner
-  tensors, or unknown.
+- a tensor's storages are weighed by the engine's one weigher (``engine.tensors``), not here.
 """
 
 from __future__ import annotations
@@ -27,8 +25,6 @@ from typing import Any
 import torch
 
 from modelkv_exporter.engine.tensors import TENSOR_BASE
-from modelkv_exporter.engine.tensors import tensor_dict as tensor_dict
-from modelkv_exporter.engine.tensors import weigh as weigh
 
 TYPE_DICT = type.__dict__["__dict__"]
 TYPE_MRO = type.__dict__["__mro__"]
@@ -49,6 +45,9 @@ class Kind(enum.IntEnum):
     """Deques and sets: read through their built-in iterator."""
     OBJECT = 7
     """Anything else: its ``__dict__`` and ``__slots__``."""
+    CALLABLE = 8
+    """Functions (closure cells, default arguments, attributes), bound methods (their object and function) and
+    ``functools.partial`` (function, arguments, keywords): read through their C descriptors (``callable_parts``)."""
 
 
 ATOMIC_TYPES: frozenset[type] = frozenset(
@@ -57,17 +56,12 @@ ATOMIC_TYPES: frozenset[type] = frozenset(
 SKIPPED_TYPES: frozenset[type] = frozenset(
     {
         type,
-        types.FunctionType,
-        types.MethodType,
-        types.BuiltinFunctionType,
-        types.BuiltinMethodType,
         types.ModuleType,
         types.CodeType,
         types.FrameType,
         types.GeneratorType,
         types.CoroutineType,
         types.MappingProxyType,
-        functools.partial,
         weakref.ReferenceType,
         weakref.ProxyType,
         weakref.CallableProxyType,
@@ -75,6 +69,9 @@ SKIPPED_TYPES: frozenset[type] = frozenset(
         torch.UntypedStorage,
         torch.TypedStorage,
     }
+)
+CALLABLE_TYPES: frozenset[type] = frozenset(
+    {types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial}
 )
 ITERABLE_BASES: dict[type, Callable[[Any], Any]] = {
     collections.deque: collections.deque.__iter__,
@@ -111,6 +108,8 @@ def _decide(cls: type) -> Kind:
         return Kind.ATOMIC
     if TENSOR_BASE in bases:
         return Kind.TENSOR
+    if bases & CALLABLE_TYPES:
+        return Kind.CALLABLE
     if bases & SKIPPED_TYPES:
         return Kind.SKIP
     if list in bases:
@@ -122,6 +121,55 @@ def _decide(cls: type) -> Kind:
     if bases & ITERABLE_BASES.keys():
         return Kind.ITERABLE
     return Kind.OBJECT
+
+
+_FUNCTION_CLOSURE = types.FunctionType.__dict__["__closure__"]
+_FUNCTION_DEFAULTS = types.FunctionType.__dict__["__defaults__"]
+_FUNCTION_KWDEFAULTS = types.FunctionType.__dict__["__kwdefaults__"]
+_FUNCTION_DICT = types.FunctionType.__dict__["__dict__"]
+_CELL_CONTENTS = types.CellType.__dict__["cell_contents"]
+_METHOD_SELF = types.MethodType.__dict__["__self__"]
+_METHOD_FUNCTION = types.MethodType.__dict__["__func__"]
+_BUILTIN_SELF = types.BuiltinFunctionType.__dict__["__self__"]
+_PARTIAL_PARTS = tuple(functools.partial.__dict__[name] for name in ("func", "args", "keywords"))
+_PARTIAL_DICT = functools.partial.__dict__["__dict__"]
+_EXCEPTION_ARGS = BaseException.__dict__["args"]
+
+
+def callable_parts(obj: Any) -> tuple[Any, ...]:
+    """What a ``Kind.CALLABLE`` holds, read through the C descriptors of its built-in type (never a subclass's
+    attribute): a function's closure cells' contents, its default arguments and its ``__dict__``; a bound method's
+    object and function; a builtin method's object; a ``functools.partial``'s function, arguments, keywords and
+    ``__dict__``. Raises nothing."""
+    try:
+        chain = mro(type(obj))
+        if types.FunctionType in chain:
+            parts: list[Any] = []
+            for cell in _FUNCTION_CLOSURE.__get__(obj) or ():
+                try:
+                    parts.append(_CELL_CONTENTS.__get__(cell))
+                except ValueError:
+                    continue
+            parts += (_FUNCTION_DEFAULTS.__get__(obj), _FUNCTION_KWDEFAULTS.__get__(obj), _FUNCTION_DICT.__get__(obj))
+            return tuple(parts)
+        if types.MethodType in chain:
+            return (_METHOD_SELF.__get__(obj), _METHOD_FUNCTION.__get__(obj))
+        if types.BuiltinFunctionType in chain:
+            return (_BUILTIN_SELF.__get__(obj),)
+        if functools.partial in chain:
+            return (*(part.__get__(obj) for part in _PARTIAL_PARTS), _PARTIAL_DICT.__get__(obj))
+    except Exception:
+        return ()
+    return ()
+
+
+def exception_args(obj: Any) -> tuple[Any, ...]:
+    """An exception's ``args``, through ``BaseException``'s own descriptor; empty when it cannot be read."""
+    try:
+        found = _EXCEPTION_ARGS.__get__(obj)
+    except Exception:
+        return ()
+    return found if type(found) is tuple else ()
 
 
 def iterate(obj: Any) -> Any:
@@ -161,6 +209,19 @@ def instance_dict(obj: Any) -> dict[str, Any] | None:
     except Exception:
         return None
     return found if type(found) is dict else None
+
+
+def raw_instance_dict(obj: Any) -> dict[str, Any] | None:
+    """``obj``'s own attribute dict as ``instance_dict`` finds it, a dict subclass included: read it only through
+    ``dict``'s own methods (``dict.items(d)``), never its class's."""
+    dict_getter, _ = getters(type(obj))
+    if dict_getter is None:
+        return None
+    try:
+        found = dict_getter.__get__(obj, type(obj))
+    except Exception:
+        return None
+    return found if dict in mro(type(found)) else None
 
 
 def slot_values(obj: Any) -> tuple[Any, ...]:
