@@ -40,7 +40,7 @@ from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus,
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
 from modelkv_exporter.engine import tensors
 from modelkv_exporter.engine.config import DiscoverySettings, HookConfig
-from modelkv_exporter.engine.discover import census, locals_walk, safe, stack
+from modelkv_exporter.engine.discover import census, locals_walk, stack
 from modelkv_exporter.engine.discover.census import CensusResult
 from modelkv_exporter.engine.discover.layout import seen_layout, widest
 from modelkv_exporter.engine.discover.modules import ModuleMap
