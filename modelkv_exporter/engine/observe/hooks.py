@@ -174,8 +174,7 @@ def drain(most: int | None = None) -> None:
                 continue
             if size == GONE:
                 record.bytes = GONE
-                if counted:
-                    record.owner.add(-counted)
+                record.owner.live -= counted
                 _remove_dead_weakref(records, record.key)
                 if record.state_key:
                     _remove_dead_weakref(states, record.state_key)
