@@ -10,8 +10,8 @@ Module globals, not attributes, because each hook runs for every cache update.
 
 A model thread never waits for a lock: the collector may run a model's finaliser on any thread, and that finaliser
 may take a lock of the model's whose holder is inside our hook. So the hot path only measures a layer and hands
-``(record, bytes now)`` over in ``changes`` (``deque.append`` is atomic); the finaliser of a dead layer queues
-``(record, GONE)`` there too. Whoever holds ``lock`` (a sample, discovery: the heartbeat's side) ``drain``s them into
+``(record, bytes now)`` over in ``changes`` (``deque.append`` is atomic); a dead layer's record is queued there
+too, by ``changes.append`` itself as its weak reference's callback (no Python code runs in the collector). Whoever holds ``lock`` (a sample, discovery: the heartbeat's side) ``drain``s them into
 the counters in the order they were handed over, so the peaks are those a lock on the hot path would have seen. A model
 thread only tries ``lock`` (``_try_drain``), never waits for it: for an owner whose every change must be applied at
 once (``on_change``) and when ``BACKLOG`` changes wait. The index (``records``, ``states``) gains entries on the
@@ -26,11 +26,11 @@ import contextvars
 import functools
 import os
 import threading
+from _weakref import _remove_dead_weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _weakref import _remove_dead_weakref
 
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe.layers import (
@@ -63,10 +63,11 @@ owners: dict[int, OwnerState] = {}
 lock = threading.RLock()
 """Held by whoever ``drain``s into the counters (a sample, discovery); a model thread only tries it, never waits."""
 GONE = -1
-"""The bytes of a layer that died (its change), and ``LayerRecord.bytes`` once that was drained."""
-changes: collections.deque[tuple[LayerRecord, int]] = collections.deque()
-"""What the model's threads measured and which layers died, in order: a layer's record and its bytes now (``GONE``:
-it died); appended without a lock, drained under ``lock``."""
+"""``LayerRecord.bytes`` once the layer's death was drained: a change still queued for it is dropped."""
+changes: collections.deque[tuple[LayerRecord, int] | LayerRecord] = collections.deque()
+"""What the model's threads measured and which layers died, in order: a layer's record and its bytes now, or the
+record alone (its layer died); appended without a lock, drained under ``lock``. Never rebound: each record's
+callback is its ``append``."""
 BACKLOG = 50_000
 """Changes waiting for a ``drain`` (a few MB) beyond which a model thread drains some itself, if ``lock`` is free."""
 STEP = 64
@@ -143,19 +144,6 @@ def fail(site: str, error: BaseException) -> None:
         pass
 
 
-def _on_dead(record: LayerRecord) -> None:
-    """A layer died (weakref callback, any thread, any lock held): queue it for ``drain``."""
-    global _active, _late
-    try:
-        changes.append((record, GONE))
-    except Exception as error:
-        try:
-            fail("layer finaliser", error)
-        except Exception:
-            _active = False
-            _late = "layer finaliser", type(error)
-
-
 def drain(most: int | None = None) -> None:
     """Apply the changes handed over (bytes measured, layers that died) to the counters, in order, holding ``lock``;
     at most ``most`` when given. Not re-entered (a finaliser that updates a cache, run by the collector during a
@@ -168,7 +156,11 @@ def drain(most: int | None = None) -> None:
         left = -1 if most is None else most
         while changes and left:
             left -= 1
-            record, size = changes.popleft()
+            change = changes.popleft()
+            if type(change) is tuple:
+                record, size = change
+            else:
+                record, size = change, GONE
             counted = record.bytes
             if counted == GONE:
                 continue
@@ -207,7 +199,7 @@ def hand_over(record: LayerRecord, size: int) -> None:
 def register(layer: object, owner: OwnerState) -> LayerRecord:
     """Attribute ``layer`` to ``owner`` from now on."""
     plan = plan_for(type(layer))
-    record = LayerRecord(layer, _on_dead)
+    record = LayerRecord(layer, changes.append)
     record.owner = owner
     record.bytes = record.reported = 0
     record.plan = plan

@@ -84,7 +84,19 @@ class LayerRecord(weakref.ref):  # type: ignore[type-arg]
     count there, not here), ``copies`` the records of its own shallow copies.
     """
 
-    __slots__ = ("owner", "bytes", "reported", "plan", "key", "key_ref", "value_ref", "group", "state_key", "twin", "copies")
+    __slots__ = (
+        "owner",
+        "bytes",
+        "reported",
+        "plan",
+        "key",
+        "key_ref",
+        "value_ref",
+        "group",
+        "state_key",
+        "twin",
+        "copies",
+    )
     owner: OwnerState
     bytes: int
     reported: int
