@@ -4,7 +4,7 @@
   150 frames: inside a declaring owner's call (``declared``), and inside a module discovery attributes it to
   (``discovered``: the walk outward from the layer to the module crosses the frames; it stops at ``MAX_FRAMES``).
 - An update of a layer already seen (``DynamicLayer.update``, 64 -> 65 positions).
-- 30 000 layers dying at once: the drop (``list.clear``) and the next update, off and on.
+- 30 000 layers dying at once (10 000 under callgrind): the drop (``list.clear``) and the next update, off and on.
 - A model thread updating without pause while a heartbeat samples 10 000 and 30 000 live layers without pause: how
   often and how long it waited for the hooks' lock, and its longest update (GIL waits included: on a shared machine
   they move by more than the hooks cost).
@@ -37,6 +37,8 @@ ONE = torch.zeros(1, 2, 1, 8)
 BASE = torch.zeros(1, 2, 64, 8)
 DEPTHS = (0, 50, 150)
 LOOP = 40
+DYING = 10_000
+"""Layers dropped at once under callgrind."""
 
 
 def deep(depth: int, run: Callable[[], Any]) -> Any:
@@ -135,29 +137,34 @@ def cpu_table() -> dict[str, dict[str, float]]:
     return table
 
 
+def dying(call: Callable[[Callable[[], Any]], Any], layers: int) -> tuple[list[Any], Callable[[], Any]]:
+    """``layers`` live layers (100 a cache) built in ``call``, and an update in ``call`` of a layer seen before."""
+    kept: list[Any] = []
+
+    def build() -> None:
+        for _ in range(layers // 100):
+            cache = DynamicCache()
+            for layer in range(100):
+                cache.update(ONE, ONE, layer)
+            kept.append(cache)
+
+    call(build)
+    reused = DynamicCache()
+    call(lambda: reused.update(ONE, ONE, 0))
+    gc.collect()
+    return kept, lambda: call(lambda: reused.update(ONE, ONE, 0))
+
+
 def deaths(layers: int = 30_000) -> dict[str, dict[str, float]]:
     """The drop of ``layers`` layers at once, and the update after it, off and on (wall seconds, best of 3)."""
     setup = Setup()
     out: dict[str, dict[str, float]] = {"drop": {}, "next update": {}}
     for phase in ("off", "declared") * 3:
-        call = setup.phase(phase)
-        kept: list[Any] = []
-
-        def build(kept: list[Any] = kept) -> None:
-            for _ in range(layers // 100):
-                cache = DynamicCache()
-                for layer in range(100):
-                    cache.update(ONE, ONE, layer)
-                kept.append(cache)
-
-        call(build)
-        reused = DynamicCache()
-        call(lambda reused=reused: reused.update(ONE, ONE, 0))
-        gc.collect()
+        kept, update = dying(setup.phase(phase), layers)
         started = time.perf_counter()
         kept.clear()
         dropped = time.perf_counter()
-        call(lambda reused=reused: reused.update(ONE, ONE, 0))
+        update()
         updated = time.perf_counter()
         for label, seconds in (("drop", dropped - started), ("next update", updated - dropped)):
             out[label][phase] = min(out[label].get(phase, float("inf")), seconds)
@@ -222,6 +229,12 @@ def callgrind_regions(library: str) -> None:
                 for _ in range(LOOP):
                     call(run)
             helper.mkv_dump(f"{phase}|{name}".encode())
+        if phase != "discovered":
+            kept, update = dying(call, DYING)
+            for name, body in (("drop 10 000 layers", kept.clear), ("the update after the drop", update)):
+                helper.mkv_zero()
+                body()
+                helper.mkv_dump(f"{phase}|{name}".encode())
     setup.close()
 
 
@@ -233,7 +246,8 @@ def instructions() -> dict[str, dict[str, float]] | str:
     for label, count in counts.items():
         phase, name = label.split("|")
         if name != "empty":
-            table.setdefault(name, {})[phase] = (count - counts[f"{phase}|empty"]) / LOOP
+            once = name.startswith(("drop", "the update after"))
+            table.setdefault(name, {})[phase] = count if once else (count - counts[f"{phase}|empty"]) / LOOP
     return table
 
 
@@ -276,7 +290,7 @@ def main() -> None:
         if isinstance(ir, str):
             print(f"\nINSTRUCTIONS: {ir}")
         else:
-            print_table("INSTRUCTIONS per call (callgrind; empty region subtracted)", ir, "instructions", 1.0)
+            print_table("INSTRUCTIONS per call (callgrind; empty region subtracted; drops once)", ir, "instructions", 1)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import contextvars
 import functools
 import os
 import threading
-from _weakref import _remove_dead_weakref
+from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]  # CPython 3.6+, not in typeshed
 from collections.abc import Callable
 from typing import Any
 
@@ -157,7 +157,7 @@ def drain(most: int | None = None) -> None:
         while changes and left:
             left -= 1
             change = changes.popleft()
-            if type(change) is tuple:
+            if isinstance(change, tuple):
                 record, size = change
             else:
                 record, size = change, GONE
