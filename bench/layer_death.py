@@ -38,7 +38,7 @@ class Owner(torch.nn.Module):
 def python_on_dead(record: Any) -> None:
     """The callback before issue 46: Python code that queues the record."""
     try:
-        hooks.dead.append(record)
+        hooks.changes.append(record)
     except Exception:  # noqa: BLE001 - as it was
         pass
 

@@ -146,7 +146,7 @@ class Tripwire(weakref.ref):  # type: ignore[type-arg]
 def python_on_dead(record: Any) -> None:
     """The base's kind of callback: Python code that queues the record."""
     try:
-        hooks.dead.append(record)
+        hooks.changes.append(record)
     except Exception:  # noqa: BLE001 - the base's failure path
         pass
 
@@ -177,7 +177,7 @@ def test_a_layers_death_passes_a_pending_interrupt_to_the_model_and_queues_the_r
     del layer
     unraisable: list[str] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(f"{u.exc_type.__name__} in {u.object}"))
-    queued_before = len(hooks.dead)
+    queued_before = len(hooks.changes)
     reached = False
     try:
         cache.clear()  # the model drops its cache: the layers die here
@@ -189,14 +189,14 @@ def test_a_layers_death_passes_a_pending_interrupt_to_the_model_and_queues_the_r
     if callback == "ours":
         assert reached, "the interrupt reaches the model"
         assert unraisable == [], unraisable
-        assert len(hooks.dead) > queued_before, "the dead layer is queued for the drain"
+        assert len(hooks.changes) > queued_before, "the dead layer is queued for the drain"
     else:
         assert not reached and unraisable and "KeyboardInterrupt" in unraisable[0], "a Python callback drops it"
 
 
 def test_the_layer_callback_is_no_python_function() -> None:
     """What makes the case above hold: the callback the records get is a C method that only appends."""
-    assert hooks._on_dead == hooks.dead.append
+    assert hooks._on_dead == hooks.changes.append
     assert not hasattr(hooks._on_dead, "__code__")
 
 
