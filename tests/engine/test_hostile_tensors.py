@@ -11,6 +11,7 @@ methods, never those of a dict subclass put in its place.
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,19 +89,25 @@ class Wrapper(torch.Tensor):
         return cls(out) if type(out) is torch.Tensor else out
 
 
+HIDDEN: dict[int, torch.Tensor] = {}
+"""Where ``Opaque`` keeps its data: outside the model's modules, so neither the weigher nor the census reaches it
+(a closure would not do: the census reads closure cells)."""
+
+
 class Opaque(Wrapper):
-    """A wrapper whose data only its own code can reach (a closure): its bytes are unknown."""
+    """A wrapper whose data only its own code can reach: its bytes are unknown."""
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor) -> Opaque:
         made = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)  # type: ignore[attr-defined]
-        made._data = lambda: inner
+        HIDDEN[id(made)] = inner
+        weakref.finalize(made, HIDDEN.pop, id(made), None)
         return made  # type: ignore[no-any-return]
 
     @property
     def _inner(self) -> torch.Tensor:  # type: ignore[override]
         CALLS["_inner"] += 1
-        return self._data()  # type: ignore[no-any-return]
+        return HIDDEN[id(self)]
 
 
 class Counted(torch.Tensor):

@@ -212,11 +212,12 @@ def record_graph_capture(
     return True
 
 
-def _forget(key: int, ref: weakref.ref[Any]) -> None:
-    """A recorded runner died (weakref callback: any thread; only dict operations, which cannot raise here)."""
-    known = _recorded.get(key)
+def _forget(key: int, ref: weakref.ref[Any], recorded: dict[int, _Recorded] = _recorded) -> None:
+    """A recorded runner died (weakref callback: any thread; only operations on a dict bound here, which cannot
+    raise, not even at interpreter shutdown once the module's globals are cleared)."""
+    known = recorded.get(key)
     if known is not None and known.runner is ref:
-        _recorded.pop(key, None)
+        recorded.pop(key, None)
 
 
 def _capture_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
