@@ -174,8 +174,7 @@ def deaths(layers: int = 30_000) -> dict[str, dict[str, float]]:
 
 def waits(layers: int, seconds: float = 2.0) -> dict[str, float]:
     """A model thread updating beside a heartbeat sampling ``layers`` live layers, both without pause."""
-    from tests.engine.hot_path_scenes import keep_layers, sampling, updating
-    from tests.engine.test_hostile_hot_path import WaitingLock
+    from modelkv_testbed.hot_path_scenes import WaitingLock, keep_layers, sampling, updating
 
     observer = install([], enabled=True)
     owner = keep_layers(observer, layers)

@@ -2,7 +2,7 @@
 
 A model finaliser the collector runs on the heartbeat thread may take a model lock whose holder is updating a cache;
 a child forked while the heartbeat samples has no heartbeat; a sample of many live layers runs beside a model thread
-that updates without pause. Scenes that can hang run in a process of their own (``hot_path_scenes``).
+that updates without pause. Scenes that can hang run in a process of their own (``modelkv_testbed.hot_path_scenes``).
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe import observer as observer_module
-from tests.engine import hot_path_scenes
-from tests.engine.hot_path_scenes import keep_layers, updating
+from modelkv_testbed import hot_path_scenes
+from modelkv_testbed.hot_path_scenes import WaitingLock, keep_layers, updating
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,37 +43,6 @@ def test_a_finaliser_that_takes_a_model_lock_on_the_heartbeat_thread_never_deadl
 def test_a_child_forked_while_the_heartbeat_samples_updates_and_samples() -> None:
     done = scene("fork", timeout=150)
     assert done.returncode == 0, f"{done.stdout} {done.stderr[-2000:]}"
-
-
-class WaitingLock:
-    """The hooks' lock, counting acquisitions and timing every one that had to wait, by thread name."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.taken: dict[str, int] = {}
-        self.waits: dict[str, list[float]] = {}
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        name = threading.current_thread().name
-        self.taken[name] = self.taken.get(name, 0) + 1
-        if self.inner.acquire(False):
-            return True
-        if not blocking:
-            return False
-        started = time.perf_counter()
-        got = bool(self.inner.acquire(True, timeout))
-        self.waits.setdefault(name, []).append(time.perf_counter() - started)
-        return got
-
-    def release(self) -> None:
-        self.inner.release()
-
-    def __enter__(self) -> WaitingLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def model_waits(observer: Observer, layers: int, seconds: float = 2.0) -> tuple[int, list[float]]:

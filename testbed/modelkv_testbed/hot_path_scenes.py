@@ -1,4 +1,6 @@
-"""Scenes of ``test_hostile_hot_path`` that can hang, each run in a process of its own (``python -m ... SCENE``).
+"""Scenes of ``tests/engine/test_hostile_hot_path.py`` and ``bench/hot_path.py``: the layers an owner keeps, a heartbeat
+sampling without pause, a model thread updating; and the scenes that can hang, each run in a process of its own
+(``python -m ... SCENE``).
 
 - ``deadlock [on|off]``: a heartbeat samples 2 000 live layers without pause while a model thread, holding its own
   lock, makes garbage whose finaliser takes that lock and updates a cache; the collector runs on both threads
@@ -14,15 +16,65 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from modelkv_exporter.engine.observe import Observer, install
-from tests.engine.observing import Owner, kv
 
 torch.set_num_threads(1)
+
+
+class Owner(torch.nn.Module):
+    """A declaring owner whose ``forward`` runs whatever callable it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: dict[str, Any] = {}
+
+    def model_local_kv_specs(self) -> list[object]:
+        return []
+
+    def forward(self, run: Callable[[Owner], Any]) -> Any:
+        return run(self)
+
+
+def kv(batch: int, tokens: int) -> torch.Tensor:
+    """Key or value states ``[batch, 2 heads, tokens, 8]``."""
+    return torch.ones(batch, 2, tokens, 8)
+
+
+class WaitingLock:
+    """The hooks' lock, counting acquisitions and timing every one that had to wait, by thread name."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.taken: dict[str, int] = {}
+        self.waits: dict[str, list[float]] = {}
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        name = threading.current_thread().name
+        self.taken[name] = self.taken.get(name, 0) + 1
+        if self.inner.acquire(False):
+            return True
+        if not blocking:
+            return False
+        started = time.perf_counter()
+        got = bool(self.inner.acquire(True, timeout))
+        self.waits.setdefault(name, []).append(time.perf_counter() - started)
+        return got
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def __enter__(self) -> WaitingLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def keep_layers(observer: Observer, layers: int) -> Owner:
