@@ -21,7 +21,12 @@ instrumentation off and a small C helper zeroes and dumps the counters around ea
   10,000 live discovered layers, and the longest census slice (thread CPU) over a module holding a
   1,000,000-element list and one holding a 100,000-key dict.
 
+- **Census cost over many small tensors** (``--census-cost``, ``bench/census_cost.py``): collections, longest
+  slice and peak memory of one census over a module holding a million small tensors, a revision's census
+  (``--before REV``) beside this tree's, in one run.
+
     .venv/bin/python -m bench.discovery                 # both (a few minutes under valgrind)
+    .venv/bin/python -m bench.discovery --census-cost [--before REV] [--tensors N] [--freeze]
     .venv/bin/python -m bench.discovery --no-callgrind
     .venv/bin/python -m bench.discovery --attribution [--no-callgrind]
 """
@@ -512,6 +517,12 @@ def report_attribution(cpu: dict[str, Any], ir: dict[str, float] | str) -> None:
 
 
 def main() -> None:
+    if "--census-cost" in sys.argv[1:]:
+        from bench import census_cost
+
+        sys.argv.remove("--census-cost")
+        census_cost.main()
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     parser.add_argument("--no-callgrind", action="store_true", help="CPU time only")

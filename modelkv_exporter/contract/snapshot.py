@@ -380,6 +380,14 @@ class DiscoveryStatus:
     )
     owners_below_floor: int = wire("discovered owners left out because they hold less than the size floor", default=0)
     owners_over_budget: int = wire("discovered owners left out because the engine's owner budget was spent", default=0)
+    census_skipped: Mapping[str, int] | None = wire(
+        "holders the last census met and did not look into, counted by kind (`lru_cache`, `generator`, "
+        "`mappingproxy`, `module_outside_the_model`, `module_added_after_load`, `tensor_dict_key`; readers accept "
+        "any plain name): tensors they hold were not looked at; empty when it skipped none; absent or null from "
+        "older writers and before the first census",
+        default=None,
+        pattern=PLAIN_NAME,
+    )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (`
 - ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current;
 - ``samplers``: measured memory (CUDA allocator, device, NVML, host RSS); ``weights``: the bytes of a
   model's weights as its tensors hold them;
+- ``tensors``: the one tensor weigher (by storage, running no tensor subclass's code), used by weights,
+  observation and discovery;
 - ``observe``: what the declaring owners' ``transformers`` caches really hold;
 - ``discover``: modules that hold caches they do not declare;
 - ``config``: the engine side's settings, ``MODELKV_`` variables read into one typed object;

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from modelkv_exporter.contract.snapshot import (
     Snapshot,
 )
 from modelkv_exporter.contract.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
-from modelkv_exporter.engine.log import flush, get_logger
+from modelkv_exporter.engine.log import flush, get_logger, pending, report
 from modelkv_exporter.engine.samplers import Sampler
 
 logger = get_logger("heartbeat")
@@ -70,7 +71,9 @@ class SnapshotPublisher:
     the observed caches) and rewrites the file every ``interval`` seconds; a failing
     write is logged once and retried at the next beat, keeping the last good file in place.
     The heartbeat thread is where the engine side logs: what was ``report``ed since the last
-    beat is logged at the end of each beat, holding no lock.
+    beat is logged at the end of each beat, holding no lock. A logging handler that raises there,
+    even ``SystemExit``, loses its line and never the heartbeat (``handler_failure`` says what it raised).
+    An engine ``watch``ed and dropped without ``end`` has its snapshot ended at the next beat.
     """
 
     def __init__(self, spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> None:
@@ -80,6 +83,12 @@ class SnapshotPublisher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self._watched: weakref.ReferenceType[object] | None = None
+        self._on_gone: Callable[[], None] | None = None
+        self.handler_failure: str | None = None
+        """What a logging handler raised on a thread of ours beyond an ``Exception`` (its line was lost), if one did."""
+        self.stopped: str | None = None
+        """Why the heartbeat thread stopped by itself (its engine dropped, something raised into it), if it did."""
         remove_orphaned_temp_files(self.spool_dir, snapshot.engine.engine_id)
 
     @property
@@ -111,6 +120,17 @@ class SnapshotPublisher:
         """Record ``sample`` as the post-initialisation baseline (and as current)."""
         return self.update(lambda s: with_baseline(s, sample))
 
+    def watch(self, engine: object, on_gone: Callable[[], None] | None = None) -> None:
+        """End the snapshot at the first beat after ``engine`` (held weakly: a worker) is gone without ``end``, then
+        run ``on_gone`` on the heartbeat thread and stop beating: an engine dropped without shutdown is not rewritten
+        forever. An engine that cannot be held weakly is not watched."""
+        try:
+            watched = weakref.ref(engine)
+        except TypeError:
+            return
+        self._on_gone = on_gone
+        self._watched = watched
+
     def start_heartbeat(
         self,
         interval: float,
@@ -130,6 +150,17 @@ class SnapshotPublisher:
     def _run(
         self, interval: float, sampler: Sampler | None, observe: Observe | None, discovery: DiscoverySource | None
     ) -> None:
+        """The heartbeat thread (ours: whatever reaches it, a handler's ``SystemExit`` included, is contained here)."""
+        try:
+            self._beat_until_stopped(interval, sampler, observe, discovery)
+        except BaseException as error:  # noqa: BLE001 - our own thread: nothing of the model's runs here
+            self.stopped = f"{type(error).__name__} raised into the heartbeat thread"
+            report(logger, "modelkv: the heartbeat of %s stopped: %s", self.spool_dir, self.stopped)
+        self._log()
+
+    def _beat_until_stopped(
+        self, interval: float, sampler: Sampler | None, observe: Observe | None, discovery: DiscoverySource | None
+    ) -> None:
         def change(snapshot: Snapshot) -> Snapshot:
             # Sampled under the publisher's lock, so a beat from another thread never lands between
             # this sample and its write and then gets overwritten by older figures.
@@ -138,6 +169,10 @@ class SnapshotPublisher:
             return _with_figures(snapshot, sampler() if sampler else None, observations, discovered)
 
         while not self._stop.wait(interval):
+            watched = self._watched
+            if watched is not None and watched() is None:
+                self._gone()
+                return
             failure = None
             try:
                 if discovery is not None:
@@ -145,18 +180,54 @@ class SnapshotPublisher:
                 self.update(change)
             except Exception as error:
                 failure = error
-            flush()
             if failure is not None and not self._failing:
-                logger.warning("modelkv: cannot refresh snapshot in %s: %s", self.spool_dir, failure)
+                report(logger, "modelkv: cannot refresh snapshot in %s", self.spool_dir, error=failure)
             self._failing = failure is not None
+            self._log()
+
+    def _gone(self) -> None:
+        """The watched engine is gone without ``end`` (on the heartbeat thread): end its snapshot, release it."""
+        self._stop.set()
+        self.stopped = "the engine was dropped without shutdown"
+        try:
+            self.update(lambda s: s if s.ended else replace(s, ended=True))
+        except Exception as error:
+            report(
+                logger, "modelkv: cannot mark the dropped engine's snapshot ended in %s", self.spool_dir, error=error
+            )
+        on_gone, self._on_gone = self._on_gone, None
+        try:
+            if on_gone is not None:
+                on_gone()
+        except Exception as error:
+            report(logger, "modelkv: cannot release the dropped engine", error=error)
+        report(
+            logger, "modelkv: %s was dropped without shutdown; its snapshot is ended", self._snapshot.engine.engine_id
+        )
+
+    def _log(self) -> None:
+        """Log what was reported, on a thread of ours; remember what a handler raised beyond an ``Exception``."""
+        escaped = flush(own_thread=True)
+        if escaped is not None and self.handler_failure is None:
+            self.handler_failure = f"a logging handler raised {escaped}; its line was lost"
 
     def stop(self) -> None:
-        """Stop the heartbeat thread (the file stays as last written), and log what it had not logged yet."""
+        """Stop the heartbeat thread (the file stays as last written), and log what was not logged yet.
+
+        The lines are logged on a thread of ours (a short one), so that a logging handler's exception, even
+        ``SystemExit``, never reaches the caller; an asynchronous exception of the caller's passes.
+        """
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        flush()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        if pending():
+            logging = threading.Thread(target=self._log, name="modelkv-log", daemon=True)
+            try:
+                logging.start()
+            except RuntimeError:  # the interpreter is shutting down: the lines stay unlogged
+                return
+            logging.join(timeout=5)
 
     def end(self) -> Path:
         """Stop beating and mark the snapshot ended, so the sidecar stops exporting it. Idempotent."""

@@ -3,8 +3,12 @@
 Code that runs on the model's threads, or holds a lock those threads take, never logs: a logging
 handler takes locks of its own (and may run anything: a slow network handler, a collection that
 runs our weakref callbacks), and near the recursion limit logging itself recurses. It ``report``s
-instead, which only appends to a bounded queue and never raises; the heartbeat thread ``flush``es
-the queue, holding no lock of ours.
+instead, which only appends to a bounded queue and never raises an exception of ours; the heartbeat
+thread ``flush``es the queue, holding no lock of ours.
+
+Nothing here catches ``BaseException`` on a thread that is not ours: a ``KeyboardInterrupt`` or
+``SystemExit`` delivered asynchronously to the model's thread (a signal, ``PyThreadState_SetAsyncExc``)
+while our code runs there passes through unchanged, as it would with the hook off.
 """
 
 from __future__ import annotations
@@ -32,31 +36,39 @@ def report(
     error: BaseException | None = None,
     level: int = logging.WARNING,
 ) -> None:
-    """Queue one line for ``flush`` to log later; safe on any thread, under any lock, at any depth. Never raises.
+    """Queue one line for ``flush`` to log later; safe on any thread, under any lock, at any depth. Never raises an
+    exception of its own (an asynchronous ``KeyboardInterrupt`` or ``SystemExit`` that arrives meanwhile passes).
 
     Only ``error``'s type and message are kept, as text: the exception itself would keep its traceback (and
     those of the exceptions it chains), the frames in them and the tensors in their locals alive.
     """
+    detail = None
     try:
-        detail = None
         if error is not None:
             detail = type(error).__name__
             detail = f"{detail}: {error}"
-    except BaseException:  # noqa: BLE001 - the message could not be formatted (at the recursion limit): its type
+    except Exception:  # noqa: BLE001 - the message could not be formatted (at the recursion limit): its type
         pass
     try:
         _pending.append((logger, level, message, args, detail))
-    except BaseException:  # noqa: BLE001 - nothing may leave the failure path, not even at the recursion limit
+    except Exception:  # noqa: BLE001 - nothing of ours leaves the failure path, not even at the recursion limit
         pass
 
 
-def flush() -> None:
-    """Log every queued report (on a thread that holds no lock of ours). Never raises."""
+def flush(*, own_thread: bool = False) -> str | None:
+    """Log every queued report (on a thread that holds no lock of ours). A handler's exception loses its line.
+
+    On a thread of ours (``own_thread``: the heartbeat's, or the one ``SnapshotPublisher.stop`` starts), a handler's
+    ``SystemExit`` or ``KeyboardInterrupt`` is the handler's and loses its line too, and what the first such handler
+    raised is returned ("SystemExit: 3"); on any other thread they pass (they may be the model's, delivered
+    asynchronously), with the lines not yet logged kept for the next flush.
+    """
+    escaped = None
     while True:
         try:
             logger, level, message, args, detail = _pending.popleft()
         except IndexError:
-            return
+            return escaped
         try:
             if detail is not None:
                 message += ": %s"
@@ -64,6 +76,15 @@ def flush() -> None:
             logger.log(level, message, *args)
         except Exception:  # noqa: BLE001 - a broken handler loses the line, never the engine
             pass
+        except BaseException as error:
+            if not own_thread:
+                raise
+            if escaped is None:
+                escaped = type(error).__name__
+                try:
+                    escaped = f"{escaped}: {error}"
+                except Exception:  # noqa: BLE001 - its type says enough
+                    pass
 
 
 def pending() -> int:

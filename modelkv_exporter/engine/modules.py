@@ -2,7 +2,8 @@
 
 One walk for the two questions asked of it: which modules declare caches (``engine.protocol``) and every
 module by its path (``engine.discover.modules``). It reads ``_modules`` through ``nn.Module``'s real
-``__dict__``, so no subclass's attribute hooks run, and builds a path string only for a module it yields.
+``__dict__`` with ``dict``'s own methods (a dict subclass put in its place runs none of its own), so no subclass's
+attribute hooks run, and builds a path string only for a module it yields.
 
 ``computed_weights``: the weights a module's legacy ``weight_norm`` / ``spectral_norm`` hook recomputes at
 every forward, read from the same ``__dict__`` (the weights count them, discovery never reports them).
@@ -34,7 +35,7 @@ def computed_weights(state: dict[str, Any]) -> list[str]:
     property computes it at each access; ``parametrize.cached()`` keeps it in the parametrize module's own cache):
     its originals are parameters of ``module.parametrizations``, already weights.
     """
-    hooks = state.get("_forward_pre_hooks")
+    hooks = dict.get(state, "_forward_pre_hooks")
     if type(hooks) is not OrderedDict or not hooks:
         return []
     names = []
@@ -47,8 +48,9 @@ def computed_weights(state: dict[str, Any]) -> list[str]:
 
 
 def children_of(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
-    """``module._modules``, read through ``nn.Module``'s real ``__dict__`` (never a subclass's attribute hooks)."""
-    found = MODULE_DICT.__get__(module, type(module)).get("_modules")
+    """``module._modules``, read through ``nn.Module``'s real ``__dict__`` with ``dict``'s own ``get`` (never a
+    subclass's attribute hooks, nor the methods of a dict subclass set as ``__dict__``)."""
+    found = dict.get(MODULE_DICT.__get__(module, type(module)), "_modules")
     return found if type(found) is dict else {}
 
 

@@ -4,7 +4,10 @@ For an engine that keeps no figure of its own (vLLM's runners keep ``model_memor
 engines, a CPU worker, any engine that publishes with ``build_snapshot``; and for the paged KV cache's
 tensors (``engine.vllm_hook.paged_kv``). Walked once, after the model loaded; no tensor is kept. None of
 the model's code runs: the module tree is read through ``nn.Module``'s real ``__dict__`` (not a subclass's
-``parameters()``), and storages through ``torch._C.TensorBase`` with ``__torch_function__`` turned off.
+``parameters()``), with ``dict``'s own methods (never those of a dict subclass put in its place), and storages by
+the engine's weigher (``engine.tensors``: no ``__torch_function__``, no ``__torch_dispatch__``; a wrapper subclass,
+such as an FP8 or torchao weight, through its inner tensors). A tensor whose bytes cannot be read that way makes
+the figure unknown (None).
 
 What counts: tensors on the device named (a CUDA worker's ``cuda:N``; a host engine's ``cpu``), never a
 ``meta`` tensor (no memory behind it). A model's weights are its parameters, its buffers and its computed
@@ -27,10 +30,10 @@ from typing import Any
 import torch
 
 from modelkv_exporter.engine.modules import MODULE_DICT, computed_weights, walk_modules
+from modelkv_exporter.engine.tensors import StorageKey, is_tensor, weigh
 
-_TensorBase = torch._C.TensorBase
-_device_of = vars(_TensorBase)["device"].__get__
 _tensor_dict = torch.Tensor.__dict__["__dict__"].__get__
+_get = dict.get
 UVA_OFFLOADED = "_vllm_is_uva_offloaded"
 """The flag vLLM's ``UVAOffloader`` sets on a parameter whose data it moved to host memory behind a CUDA view."""
 
@@ -56,33 +59,44 @@ def _on(found: torch.device, wanted: torch.device | None) -> bool:
 
 def storage_bytes(tensors: Iterable[Any], device: Device = None) -> int | None:
     """Bytes of the distinct storages behind ``tensors`` on ``device`` (every device when None; views of one buffer
-    count once; a ``meta`` tensor never counts); None when no tensor counts."""
+    count once; a ``meta`` tensor never counts); None when no storage counts, or when a tensor cannot be weighed."""
+    held = _held(tensors, device)
+    return None if held is None else held[0] if held[1] else None
+
+
+def _held(tensors: Iterable[Any], device: Device) -> tuple[int, bool] | None:
+    """The bytes ``storage_bytes`` counts and whether any storage counted; None when a tensor cannot be weighed."""
     wanted = _wanted(device)
-    storages: dict[tuple[str, int], int] = {}
-    with torch._C.DisableTorchFunction():
-        for tensor in tensors:
-            where = _device_of(tensor)
-            if _on(where, wanted):
-                storage = _TensorBase.untyped_storage(tensor)
-                storages[(str(where), int(storage.data_ptr()))] = int(storage.nbytes())
-    return sum(storages.values()) if storages else None
+    storages: dict[StorageKey, int] = {}
+    for tensor in tensors:
+        if not weigh(tensor, storages):
+            return None
+    devices: dict[str, bool] = {}
+    held = 0
+    for (where, _), size in storages.items():
+        on = devices.get(where)
+        if on is None:
+            on = devices[where] = _on(torch.device(where), wanted)
+        if on:
+            held += size
+    return held, any(devices.values())
 
 
 def _host_offloaded(tensor: Any) -> bool:
     held = _tensor_dict(tensor, type(tensor))
-    return type(held) is dict and held.get(UVA_OFFLOADED) is True
+    return type(held) is dict and _get(held, UVA_OFFLOADED) is True
 
 
 def _weights(model: torch.nn.Module) -> Iterator[Any]:
     for _, module in walk_modules(model):
         state = MODULE_DICT.__get__(module, type(module))
         for name in ("_parameters", "_buffers"):
-            held = state.get(name)
+            held = _get(state, name)
             if type(held) is dict:
-                yield from (t for t in held.values() if issubclass(type(t), torch.Tensor) and not _host_offloaded(t))
+                yield from (t for t in dict.values(held) if is_tensor(t) and not _host_offloaded(t))
         for name in computed_weights(state):
-            computed = state.get(name)
-            if issubclass(type(computed), torch.Tensor):
+            computed = _get(state, name)
+            if is_tensor(computed):
                 yield computed
 
 
@@ -94,6 +108,7 @@ def model_weight_bytes(model: Any, device: Device = None, also: Iterable[Any] = 
     if not issubclass(type(model), torch.nn.Module):
         return None
     try:
-        return storage_bytes(itertools.chain(_weights(model), also), device) or 0
+        held = _held(itertools.chain(_weights(model), also), device)
     except Exception:
         return None
+    return None if held is None else held[0]

@@ -12,6 +12,8 @@ image. Its modules:
   the rule groups that can compute differently;
 - ``prometheus``, ``victoria``, ``browser``: real Prometheus, VictoriaMetrics and vmalert, headless Chromium;
 - ``tiny_model``: tiny random checkpoints made locally, for real vLLM engines;
+- ``hot_path_scenes``: an observed owner's many layers, a heartbeat sampling and a model thread updating beside it
+  (the engine's hot-path tests and bench), and the scenes that can hang, each in a process of its own;
 - ``bench_tables``: the marked tables of docs/benchmarks.md's "Today" section, which each bench rewrites.
 
 Its libraries (httpx, pytest, PyYAML, prometheus-client, torch where a module needs it) come from the test

@@ -106,13 +106,11 @@ def test_every_rule_reads_its_figures_from_one_time() -> None:
     assert sources["modelkv.alerts ModelKVDeclaredPeakWillNotFit"] == {"modelkv.devices"}, "read across groups"
     assert cross_group_reads(groups), "the groups read each other's identity series"
     broken = yaml.safe_load(with_leak_signal_in_rules())["groups"]
-    assert mixed_times(broken) == {
-        "modelkv.caches modelkv_engine:undeclared_memory_bytes": {NOW, "modelkv.rules"}
-    }, "a late figure beside a fresh one is named"
+    assert mixed_times(broken) == {"modelkv.caches modelkv_engine:undeclared_memory_bytes": {NOW, "modelkv.rules"}}, (
+        "a late figure beside a fresh one is named"
+    )
     fresh_beside_late = yaml.safe_load(with_device_alert_reading("modelkv_memory_device_total_bytes"))["groups"]
-    assert mixed_times(fresh_beside_late) == {
-        "modelkv.alerts ModelKVDeclaredPeakWillNotFit": {NOW, "modelkv.devices"}
-    }
+    assert mixed_times(fresh_beside_late) == {"modelkv.alerts ModelKVDeclaredPeakWillNotFit": {NOW, "modelkv.devices"}}
 
 
 def test_one_order_of_each_class_stands_for_all_5040() -> None:

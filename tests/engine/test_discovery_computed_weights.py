@@ -235,4 +235,4 @@ def test_computed_weights_are_read_without_the_model_s_code() -> None:
     CALLS.clear()
     result = census.run(census.census(ModuleMap(root), BUDGET), pause=False)
     assert dict(CALLS) == {}
-    assert sum(size for _, size in result.found.values()) == 100 * 4 and result.parameters == set()
+    assert sum(size for _, size in result.storages().values()) == 100 * 4 and result.parameters == set()

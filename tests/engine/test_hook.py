@@ -416,7 +416,7 @@ def test_register_is_cheap_and_patches_the_worker_only_when_imported() -> None:
         "wrapped True",
         "cpu-inherits True",
         "init_worker-wrapped True",
-        f"still-waiting-for [['{vllm_plugin.DIFFUSION_MODULE}']]",
+        f"still-waiting-for [{sorted((vllm_plugin.WORKER_MODULE, vllm_plugin.WRAPPER_MODULE, vllm_plugin.DIFFUSION_MODULE))}]",
         "loader SourceFileLoader SourceFileLoader True",
     ]
 

@@ -45,7 +45,7 @@ def run_census(root: nn.Module, *, parameters: bool = False) -> census.CensusRes
 
 
 def found_bytes(result: census.CensusResult) -> int:
-    return sum(size for _, size in result.found.values())
+    return sum(size for _, size in result.storages().values())
 
 
 # -- hostile objects ------------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def test_the_census_runs_none_of_the_models_code_and_still_weighs_every_tensor()
     result = run_census(root, parameters=True)
     assert dict(CALLS) == {}
     assert found_bytes(result) == HOSTILE_BYTES
-    assert sorted({index for index, _ in result.found.values()}) == [1, 2], "at the hostile modules"
+    assert sorted({index for index, _ in result.storages().values()}) == [1, 2], "at the hostile modules"
 
 
 def test_a_discovery_beat_over_hostile_objects_runs_none_of_their_code(observer: Observer) -> None:
@@ -275,7 +275,7 @@ def test_a_dict_shared_by_a_parent_and_its_child_goes_to_the_child() -> None:
     root.parent.child.shared = shared
     result = run_census(root)
     paths = [path for path, _ in ModuleMap(root).modules]
-    assert [paths[index] for index, _ in result.found.values()] == ["parent.child"]
+    assert [paths[index] for index, _ in result.storages().values()] == ["parent.child"]
 
 
 def test_a_cache_the_runner_builds_outside_the_model_and_a_module_keeps_is_found_at_that_module(
@@ -365,7 +365,7 @@ def test_a_tensor_dropped_between_two_census_slices_dies_then() -> None:
     holder.items[39] = None
     assert last() is None and in_list() is None, "the census holds no tensor between slices"
     result = census.run(walk, pause=False)
-    assert len(result.found) == 78
+    assert len(result.storages()) == 78
 
 
 def test_a_huge_list_and_dict_are_walked_in_many_short_slices_and_a_changing_dict_is_left_where_it_is() -> None:

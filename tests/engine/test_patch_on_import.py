@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 import importlib.resources
 import inspect
+import json
 import linecache
+import os
+import subprocess
 import sys
 import traceback
 import zipfile
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 
 from modelkv_exporter.engine.vllm_hook import imports
+from modelkv_testbed import ROOT
 
 PACKAGE = "modelkv_lent_loader_probe"
 MODULE = f"{PACKAGE}.worker"
@@ -99,9 +103,9 @@ def test_a_module_imported_through_the_hook_looks_the_same_to_everyone(archive: 
     assert without["resource"] == "a resource" and without["package is_package"] is True
     forget()
     hooked, loaded = import_probe(hooked=True)
-    assert loaded == [PACKAGE, MODULE], "each callback ran once its module had executed"
+    assert loaded == [PACKAGE, MODULE, MODULE], "each callback ran once its module had executed, and on its reload"
     assert hooked == without
-    assert not any(isinstance(f, imports.PatchOnImport) for f in sys.meta_path), "gone once all were seen"
+    assert any(isinstance(f, imports.PatchOnImport) for f in sys.meta_path), "kept for reloads"
 
 
 def test_the_module_meets_its_real_loader_while_it_executes(archive: Path) -> None:
@@ -121,3 +125,50 @@ def test_a_failing_callback_does_not_fail_the_import(archive: Path) -> None:
 
     imports.on_import({MODULE: broken})
     assert importlib.import_module(MODULE).fails.__name__ == "fails"
+
+
+RELOAD = """
+import importlib, json
+import modelkv_exporter.engine.vllm_hook.plugin as plugin
+plugin.register()
+import vllm.v1.worker.gpu_worker as gpu_worker
+import vllm.v1.worker.worker_base as worker_base
+first, first_wrapper = gpu_worker.Worker, worker_base.WorkerWrapperBase
+importlib.reload(gpu_worker)
+importlib.reload(worker_base)
+
+def hooked(cls):
+    return [name for name in ("load_model", "initialize_from_config", "shutdown")
+            if getattr(getattr(cls, name), plugin.MARKER, False)]
+
+print("RELOADED", json.dumps({
+    "new classes": [gpu_worker.Worker is not first, worker_base.WorkerWrapperBase is not first_wrapper],
+    "first": hooked(first),
+    "reloaded": hooked(gpu_worker.Worker),
+    "init_worker": getattr(worker_base.WorkerWrapperBase.init_worker, plugin.MARKER, False),
+}))
+"""
+
+
+@pytest.mark.slow
+def test_a_reloaded_vllm_worker_module_is_hooked_again(tmp_path: Any) -> None:
+    """vLLM's own worker modules, imported after ``register()`` and reloaded: the new classes are hooked too."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MODELKV_")}
+    run = subprocess.run(
+        [sys.executable, "-c", RELOAD],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**clean, "MODELKV_SPOOL_DIR": str(tmp_path)},
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("RELOADED "))
+    methods = ["load_model", "initialize_from_config", "shutdown"]
+    assert json.loads(line.removeprefix("RELOADED ")) == {
+        "new classes": [True, True],
+        "first": methods,
+        "reloaded": methods,
+        "init_worker": True,
+    }

@@ -38,14 +38,15 @@ import torch
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Observation
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
+from modelkv_exporter.engine import tensors
 from modelkv_exporter.engine.config import DiscoverySettings, HookConfig
-from modelkv_exporter.engine.discover import census, locals_walk, safe, stack
+from modelkv_exporter.engine.discover import census, locals_walk, stack
 from modelkv_exporter.engine.discover.census import CensusResult
 from modelkv_exporter.engine.discover.layout import seen_layout, widest
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
-from modelkv_exporter.engine.observe.layers import StorageKey, storages
+from modelkv_exporter.engine.observe.layers import StorageKey, readable_storages
 from modelkv_exporter.engine.observe.observer import CHUNK, recount
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 from modelkv_exporter.engine.protocol import unwrap_model
@@ -82,7 +83,7 @@ def _storage_count(records: Iterable[Any]) -> int:
     for record in records:
         layer = record()
         if layer is not None:
-            found.update(storages(layer, record.plan.attributes, record.plan.state))
+            found.update(readable_storages(layer, record.plan))
     return len(found)
 
 
@@ -131,7 +132,10 @@ class Discovery:
         self.layer_owners: dict[str, OwnerState] = {}
         self.census_owners: dict[str, CensusOwner] = {}
         self.layouts: dict[str, KVLayout | None] = {}
-        self.baseline: set[StorageKey] = set()
+        self.baseline: set[int] = set()
+        """Storage ids (``census.storage_id``) the modules held after load, parameters included: never discovered."""
+        self.scratch = census.Scratch(self.budget)
+        """The census's tables, reused from census to census."""
         self.paged: PagedKV | None = None
         self.ready = False
         self.last: census.CensusResult | None = None
@@ -186,7 +190,7 @@ class Discovery:
         """What the modules hold now (after load), parameters included: never discovered."""
         assert self.modules is not None
         result = census.run(census.census(self.modules, self.budget, parameters=True), pause=False)
-        self.baseline = set(result.found) | result.parameters
+        self.baseline = {storage for storage, _ in result.found.items()} | result.parameters
 
     def start(self, paged: PagedKV | None = None) -> None:
         """Initialisation is over: censuses may run from now on, the paged KV cache's storages excluded."""
@@ -195,7 +199,9 @@ class Discovery:
         self.ready = True
 
     def uninstall(self) -> None:
-        """Stop attributing layers (the records already made stay with the observer); other models' discovery goes on."""
+        """Stop attributing layers (the records already made stay with the observer) and drop the paged cache's
+        reader (it reaches the worker); other models' discovery goes on."""
+        self.paged = None
         with _routing:
             if self in _attributing:
                 _attributing.remove(self)
@@ -295,6 +301,7 @@ class Discovery:
             modules=last.modules if last else 0,
             objects=last.objects if last else 0,
             budget_exhausted=last.exhausted if last else None,
+            census_skipped=dict(last.skipped) if last else None,
             owners_below_floor=below,
             owners_over_budget=over,
         )
@@ -311,30 +318,37 @@ class Discovery:
         assert self.modules is not None
         began = time.perf_counter()
         result = census.run(
-            census.census(self.modules, self.budget, layer_class=self._layer_class, cache_class=self._cache_class)
+            census.census(
+                self.modules,
+                self.budget,
+                known=self.baseline,
+                layer_class=self._layer_class,
+                cache_class=self._cache_class,
+                scratch=self.scratch,
+            )
         )
         self._place_layers(result)
-        excluded = self.baseline | result.parameters | self._paged_storages() | self._layer_storages()
-        sizes: dict[int, int] = {}
-        counts: dict[int, int] = {}
-        for storage, (index, size) in result.found.items():
-            if storage not in excluded:
-                sizes[index] = sizes.get(index, 0) + size
-                counts[index] = counts.get(index, 0) + 1
+        result.leave_out(self._paged_storages() | self._layer_storages() | result.parameters)
+        self._count_found(result)
+        census.finish(census.release(result))
+        self.last = result
+        self.census_at = time.time()
+        self.census_seconds = time.perf_counter() - began
+
+    def _count_found(self, result: CensusResult) -> None:
+        """Each module's new storages, as the census summed them, become its census owner's figures."""
+        assert self.modules is not None
         for owner in self.census_owners.values():
             owner.live, owner.storages = 0, 0
         entries = self.modules.modules
-        for index, size in sizes.items():
+        for index, size, count in result.by_owner():
             path, reference = entries[index]
             known = self.census_owners.get(path)
             owner = known or CensusOwner(path, type(reference()).__name__)
             self.census_owners[path] = owner
-            owner.live, owner.storages = size, counts[index]
+            owner.live, owner.storages = size, count
             owner.high_water = max(owner.high_water, size)
             owner.interval_high_water = max(owner.interval_high_water, size)
-        self.last = result
-        self.census_at = time.time()
-        self.census_seconds = time.perf_counter() - began
 
     def _place_layers(self, result: CensusResult) -> None:
         """What the census learnt of the cache layers it reached: the cache each belongs to (its group), and the
@@ -348,7 +362,7 @@ class Discovery:
             records = list(hooks.records.values())
         moves = []
         for record in records:
-            placed = result.layers.get(record.key)
+            placed = result.placed(record.key)
             if placed is None or record() is None:
                 continue
             index, group = placed
@@ -369,21 +383,21 @@ class Discovery:
                         record.owner = state
                         state.add(size)
 
-    def _paged_storages(self) -> set[StorageKey]:
+    def _paged_storages(self) -> set[int]:
         weighed: dict[StorageKey, int] = {}
         for tensor in self.paged() if self.paged is not None else ():
-            safe.weigh(tensor, weighed)
-        return set(weighed)
+            tensors.weigh(tensor, weighed)
+        return census.storage_ids(weighed)
 
-    def _layer_storages(self) -> set[StorageKey]:
+    def _layer_storages(self) -> set[int]:
         found: set[StorageKey] = set()
         with hooks.lock:
             records = list(hooks.records.values())
         for record in records:
             layer = record()
             if layer is not None and record.plan.unknown is None:
-                found.update(storages(layer, record.plan.attributes, record.plan.state))
-        return found
+                found.update(readable_storages(layer, record.plan))
+        return census.storage_ids(found)
 
     def _figures(self, observations: Sequence[Observation]) -> list[DiscoveredOwner]:
         owners: list[DiscoveredOwner] = []

@@ -17,14 +17,17 @@ import torch
 from modelkv_exporter.contract.snapshot import KVLayout
 from modelkv_exporter.engine.discover import safe
 from modelkv_exporter.engine.observe.records import LayerRecord
+from modelkv_exporter.engine.tensors import dispatches_to_python
 
 
 def seen_layout(records: Iterable[LayerRecord]) -> KVLayout | None:
     """The geometry of the live layers behind ``records`` now; None when there is none or it is mixed.
 
-    Read through the layers' real ``__dict__`` and with ``__torch_function__`` off: no code of a tensor subclass runs.
+    Read through the layers' real ``__dict__`` and with ``__torch_function__`` off, from tensors whose sizes reach no
+    ``__torch_dispatch__`` (``engine.tensors.dispatches_to_python``; the others are left out): no code of a tensor
+    subclass runs.
     """
-    with torch._C.DisableTorchFunctionSubclass():
+    with torch._C.DisableTorchFunction():
         return _seen_layout(records)
 
 
@@ -36,7 +39,7 @@ def _seen_layout(records: Iterable[LayerRecord]) -> KVLayout | None:
         layer = record()
         attributes = None if layer is None else safe.instance_dict(layer)
         keys: Any = None if attributes is None else attributes.get("keys")
-        if safe.kind(type(keys)) is not safe.Kind.TENSOR or keys.dim() != 4:
+        if safe.kind(type(keys)) is not safe.Kind.TENSOR or dispatches_to_python(keys) or keys.dim() != 4:
             continue
         rows, heads, held, head_dim = keys.shape
         if not heads or not head_dim:

@@ -8,11 +8,7 @@ Nothing here calls a property, ``__getattr__``, ``__getattribute__``, ``__class_
 - containers are read through the C methods of their built-in base (``list.__getitem__``, ``dict.values``);
 - an object's attributes through the real ``__dict__`` descriptor of the class that made its dict, and the
   member descriptors of its ``__slots__`` (``getters``);
-- a tensor's storage through ``torch._C.TensorBase``'s C getters, under ``DisableTorchFunctionSubclass``
-  (``weigh``). A wrapper subclass (DTensor, FP8 or torchao tensors, a jagged ``NestedTensor``) has no
-  storage of its own: its inner tensors are found in its ``__dict__`` instead (``__tensor_flatten__`` is
-  the subclass's own code, and is not called). A meta tensor weighs nothing; a sparse tensor weighs its
-  indices and values.
+- a tensor's storages are weighed by the engine's one weigher (``engine.tensors``), not here.
 """
 
 from __future__ import annotations
@@ -28,22 +24,10 @@ from typing import Any
 
 import torch
 
-from modelkv_exporter.engine.observe.layers import StorageKey
+from modelkv_exporter.engine.tensors import TENSOR_BASE
 
 TYPE_DICT = type.__dict__["__dict__"]
 TYPE_MRO = type.__dict__["__mro__"]
-TENSOR_BASE = torch._C.TensorBase
-TENSOR_DICT = torch.Tensor.__dict__["__dict__"]
-_DEVICE = TENSOR_BASE.__dict__["device"]
-_LAYOUT = TENSOR_BASE.__dict__["layout"]
-_untyped_storage = TENSOR_BASE.untyped_storage
-_no_torch_function = torch._C.DisableTorchFunctionSubclass
-SPARSE_COMPRESSED = {
-    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
-    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
-}
 
 
 class Kind(enum.IntEnum):
@@ -61,6 +45,9 @@ class Kind(enum.IntEnum):
     """Deques and sets: read through their built-in iterator."""
     OBJECT = 7
     """Anything else: its ``__dict__`` and ``__slots__``."""
+    CALLABLE = 8
+    """Functions (closure cells, default arguments, attributes), bound methods (their object and function) and
+    ``functools.partial`` (function, arguments, keywords): read through their C descriptors (``callable_parts``)."""
 
 
 ATOMIC_TYPES: frozenset[type] = frozenset(
@@ -69,17 +56,12 @@ ATOMIC_TYPES: frozenset[type] = frozenset(
 SKIPPED_TYPES: frozenset[type] = frozenset(
     {
         type,
-        types.FunctionType,
-        types.MethodType,
-        types.BuiltinFunctionType,
-        types.BuiltinMethodType,
         types.ModuleType,
         types.CodeType,
         types.FrameType,
         types.GeneratorType,
         types.CoroutineType,
         types.MappingProxyType,
-        functools.partial,
         weakref.ReferenceType,
         weakref.ProxyType,
         weakref.CallableProxyType,
@@ -87,6 +69,9 @@ SKIPPED_TYPES: frozenset[type] = frozenset(
         torch.UntypedStorage,
         torch.TypedStorage,
     }
+)
+CALLABLE_TYPES: frozenset[type] = frozenset(
+    {types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial}
 )
 ITERABLE_BASES: dict[type, Callable[[Any], Any]] = {
     collections.deque: collections.deque.__iter__,
@@ -123,6 +108,8 @@ def _decide(cls: type) -> Kind:
         return Kind.ATOMIC
     if TENSOR_BASE in bases:
         return Kind.TENSOR
+    if bases & CALLABLE_TYPES:
+        return Kind.CALLABLE
     if bases & SKIPPED_TYPES:
         return Kind.SKIP
     if list in bases:
@@ -134,6 +121,55 @@ def _decide(cls: type) -> Kind:
     if bases & ITERABLE_BASES.keys():
         return Kind.ITERABLE
     return Kind.OBJECT
+
+
+_FUNCTION_CLOSURE = types.FunctionType.__dict__["__closure__"]
+_FUNCTION_DEFAULTS = types.FunctionType.__dict__["__defaults__"]
+_FUNCTION_KWDEFAULTS = types.FunctionType.__dict__["__kwdefaults__"]
+_FUNCTION_DICT = types.FunctionType.__dict__["__dict__"]
+_CELL_CONTENTS = types.CellType.__dict__["cell_contents"]
+_METHOD_SELF = types.MethodType.__dict__["__self__"]
+_METHOD_FUNCTION = types.MethodType.__dict__["__func__"]
+_BUILTIN_SELF = types.BuiltinFunctionType.__dict__["__self__"]
+_PARTIAL_PARTS = tuple(functools.partial.__dict__[name] for name in ("func", "args", "keywords"))
+_PARTIAL_DICT = functools.partial.__dict__["__dict__"]
+_EXCEPTION_ARGS = BaseException.__dict__["args"]
+
+
+def callable_parts(obj: Any) -> tuple[Any, ...]:
+    """What a ``Kind.CALLABLE`` holds, read through the C descriptors of its built-in type (never a subclass's
+    attribute): a function's closure cells' contents, its default arguments and its ``__dict__``; a bound method's
+    object and function; a builtin method's object; a ``functools.partial``'s function, arguments, keywords and
+    ``__dict__``. Raises nothing."""
+    try:
+        chain = mro(type(obj))
+        if types.FunctionType in chain:
+            parts: list[Any] = []
+            for cell in _FUNCTION_CLOSURE.__get__(obj) or ():
+                try:
+                    parts.append(_CELL_CONTENTS.__get__(cell))
+                except ValueError:
+                    continue
+            parts += (_FUNCTION_DEFAULTS.__get__(obj), _FUNCTION_KWDEFAULTS.__get__(obj), _FUNCTION_DICT.__get__(obj))
+            return tuple(parts)
+        if types.MethodType in chain:
+            return (_METHOD_SELF.__get__(obj), _METHOD_FUNCTION.__get__(obj))
+        if types.BuiltinFunctionType in chain:
+            return (_BUILTIN_SELF.__get__(obj),)
+        if functools.partial in chain:
+            return (*(part.__get__(obj) for part in _PARTIAL_PARTS), _PARTIAL_DICT.__get__(obj))
+    except Exception:
+        return ()
+    return ()
+
+
+def exception_args(obj: Any) -> tuple[Any, ...]:
+    """An exception's ``args``, through ``BaseException``'s own descriptor; empty when it cannot be read."""
+    try:
+        found = _EXCEPTION_ARGS.__get__(obj)
+    except Exception:
+        return ()
+    return found if type(found) is tuple else ()
 
 
 def iterate(obj: Any) -> Any:
@@ -175,6 +211,19 @@ def instance_dict(obj: Any) -> dict[str, Any] | None:
     return found if type(found) is dict else None
 
 
+def raw_instance_dict(obj: Any) -> dict[str, Any] | None:
+    """``obj``'s own attribute dict as ``instance_dict`` finds it, a dict subclass included: read it only through
+    ``dict``'s own methods (``dict.items(d)``), never its class's."""
+    dict_getter, _ = getters(type(obj))
+    if dict_getter is None:
+        return None
+    try:
+        found = dict_getter.__get__(obj, type(obj))
+    except Exception:
+        return None
+    return found if dict in mro(type(found)) else None
+
+
 def slot_values(obj: Any) -> tuple[Any, ...]:
     """The values of ``obj``'s ``__slots__`` that are set; where its class hides its ``__dict__`` behind a property of its
     own, everything the object refers to (``gc.get_referents``: the collector's C traversal, which runs no Python)."""
@@ -193,43 +242,3 @@ def slot_values(obj: Any) -> tuple[Any, ...]:
 def _hidden_dict(cls: type) -> dict[str, Any]:
     """The class-level ``__dict__`` entries of ``cls``'s MRO that are not the real descriptor (a property, say)."""
     return {"__dict__": True} if any("__dict__" in class_dict(klass) for klass in mro(cls)[:-1]) else {}
-
-
-def weigh(tensor: Any, out: dict[StorageKey, int]) -> bool:
-    """Add the storages behind ``tensor`` to ``out``; False when it has none of its own (a wrapper subclass, whose
-    inner tensors are in its ``__dict__``). A meta tensor adds nothing and is True. Raises nothing."""
-    try:
-        with _no_torch_function():
-            layout = _LAYOUT.__get__(tensor)
-            if layout is not torch.strided:
-                return _weigh_sparse(tensor, layout, out)
-            device = _DEVICE.__get__(tensor)
-            if device.type == "meta":
-                return True
-            storage = _untyped_storage(tensor)
-            pointer = storage.data_ptr()
-            out[(str(device), pointer if pointer else -id(tensor))] = int(storage.nbytes())
-            return True
-    except Exception:
-        return False
-
-
-def _weigh_sparse(tensor: Any, layout: Any, out: dict[StorageKey, int]) -> bool:
-    if layout is torch.sparse_coo:
-        parts = (TENSOR_BASE._indices(tensor), TENSOR_BASE._values(tensor))
-    elif layout in SPARSE_COMPRESSED:
-        parts = tuple(getattr(TENSOR_BASE, name)(tensor) for name in SPARSE_COMPRESSED[layout])
-    else:
-        return False
-    for part in parts:
-        weigh(part, out)
-    return True
-
-
-def tensor_dict(tensor: Any) -> dict[str, Any] | None:
-    """A tensor subclass instance's own attribute dict (a wrapper's inner tensors), never through a property."""
-    try:
-        found = TENSOR_DICT.__get__(tensor, type(tensor))
-    except Exception:
-        return None
-    return found if type(found) is dict else None

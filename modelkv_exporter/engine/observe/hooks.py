@@ -8,12 +8,15 @@ reaches the model, not even when the failure path itself fails (at the recursion
 memory): it only sets flags and ``report``s a line the heartbeat logs later, holding no lock.
 Module globals, not attributes, because each hook runs for every cache update.
 
-The counters change under ``lock`` (reentrant: a layer may die, and its finaliser run, while
-the lock is held), which the heartbeat thread's sample takes too: without it, a sample that
-corrects a layer's bytes while the model thread re-measures the same layer counts the change
-twice and reports a peak that never was. The finaliser of a dead layer takes no lock (the
-collector runs it on any thread, maybe one holding a logging handler's lock): it queues the
-record in ``dead``, which whoever takes ``lock`` next drains.
+A model thread never waits for a lock: the collector may run a model's finaliser on any thread, and that finaliser
+may take a lock of the model's whose holder is inside our hook. So the hot path only measures a layer and hands
+``(record, bytes now)`` over in ``changes`` (``deque.append`` is atomic); a dead layer's record is queued there
+too, by ``changes.append`` itself as its weak reference's callback (no Python code runs in the collector). Whoever holds ``lock`` (a sample, discovery: the heartbeat's side) ``drain``s them into
+the counters in the order they were handed over, so the peaks are those a lock on the hot path would have seen. A model
+thread only tries ``lock`` (``_try_drain``), never waits for it: for an owner whose every change must be applied at
+once (``on_change``) and when ``BACKLOG`` changes wait. The index (``records``, ``states``) gains entries on the
+model's threads and loses dead ones in ``drain`` through ``_remove_dead_weakref``, which deletes an entry only if it
+is still a dead record (a new layer at the same address keeps its own).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from __future__ import annotations
 import collections
 import contextvars
 import functools
+import os
 import threading
+from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]  # CPython 3.6+, not in typeshed
 from collections.abc import Callable
 from typing import Any
 
@@ -56,9 +61,26 @@ states: dict[int, LayerRecord] = {}
 owners: dict[int, OwnerState] = {}
 """Every observed owner object's state, by ``id`` (checked against its weak reference: ids are reused)."""
 lock = threading.RLock()
-"""Held while counters change: by the hooks on the model's threads and by a sample on the heartbeat thread."""
-dead: collections.deque[LayerRecord] = collections.deque()
-"""Records of layers that died and whose bytes still count: appended lock-free, drained under ``lock``."""
+"""Held by whoever ``drain``s into the counters (a sample, discovery); a model thread only tries it, never waits."""
+GONE = -1
+"""``LayerRecord.bytes`` once the layer's death was drained: a change still queued for it is dropped."""
+changes: collections.deque[tuple[LayerRecord, int] | LayerRecord] = collections.deque()
+"""What the model's threads measured and which layers died, in order: a layer's record and its bytes now, or the
+record alone (its layer died); appended without a lock, drained under ``lock``. Never rebound: each record's
+callback is its ``append``."""
+
+_on_dead: Callable[[LayerRecord], None] = changes.append
+"""A layer died (its record's weakref callback, on any thread, under any lock): queue the record for ``drain``.
+
+``deque.append`` itself, no Python function: the collector runs it without a frame of ours, so it cannot meet the
+recursion limit in a frame of ours, and a signal or asynchronous exception pending when the layer dies is raised in
+the model's code afterwards, where a Python callback would have run it and CPython dropped it as unraisable (the
+record lost with it)."""
+BACKLOG = 50_000
+"""Changes waiting for a ``drain`` (a few MB) beyond which a model thread drains some itself, if ``lock`` is free."""
+STEP = 64
+"""Changes a model thread drains at most at once (tens of microseconds)."""
+_draining = False
 _active = False
 _broken: str | None = None
 _late: tuple[str, type] | None = None
@@ -110,7 +132,7 @@ def reset() -> None:
     records.clear()
     states.clear()
     owners.clear()
-    dead.clear()
+    changes.clear()
     _logged_sites.clear()
 
 
@@ -130,29 +152,56 @@ def fail(site: str, error: BaseException) -> None:
         pass
 
 
-def _on_dead(record: LayerRecord) -> None:
-    """A layer died (weakref callback, any thread, any lock held): queue it for ``drain``."""
-    global _active, _late
+def drain(most: int | None = None) -> None:
+    """Apply the changes handed over (bytes measured, layers that died) to the counters, in order, holding ``lock``;
+    at most ``most`` when given. Not re-entered (a finaliser that updates a cache, run by the collector during a
+    drain, leaves its change queued)."""
+    global _draining
+    if _draining:
+        return
+    _draining = True
     try:
-        dead.append(record)
-    except Exception as error:
-        try:
-            fail("layer finaliser", error)
-        except Exception:
-            _active = False
-            _late = "layer finaliser", type(error)
+        left = -1 if most is None else most
+        while changes and left:
+            left -= 1
+            change = changes.popleft()
+            if isinstance(change, tuple):
+                record, size = change
+            else:
+                record, size = change, GONE
+            counted = record.bytes
+            if counted == GONE:
+                continue
+            if size == GONE:
+                record.bytes = GONE
+                record.owner.live -= counted
+                _remove_dead_weakref(records, record.key)
+                if record.state_key:
+                    _remove_dead_weakref(states, record.state_key)
+            elif size != counted:
+                record.bytes = size
+                record.owner.add(size - counted)
+    finally:
+        _draining = False
 
 
-def drain() -> None:
-    """Take the layers that died out of their owners' live totals (holding ``lock``)."""
-    while dead:
-        record = dead.popleft()
-        record.owner.live -= record.bytes
-        record.bytes = 0
-        if records.get(record.key) is record:
-            del records[record.key]
-        if states.get(record.state_key) is record:
-            del states[record.state_key]
+def _try_drain() -> None:
+    """Drain what waits if no one holds ``lock`` (on a model thread: never waits)."""
+    if _draining or not lock.acquire(False):
+        return
+    try:
+        drain(None if len(changes) <= STEP else STEP)
+    finally:
+        lock.release()
+
+
+def hand_over(record: LayerRecord, size: int) -> None:
+    """``record``'s layer holds ``size`` bytes now: queue the change for ``drain`` (never waits)."""
+    if size != record.reported:
+        record.reported = size
+        changes.append((record, size))
+        if record.owner.on_change is not None or len(changes) > BACKLOG:
+            _try_drain()
 
 
 def register(layer: object, owner: OwnerState) -> LayerRecord:
@@ -160,7 +209,7 @@ def register(layer: object, owner: OwnerState) -> LayerRecord:
     plan = plan_for(type(layer))
     record = LayerRecord(layer, _on_dead)
     record.owner = owner
-    record.bytes = 0
+    record.bytes = record.reported = 0
     record.plan = plan
     record.key = key = id(layer)
     record.key_ref = None
@@ -209,11 +258,7 @@ def remeasure(records: list[LayerRecord]) -> None:
         layer = record()
         if layer is None or record.plan.unknown is not None:
             continue
-        size = measure(layer, record.plan, shared(record))
-        delta = size - record.bytes
-        if delta:
-            record.bytes = size
-            record.owner.add(delta)
+        hand_over(record, measure(layer, record.plan, shared(record)))
         if record.copies:
             remeasure(record.copies)
 
@@ -239,10 +284,7 @@ def settle(owner: OwnerState) -> None:
         except Unweighable as problem:
             record.owner.unknown = str(problem)
             continue
-        delta = size - record.bytes
-        if delta:
-            record.bytes = size
-            record.owner.add(delta)
+        hand_over(record, size)
 
 
 def capturing() -> bool:
@@ -273,16 +315,14 @@ def discovered(layer: object, state: object = None) -> LayerRecord | None:
 
 
 def touch(layer: Any) -> None:
-    """After a layer was initialised or updated: attribute it, count the call, re-measure it (holding ``lock``)."""
-    if dead:
-        drain()
+    """After a layer was initialised or updated: attribute it, count the call, re-measure it (never waits)."""
     owner = running.get()
-    record = records.get(id(layer))
-    if record is None:
+    record = _get(records, id(layer))
+    if record is None or record() is not layer:
         if owner is None:
-            if discovered(layer) is None:
+            record = discovered(layer)
+            if record is None:
                 return
-            record = records[id(layer)]
         else:
             record = register(layer, owner)
     if owner is not None:
@@ -316,27 +356,18 @@ def touch(layer: Any) -> None:
     except Unweighable as problem:
         record.owner.unknown = str(problem)
         return
-    delta = size - record.bytes
-    if delta:
-        record.bytes = size
-        target = record.owner
-        live = target.live + delta
-        target.live = live
-        if live > target.interval_high_water:
-            target.interval_high_water = live
-            if live > target.high_water:
-                target.high_water = live
-        if target.on_change is not None:
-            target.on_change(target)
+    if size != record.reported:
+        record.reported = size
+        changes.append((record, size))
+        if record.owner.on_change is not None or len(changes) > BACKLOG:
+            _try_drain()
     if record.copies:
         remeasure(record.copies)
 
 
 def created(layer: object, state: object = None) -> None:
     """A layer was constructed or copied (from ``state``) while an owner runs: attribute it now, measure it later
-    (holding ``lock``)."""
-    if dead:
-        drain()
+    (never waits)."""
     owner = running.get()
     if owner is None:
         discovered(layer, state)
@@ -360,8 +391,7 @@ def wrap_layer_method(function: Callable[..., Any]) -> Callable[..., Any]:
         if _active:
             try:
                 if not _is_compiling():
-                    with lock:
-                        touch(self)
+                    touch(self)
             except Exception as error:
                 try:
                     fail(site, error)
@@ -384,8 +414,7 @@ def wrap_layer_init(init: Callable[..., None]) -> Callable[..., None]:
         if _active:
             try:
                 if not _is_compiling():
-                    with lock:
-                        created(self)
+                    created(self)
             except Exception as error:
                 try:
                     fail("cache layer creation", error)
@@ -416,8 +445,7 @@ def layer_setstate(self: Any, state: Any) -> None:
     if _active:
         try:
             if not _is_compiling():
-                with lock:
-                    created(self, source)
+                created(self, source)
         except Exception as error:
             try:
                 fail("cache layer copy", error)
@@ -439,61 +467,7 @@ def leave(owner: OwnerState, token: contextvars.Token[OwnerState | None]) -> Non
     """The call ends: measure what it created and never updated."""
     running.reset(token)
     if owner.pending and _active:
-        with lock:
-            if dead:
-                drain()
-            settle(owner)
-
-
-def wrap_owner_method(function: Callable[..., Any]) -> Callable[..., Any]:
-    """One of an owner class's methods, wrapped on the class: marks an observed owner running while it runs.
-
-    Any other instance of the class (an unobserved one, a deep copy, an unpickled one) passes straight
-    through, so copies run their own code on their own state and pickle as if nothing were wrapped.
-    """
-    site = f"owner entry ({function.__qualname__})"
-
-    @functools.wraps(function)
-    def entered(self: Any, *args: Any, **kwargs: Any) -> Any:
-        global _active, _late
-        if not _active:
-            return function(self, *args, **kwargs)
-        owner = token = None
-        try:
-            if not _is_compiling():
-                owner = owners.get(id(self))
-                if owner is not None and (owner.owner_ref() is not self or running.get() is owner):
-                    owner = None
-                if owner is not None:
-                    token = enter(owner)
-        except Exception as error:
-            owner = None
-            try:
-                fail(site, error)
-            except Exception:
-                _active = False
-                _late = site, type(error)
-        if owner is None or token is None:
-            return function(self, *args, **kwargs)
-        try:
-            return function(self, *args, **kwargs)
-        finally:
-            try:
-                leave(owner, token)
-            except Exception as error:
-                try:
-                    running.reset(token)
-                except Exception:  # noqa: BLE001 - already reset by leave
-                    pass
-                try:
-                    fail("owner exit", error)
-                except Exception:
-                    _active = False
-                    _late = "owner exit", type(error)
-
-    setattr(entered, ENTRY, True)
-    setattr(entered, ORIGINAL, function)
-    return entered
+        settle(owner)
 
 
 def on_capture_begin() -> None:
@@ -550,3 +524,20 @@ def wrap_graph_method(
 
     setattr(hooked, ORIGINAL, function)
     return hooked
+
+
+def _forked() -> None:
+    """In a child forked while another thread held ``lock`` or drained: a fresh lock, and counters recomputed from
+    the records where a drain was cut short (that thread does not exist here)."""
+    global lock, _draining
+    lock = threading.RLock()
+    if _draining:
+        _draining = False
+        for owner in {id(record.owner): record.owner for record in list(records.values())}.values():
+            owner.live = 0
+        for record in list(records.values()):
+            if record.bytes > 0:
+                record.owner.live += record.bytes
+
+
+os.register_at_fork(after_in_child=_forked)

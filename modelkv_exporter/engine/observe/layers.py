@@ -10,10 +10,12 @@ the observer installs (``probe``), not by a version pin. A subclass from elsewhe
 its vetted base is read, but checked for tensors in attributes that base does not have.
 
 Reading runs none of the model's code: a layer's state through the instance-dict descriptor of the
-first class that has one (not ``layer.__dict__``, which a subclass may make a property), tensor sizes
-through ``torch._C.TensorBase``'s own getters with ``__torch_function__`` turned off (a subclass's or a
-mode's), types with ``type()`` and ``issubclass`` (``isinstance`` may read ``__class__``). A meta tensor
-is no memory: it weighs 0.
+first class that has one (not ``layer.__dict__``, which a subclass may make a property), types with ``type()``
+and ``issubclass`` (``isinstance`` may read ``__class__``). Plain tensors (exactly ``torch.Tensor``, no
+``__torch_function__`` mode on) are read directly; any other tensor by the engine's weigher
+(``engine.tensors``: storages, no ``__torch_function__``, no ``__torch_dispatch__``, a wrapper subclass through its
+inner tensors). A tensor it cannot read makes the layer ``Unweighable``: its owner's figure is unknown, observation
+goes on. A meta tensor is no memory: it weighs 0.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from modelkv_exporter.engine.tensors import StorageKey, dispatches_to_python, is_tensor, weigh
 
 VETTED_MODULE = "transformers.cache_utils"
 VETTED_KV_ATTRIBUTES: dict[str, tuple[str, ...]] = {
@@ -60,8 +64,6 @@ building storage objects (the hot path's largest cost). Copies and changes outsi
 weighed by storage (``settle``, every sample)."""
 HOOKED_METHODS = ("update", "lazy_initialization", "update_indexer", "lazy_initialization_indexer")
 """Layer methods after which a layer is re-measured, wherever a class defines them."""
-
-StorageKey = tuple[str, int]
 
 
 class Plan:
@@ -136,14 +138,9 @@ def instance_dict(cls: type) -> Callable[[Any], dict[str, Any]] | None:
 
 
 _Tensor = torch.Tensor
-_TensorBase = torch._C.TensorBase
-_storage_of = _TensorBase.untyped_storage
-_nbytes_of: Callable[[Any], int] = vars(_TensorBase)["nbytes"].__get__
-_base_of: Callable[[Any], Any] = vars(_TensorBase)["_base"].__get__
-_is_meta: Callable[[Any], bool] = vars(_TensorBase)["is_meta"].__get__
-_dim_of = _TensorBase.dim
-_no_dispatch = torch._C.DisableTorchFunction
 _modes_on = torch._C._is_torch_function_mode_enabled
+_no_torch_function = torch._C.DisableTorchFunction
+_dim_of = torch._C.TensorBase.dim
 _get = dict.get
 
 
@@ -151,28 +148,30 @@ class Unweighable(Exception):
     """A layer holds something in a KV attribute whose bytes cannot be read (not a tensor, no storage)."""
 
 
-def is_tensor(value: object) -> bool:
-    """Whether ``value`` is a tensor, by its real type (``isinstance`` may read a ``__class__`` property)."""
-    return issubclass(type(value), _Tensor)
-
-
-def _own_bytes(tensor: Any) -> int:
-    """The size of ``tensor``, or of the tensor it is a view of (``torch.cat``'s result); with dispatch off."""
+def _weigh(tensor: Any, out: dict[StorageKey, int]) -> None:
+    """Add ``tensor``'s storages to ``out`` (``engine.tensors.weigh``); a None adds nothing."""
     if tensor is None:
-        return 0
+        return
     if not is_tensor(tensor):
         raise Unweighable(f"a cache layer holds a {type(tensor).__name__} where a tensor belongs")
-    if _is_meta(tensor):
-        return 0
-    base = _base_of(tensor)
-    return _nbytes_of(tensor if base is None else base)  # type: ignore[no-any-return]
+    if not weigh(tensor, out, empty=True):
+        raise Unweighable(
+            f"a cache tensor of type {type(tensor).__qualname__} has no storage that can be read without its code"
+        )
+
+
+def _bytes_of(tensor: Any) -> int:
+    found: dict[StorageKey, int] = {}
+    _weigh(tensor, found)
+    return sum(found.values())
 
 
 def fresh_bytes(keys: Any, values: Any) -> int:
-    """Bytes of keys and values that an update just made (or window views into them), without storage objects.
+    """Bytes of keys and values that an update just made (or window views into them).
 
-    Plain tensors with no ``__torch_function__`` mode on are read directly (the hot path); anything else with
-    dispatch turned off, through the base class's getters.
+    Plain tensors with no ``__torch_function__`` mode on are read directly, without building storage objects (the
+    hot path): their own size, or their base's. Anything else is weighed by storage (``engine.tensors``), which
+    runs no subclass's code.
     """
     if type(keys) is _Tensor and type(values) is _Tensor and not _modes_on():
         base = keys._base
@@ -181,27 +180,7 @@ def fresh_bytes(keys: Any, values: Any) -> int:
             base = values._base
             size += 0 if values.is_meta else (values if base is None else base).nbytes
         return size
-    with _no_dispatch():
-        size = _own_bytes(keys)
-        return size if values is keys else size + _own_bytes(values)
-
-
-def _storage(tensor: Any) -> Any:
-    """``tensor``'s untyped storage; with dispatch off."""
-    if not is_tensor(tensor):
-        raise Unweighable(f"a cache layer holds a {type(tensor).__name__} where a tensor belongs")
-    try:
-        return _storage_of(tensor)
-    except Exception as error:
-        raise Unweighable(f"a cache tensor of type {type(tensor).__name__} has no readable storage: {error}") from None
-
-
-def _storage_bytes(tensor: Any) -> int:
-    """The bytes of ``tensor``'s storage (0 for a meta tensor); with dispatch off."""
-    if tensor is None:
-        return 0
-    storage = _storage(tensor)
-    return 0 if _is_meta(tensor) else storage.nbytes()  # type: ignore[no-any-return]
+    return pair_bytes(keys, values)
 
 
 def pair_bytes(keys: Any, values: Any) -> int:
@@ -212,9 +191,8 @@ def pair_bytes(keys: Any, values: Any) -> int:
         if values is not keys:
             size += 0 if values.is_meta else values.untyped_storage().nbytes()
         return size
-    with _no_dispatch():
-        size = _storage_bytes(keys)
-        return size if values is keys else size + _storage_bytes(values)
+    size = _bytes_of(keys)
+    return size if values is keys else size + _bytes_of(values)
 
 
 def same_tensors(keys: Any, values: Any) -> tuple[Callable[[], Any] | None, Callable[[], Any]]:
@@ -231,20 +209,27 @@ def _nothing() -> None:
 def storages(
     layer: Any, attributes: tuple[str, ...], state: Callable[[Any], dict[str, Any]] = vars
 ) -> dict[StorageKey, int]:
-    """``{(device, data pointer): nbytes}`` of the storages behind ``attributes`` (an empty or meta storage keyed by
-    the tensor's id; a meta storage weighs 0). ``state`` reads the layer's instance dict (its plan's)."""
+    """``{(device, data pointer): nbytes}`` of the storages behind ``attributes`` (a meta or empty storage at 0, keyed by
+    its tensor's id: its device still counts).
+    ``state`` reads the layer's instance dict (its plan's). Raises ``Unweighable`` where a tensor cannot be read."""
     found: dict[StorageKey, int] = {}
     values = state(layer)
-    with _no_dispatch():
-        for name in attributes:
-            tensor = _get(values, name)
-            if tensor is None:
-                continue
-            storage = _storage(tensor)
-            pointer = storage.data_ptr()
-            found[(str(storage.device), pointer if pointer else -id(tensor))] = (
-                0 if _is_meta(tensor) else storage.nbytes()
-            )
+    for name in attributes:
+        _weigh(_get(values, name), found)
+    return found
+
+
+def readable_storages(layer: Any, plan: Plan) -> dict[StorageKey, int]:
+    """``storages`` of what can be read of ``layer`` (a tensor that cannot be read adds nothing); raises nothing."""
+    found: dict[StorageKey, int] = {}
+    if plan.unknown is not None:
+        return found
+    try:
+        values = plan.state(layer)
+    except Exception:
+        return found
+    for name in plan.attributes:
+        weigh(_get(values, name), found, empty=True)
     return found
 
 
@@ -258,14 +243,13 @@ def measure(layer: Any, plan: Plan, shared: tuple[Any, ...] = ()) -> int:
     """Bytes of one layer by its plan, leaving out the tensor objects in ``shared`` (counted elsewhere)."""
     state = plan.state(layer)
     if shared:
-        with _no_dispatch():
-            size, seen = 0, list(shared)
-            for name in plan.attributes:
-                tensor = _get(state, name)
-                if tensor is not None and not any(tensor is other for other in seen):
-                    seen.append(tensor)
-                    size += _storage_bytes(tensor)
-            return size
+        size, seen = 0, list(shared)
+        for name in plan.attributes:
+            tensor = _get(state, name)
+            if tensor is not None and not any(tensor is other for other in seen):
+                seen.append(tensor)
+                size += _bytes_of(tensor)
+        return size
     if plan.keys_and_values:
         return pair_bytes(_get(state, "keys"), _get(state, "values"))
     return sum(storages(layer, plan.attributes, plan.state).values())
@@ -293,8 +277,8 @@ def unexpected_tensors(layer: Any, plan: Plan) -> list[str]:
     for name, value in dict.items(plan.state(layer)):
         if name in plan.attributes or name in BOOKKEEPING_ATTRIBUTES:
             continue
-        if is_tensor(value):
-            with _no_dispatch():
+        if is_tensor(value) and not dispatches_to_python(value):
+            with _no_torch_function():
                 if _dim_of(value) == 0:
                     continue
         if _holds_tensor(value):

@@ -7,14 +7,17 @@ caches. The hot path is the same whatever the number of models: a hook finds an 
 (``hooks.owners``). Removing a model's view takes its owners out and leaves the other models' hooks in place; the
 last view removes the hooks.
 
-A sample runs on the heartbeat thread beside the model: it holds ``hooks.lock`` (which every cache
-update takes) for at most ``CHUNK`` layers at a time, so an update never waits long, whatever the
-number of live layers.
+A sample runs on the heartbeat thread beside the model: it holds ``hooks.lock``, which no cache update waits for
+(``hooks`` hands the model's changes over without a lock), and lets the model's threads have the interpreter
+between every ``CHUNK`` layers it re-weighs, so a model thread waiting for the GIL waits one chunk, not the
+switch interval.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Iterable
 
 from modelkv_exporter.contract.snapshot import Observation
@@ -36,7 +39,7 @@ OFF = "observation is turned off (MODELKV_OBSERVE=0)"
 NO_CALL = "no call of this owner has been observed yet"
 MOVED = "another model in this process observes this module now"
 CHUNK = 64
-"""Layers a sample re-weighs per hold of ``hooks.lock`` (a few microseconds each)."""
+"""Layers a sample re-weighs per hold of ``hooks.lock`` and of the GIL (a few microseconds each)."""
 
 _installed: Installation | None = None
 _lock = threading.Lock()
@@ -201,17 +204,18 @@ def recount(
     """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected.
 
     Takes ``hooks.lock`` for ``CHUNK`` layers at a time (reentrant: a caller may hold it already, and then
-    holds it throughout). Each layer is re-weighed and its change counted under the lock, as an update does,
-    so a layer the model updates between two chunks is counted once. Returns the bytes live now
+    holds it throughout), and hands the GIL over between chunks. Each layer's correction is counted under the lock
+    after the changes the model handed over before it, so a layer the model updates meanwhile is counted once. Returns the bytes live now
     (de-duplicated by storage) and why they cannot be trusted, if they cannot; ``found``, when given, receives
     the storages weighed.
     """
     found = {} if found is None else found
     failure = None
     for start in range(0, len(records), CHUNK):
+        if start:
+            time.sleep(0)
         with hooks.lock:
-            if hooks.dead:
-                hooks.drain()
+            hooks.drain()
             for record in records[start : start + CHUNK]:
                 problem = _reweigh(state, record, found, observing)
                 if problem is not None:
@@ -230,7 +234,7 @@ def recount(
 def _reweigh(state: OwnerState, record: LayerRecord, found: dict[StorageKey, int], observing: bool) -> str | None:
     """Weigh one layer into ``found`` and correct its counted bytes (holding ``hooks.lock``); a failure's text."""
     layer = record()
-    if layer is None:
+    if layer is None or record.bytes == hooks.GONE:
         return None
     plan = record.plan
     if plan.unknown is not None:
@@ -251,7 +255,7 @@ def _reweigh(state: OwnerState, record: LayerRecord, found: dict[StorageKey, int
     size = sum(mine.values()) if record.twin is None else measure(layer, plan, hooks.shared(record))
     delta = size - record.bytes
     if observing and delta:
-        record.bytes = size
+        record.bytes = record.reported = size
         state.add(delta)
     return None
 
@@ -264,13 +268,21 @@ def next_interval(state: OwnerState, live: int, observing: bool) -> None:
 def records_by_owner() -> dict[int, list[LayerRecord]]:
     """Every live layer record, by the ``id`` of its owner's state (a copy of the index taken under ``hooks.lock``)."""
     with hooks.lock:
-        if hooks.dead:
-            hooks.drain()
+        hooks.drain()
         everything = list(hooks.records.values())
     by_owner: dict[int, list[LayerRecord]] = {}
     for record in everything:
         by_owner.setdefault(id(record.owner), []).append(record)
     return by_owner
+
+
+def _forked() -> None:
+    """In a child forked while another thread installed or removed hooks: a lock no thread holds."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def installed() -> Installation | None:

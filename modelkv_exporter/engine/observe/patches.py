@@ -3,12 +3,12 @@
 Only class attributes are patched (and restored by ``ClassPatches.remove``). An owner's entry methods
 are wrapped once on its class, where they resolve; the wrapper looks its ``self`` up among the observed
 owners (``hooks.owners``) and passes any other instance straight through. No owner object is changed:
-a deep copy runs its own methods on its own state, and pickling sees nothing of the observer.
+a deep copy runs its own methods on its own state, and pickling sees nothing of the observer. A wrapper is
+of its method's kind and resolves names as the method does (``wrappers``).
 """
 
 from __future__ import annotations
 
-import inspect
 import types
 from typing import Any
 
@@ -17,6 +17,7 @@ import torch
 from modelkv_exporter.engine.observe import hooks
 from modelkv_exporter.engine.observe.layers import HOOKED_METHODS
 from modelkv_exporter.engine.observe.records import OwnerState
+from modelkv_exporter.engine.observe.wrappers import wrap_owner_method
 
 SPECS_METHOD = "model_local_kv_specs"
 _FOREIGN_MODULES = ("torch.", "transformers.", "vllm.", "builtins")
@@ -50,7 +51,7 @@ class ClassPatches:
                 continue
             target = cls if _foreign(site) else site
             try:
-                self._set(target, name, hooks.wrap_owner_method(function))
+                self._set(target, name, wrap_owner_method(function))
             except (TypeError, AttributeError) as error:
                 state.unknown = f"cannot wrap {cls.__qualname__}.{name}: {error}"
         hooks.owners[id(owner)] = state
@@ -124,7 +125,8 @@ def owner_method_names(owner: object) -> list[str]:
     """The methods through which an owner is entered: its own code's plain methods, ``forward`` and ``generate``.
 
     Methods inherited from torch, transformers or vLLM are left alone (but the two entry points),
-    as are dunders, static and class methods, properties, generators, coroutines and the declarer.
+    as are dunders, static and class methods, properties and the declarer. Generator and coroutine
+    functions are wrapped as what they are (``wrappers``).
     """
     names: dict[str, None] = {}
     for klass in type(owner).__mro__:
@@ -134,8 +136,6 @@ def owner_method_names(owner: object) -> list[str]:
             if name.startswith("__") or name == SPECS_METHOD or name in names:
                 continue
             if not isinstance(attribute, types.FunctionType):
-                continue
-            if inspect.isgeneratorfunction(attribute) or inspect.iscoroutinefunction(attribute):
                 continue
             names[name] = None
     for entry in ("forward", "generate"):

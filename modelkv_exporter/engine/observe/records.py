@@ -50,8 +50,9 @@ class OwnerState:
         self.unknown: str | None = None
         self.graph: str | None = None
         self.on_change: Callable[[OwnerState], None] | None = None
-        """Called (under the observer's lock) after the live bytes changed; None in an engine. For
-        ``modelkv_exporter.testing``, which records what the owner's layers held at each call's peak."""
+        """Called after the live bytes changed (by ``hooks.drain``, holding ``hooks.lock``: on the model's thread
+        right after its change where that lock is free); None in an engine. For ``modelkv_exporter.testing``, which
+        records what the owner's layers held at each call's peak."""
 
     def add(self, delta: int) -> None:
         """Move the live bytes by ``delta`` and raise the high-waters with them."""
@@ -72,18 +73,33 @@ class OwnerState:
 
 
 class LayerRecord(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to one cache layer, with its owner and the bytes last measured.
+    """A weak reference to one cache layer, with its owner and the bytes counted for it.
 
     Built by ``weakref.ref``'s own constructor, attributes set after, which keeps registering cheap.
+    ``bytes`` is what the owner's counters hold for the layer (changed by ``hooks.drain`` only, holding
+    ``hooks.lock``); ``reported`` what a model thread last measured and handed over (changed by the hooks only).
     ``key_ref``/``value_ref`` point at the tensors last measured (static plans only); ``group`` is set
     by discovery only: the ``id`` of the cache the layer belongs to, where it could be told. ``twin`` is
     the record of the layer this one is a shallow copy of (``copy.copy``: the same tensor objects, which
     count there, not here), ``copies`` the records of its own shallow copies.
     """
 
-    __slots__ = ("owner", "bytes", "plan", "key", "key_ref", "value_ref", "group", "state_key", "twin", "copies")
+    __slots__ = (
+        "owner",
+        "bytes",
+        "reported",
+        "plan",
+        "key",
+        "key_ref",
+        "value_ref",
+        "group",
+        "state_key",
+        "twin",
+        "copies",
+    )
     owner: OwnerState
     bytes: int
+    reported: int
     plan: Plan
     key: int
     key_ref: Callable[[], Any] | None

@@ -1,10 +1,13 @@
-"""Run a callback on a module right after a process first imports it, without importing it ourselves.
+"""Run a callback on a module right after a process imports it, without importing it ourselves.
 
 Importing vLLM's worker modules costs seconds, and the API server never needs them; so the
 hook waits for the process to import them. ``PatchOnImport`` is a ``sys.meta_path`` finder
 that finds nothing itself: when one of its modules is imported, it asks the other finders for
 the real spec and lends it a loader that runs the callback once the module has executed. It
-removes itself once every module it waits for has been seen.
+stays for the process's life: ``importlib.reload`` finds a module's spec again through
+``sys.meta_path`` and executes the module anew (new classes), and the callback runs again on it;
+so does a module imported again after it was taken out of ``sys.modules``. For the modules it
+does not wait for it costs one dictionary look-up per import.
 
 The lent loader is there only between the spec and the module's execution: before the module's
 code runs, its ``__loader__`` and ``__spec__.loader`` are the real loader again, so the module
@@ -53,7 +56,7 @@ class _LentLoader:
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):
-    """Calls ``waiting[name](module)`` after the first import of each module ``name``."""
+    """Calls ``waiting[name](module)`` after each import of each module ``name``, a reload included."""
 
     def __init__(self, waiting: dict[str, OnLoaded]) -> None:
         self.waiting = dict(waiting)
@@ -61,11 +64,9 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        on_loaded = self.waiting.pop(fullname, None)
+        on_loaded = self.waiting.get(fullname)
         if on_loaded is None:
             return None
-        if not self.waiting and self in sys.meta_path:
-            sys.meta_path.remove(self)
         for finder in sys.meta_path:
             if finder is self:
                 continue
@@ -79,13 +80,9 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
 
 
 def on_import(modules: dict[str, OnLoaded]) -> None:
-    """Run each callback now on an imported module, and on first import for the others."""
-    waiting = {}
+    """Run each callback now on an imported module, and on each later import or reload of every one."""
+    sys.meta_path.insert(0, PatchOnImport(modules))
     for name, on_loaded in modules.items():
         module = sys.modules.get(name)
         if module is not None:
             on_loaded(module)
-        else:
-            waiting[name] = on_loaded
-    if waiting:
-        sys.meta_path.insert(0, PatchOnImport(waiting))

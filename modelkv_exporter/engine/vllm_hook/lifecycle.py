@@ -22,7 +22,14 @@
 - after ``sleep``, ``wake_up`` and vLLM 0.34's ``discard``: publish the sleep level and what vLLM's sleep
   allocator holds off the device, by tag (``sleep.py``);
 - before ``shutdown`` (and at exit): mark the snapshot ended; before ``shutdown``, stop observing and
-  discovering the worker's model (another model in the process keeps its own).
+  discovering the worker's model (another model in the process keeps its own), even when the spool refuses the
+  last write;
+- a worker dropped without ``shutdown`` (an RL loop that makes and drops engines): the heartbeat notices at its next
+  beat (it holds the worker weakly), ends the snapshot and stops observing and discovering that model.
+
+Nothing of the hook holds the worker or its model strongly beyond the worker's own attributes: the heartbeat, the
+discovery's paged-cache reader and the at-exit list hold it weakly or not at all, so both are freed after
+``shutdown`` (or when the engine drops them).
 
 ``plugin`` runs every step guarded, so that no failure here reaches the engine.
 """
@@ -30,6 +37,7 @@
 from __future__ import annotations
 
 import atexit
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -110,6 +118,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     """Publish the declarations of the just-loaded model and start beating."""
     previous: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if previous is not None:
+        _live.discard(previous.publisher)
         previous.publisher.stop()
         previous.release()
     facts = facts_of(worker)
@@ -130,9 +139,11 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     discovery = discover(facts.model, config, observer, declaring)
     publisher = SnapshotPublisher(config.spool_dir, snapshot)
     publisher.start_heartbeat(config.sample_interval, sampler, observer.sample, discovery)
-    setattr(worker, ATTRIBUTE, WorkerHook(publisher, sampler, observer, discovery))
+    hook = WorkerHook(publisher, sampler, observer, discovery)
+    setattr(worker, ATTRIBUTE, hook)
+    publisher.watch(worker, hook.release)
     record_graph_capture(worker, graph_recorder(worker), sampler.private_pools)
-    atexit.register(_end_at_exit, publisher)
+    _end_at_exit_later(publisher)
     if facts.settled_at_load:
         discovery.start()
         publisher.set_baseline(sampler())
@@ -148,11 +159,28 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
     )
 
 
-def _end_at_exit(publisher: SnapshotPublisher) -> None:
-    try:
-        publisher.end()
-    except Exception as error:
-        logger.warning("modelkv: cannot mark %s ended at exit: %s", publisher.spool_dir, error)
+_live: weakref.WeakSet[SnapshotPublisher] = weakref.WeakSet()
+"""The publishers of this process's live workers, ended at exit; held weakly (each worker holds its own)."""
+_exit_registration = threading.Lock()
+_exit_registered = False
+
+
+def _end_at_exit_later(publisher: SnapshotPublisher) -> None:
+    """End ``publisher``'s snapshot at exit, unless it ended before (one ``atexit`` entry for the process)."""
+    global _exit_registered
+    with _exit_registration:
+        _live.add(publisher)
+        if not _exit_registered:
+            atexit.register(_end_at_exit)
+            _exit_registered = True
+
+
+def _end_at_exit() -> None:
+    for publisher in list(_live):
+        try:
+            publisher.end()
+        except Exception as error:
+            logger.warning("modelkv: cannot mark %s ended at exit: %s", publisher.spool_dir, str(error))
 
 
 def after_kv_init(worker: Any, config: HookConfig, /, *args: Any, **kwargs: Any) -> None:
@@ -217,9 +245,23 @@ def after_warm_up(worker: Any, config: HookConfig) -> None:
     if hook is not None:
         record_plan(hook, worker)
         if hook.discovery is not None:
-            hook.discovery.start(lambda: runner_caches(getattr(worker, "model_runner", None)))
+            hook.discovery.start(paged_reader(worker))
         if figures_of(extensible_cache(worker)) is None:
             hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
+
+
+def paged_reader(worker: Any) -> Callable[[], list[Any]]:
+    """What reads the paged KV cache's tensors of the worker's runner now, holding the worker weakly (none once the
+    worker is gone; strongly only a worker that cannot be held weakly)."""
+    try:
+        ref: Callable[[], Any] = weakref.ref(worker)
+    except TypeError:
+        ref = lambda: worker  # noqa: E731 - the same call as the weak reference's
+
+    def read() -> list[Any]:
+        return runner_caches(getattr(ref(), "model_runner", None))
+
+    return read
 
 
 def graph_recorder(worker: Any) -> Callable[[GraphPools], None]:
@@ -316,8 +358,14 @@ def publish_sleep(worker: Any, slept_at: int | None) -> None:
 
 
 def before_shutdown(worker: Any, config: HookConfig) -> None:
-    """Mark the snapshot ended so the sidecar stops exporting it."""
+    """Mark the snapshot ended so the sidecar stops exporting it, and stop observing and discovering the model, even
+    when the spool refuses that last write (logged as text: the exception's traceback would hold the worker)."""
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     if hook is not None:
-        logger.info("modelkv: %s ended", hook.publisher.end())
-        hook.release()
+        _live.discard(hook.publisher)
+        try:
+            logger.info("modelkv: %s ended", hook.publisher.end())
+        except OSError as error:
+            logger.warning("modelkv: cannot mark %s ended: %s", hook.publisher.spool_dir, str(error))
+        finally:
+            hook.release()

@@ -11,7 +11,7 @@ process's memory with them (``modelkv_memory_breakdown_bytes``).
   graph pools (``cudagraph_memory_estimate``) to it: that is taken out, the pools being a part of their own;
 - the CUDA graph pools: torch's own books, not the device's free memory (which vLLM's ``capture_model``
   returns: it counts a neighbour's allocations on the same card and non-torch bytes such as NCCL's made
-  during the capture). The runner's ``capture_model`` is wrapped on the instance at load; it reads torch's
+  during the capture). The runner's ``capture_model`` is wrapped on its class at load (for that runner); it reads torch's
   private-pool segments (``CudaSampler.private_pools``) before and after the capture and keeps what they
   grew by, and how much of that is free blocks (the graphs' intermediate tensors, freed after the capture
   and kept for the replays: the activation part must not take them for activations). A measuring pass
@@ -27,7 +27,7 @@ import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -159,46 +159,99 @@ def eager(worker: Any) -> bool:
     return getattr(model_config, "enforce_eager", False) is True
 
 
+WRAPPED = "__modelkv_capture__"
+"""Marks the class-level ``capture_model`` wrapper (``record_graph_capture``)."""
+
+
+class _Recorded(NamedTuple):
+    """A runner whose captures are recorded (held weakly), and what records them."""
+
+    runner: weakref.ref[Any]
+    record: Callable[[GraphPools], None]
+    pools: Callable[[], PrivatePools | None]
+
+
+_recorded: dict[int, _Recorded] = {}
+"""The runners whose captures are recorded, by ``id`` (checked against the weak reference: ids are reused)."""
+_capturing: set[int] = set()
+"""The runners whose capture is being measured now: an override that calls ``super().capture_model()`` meets the
+base class's wrapper too, which passes it through."""
+
+
 def record_graph_capture(
     worker: Any, record: Callable[[GraphPools], None], pools: Callable[[], PrivatePools | None]
 ) -> bool:
-    """Wrap the worker's runner's ``capture_model`` on the instance so that ``record`` gets what its capture added to
-    torch's private pools (``pools``, read before and after; nothing is recorded when either is unknown).
+    """Arrange for ``record`` to get what the worker's runner's ``capture_model`` adds to torch's private pools
+    (``pools``, read before and after; nothing is recorded when either is unknown).
 
-    The wrapper returns what the original returns and lets its exceptions through; what ``pools`` or ``record``
-    raises is logged and swallowed. The wrapper holds the runner weakly. A runner whose instance already has its own
-    ``capture_model`` (wrapped once, or by someone else) is left alone. Returns whether it wrapped.
+    ``capture_model`` is wrapped once, on the class that defines it (``_capture_wrapper``); the runner is looked up
+    there, held weakly, so a copy of it, a runner with ``__slots__`` or another runner of its class captures as
+    before, and a later class patch replaces the wrapper or wraps it as it would the original. A runner whose
+    instance has its own ``capture_model`` (someone's instance patch), whose method is no plain function, or that
+    cannot be held weakly is left alone: its graph bytes stay unknown. Returns whether this call arranged it (False
+    for a runner already recorded).
     """
     runner = getattr(worker, "model_runner", None)
-    original = getattr(runner, "capture_model", None)
-    if runner is None or not callable(original) or "capture_model" in getattr(runner, "__dict__", {}):
+    if runner is None or "capture_model" in getattr(runner, "__dict__", {}):
         return False
-    unbound = getattr(type(runner), "capture_model", None)
-    if not callable(unbound):
+    site = next((klass for klass in type(runner).__mro__ if "capture_model" in vars(klass)), None)
+    function = None if site is None else vars(site)["capture_model"]
+    if site is None or not isinstance(function, types.FunctionType):
         return False
-    ref = weakref.ref(runner)
+    key = id(runner)
+    known = _recorded.get(key)
+    if known is not None and known.runner() is runner:
+        return False
+    try:
+        ref = weakref.ref(runner, functools.partial(_forget, key))
+    except TypeError:
+        return False
+    _recorded[key] = _Recorded(ref, record, pools)
+    if not getattr(function, WRAPPED, False):
+        site.capture_model = _capture_wrapper(function)  # type: ignore[attr-defined]
+    return True
 
-    def measure() -> PrivatePools | None:
+
+def _forget(key: int, ref: weakref.ref[Any], recorded: dict[int, _Recorded] = _recorded) -> None:
+    """A recorded runner died (weakref callback: any thread; only operations on a dict bound here, which cannot
+    raise, not even at interpreter shutdown once the module's globals are cleared)."""
+    known = recorded.get(key)
+    if known is not None and known.runner is ref:
+        recorded.pop(key, None)
+
+
+def _capture_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``capture_model`` on its class: for a recorded runner's capture (not a measuring pass, ``profile_only``),
+    record what torch's private pools grew by, once however many wrapped overrides it passes. Returns what the original returns and lets its exceptions through;
+    what reading or recording the pools raises is logged and swallowed."""
+
+    @functools.wraps(function)
+    def capture_model(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        key = id(self)
+        known = _recorded.get(key)
+        if known is None or known.runner() is not self or kwargs.get("profile_only") or key in _capturing:
+            return function(self, *args, **kwargs)
+        before = _read_pools(known.pools)
+        _capturing.add(key)
         try:
-            return pools()
-        except Exception as error:
-            logger.warning("modelkv: cannot read torch's graph pools: %s", error)
-            return None
-
-    @functools.wraps(unbound)
-    def capture_model(*args: Any, **kwargs: Any) -> Any:
-        owner = ref()
-        capturing = not kwargs.get("profile_only")
-        before = measure() if capturing else None
-        result = unbound(owner, *args, **kwargs)
-        if capturing and before is not None:
-            after = measure()
+            result = function(self, *args, **kwargs)
+        finally:
+            _capturing.discard(key)
+        after = None if before is None else _read_pools(known.pools)
+        if before is not None and after is not None:
             try:
-                if after is not None:
-                    record(GraphPools(max(0, after.total - before.total), max(0, after.free - before.free)))
+                known.record(GraphPools(max(0, after.total - before.total), max(0, after.free - before.free)))
             except Exception as error:
                 logger.warning("modelkv: cannot record the CUDA graph pools: %s", error)
         return result
 
-    runner.capture_model = capture_model
-    return True
+    setattr(capture_model, WRAPPED, True)
+    return capture_model
+
+
+def _read_pools(pools: Callable[[], PrivatePools | None]) -> PrivatePools | None:
+    try:
+        return pools()
+    except Exception as error:
+        logger.warning("modelkv: cannot read torch's graph pools: %s", error)
+        return None
