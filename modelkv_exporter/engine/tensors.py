@@ -96,12 +96,6 @@ def weigh(tensor: Any, out: dict[StorageKey, int], *, empty: bool = False) -> bo
     return known
 
 
-def storage_size(tensor: Any) -> int | None:
-    """Bytes of the distinct storages behind ``tensor``; None when they cannot be read (see ``weigh``)."""
-    found: dict[StorageKey, int] = {}
-    return sum(found.values()) if weigh(tensor, found) else None
-
-
 def dispatches_to_python(tensor: Any) -> bool:
     """Whether reading ``tensor``'s sizes, device or layout may run Python (a subclass or a mode's
     ``__torch_dispatch__``), from its dispatch keys; True for anything that is not a tensor."""

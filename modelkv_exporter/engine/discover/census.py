@@ -235,15 +235,6 @@ class CensusResult:
                 yield index, self.sizes[index], self.counts[index]
 
 
-def storage_key(tensor: torch.Tensor) -> tuple[StorageKey, int] | None:
-    """``((device, data pointer), nbytes)`` of the storage behind ``tensor``; None for one without a storage."""
-    found: dict[StorageKey, int] = {}
-    if not tensors.weigh(tensor, found) or len(found) != 1:
-        return None
-    ((key, size),) = found.items()
-    return key, size
-
-
 def census(
     modules: ModuleMap,
     budget: Budget,

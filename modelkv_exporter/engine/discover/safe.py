@@ -200,20 +200,15 @@ def getters(cls: type) -> tuple[Any, tuple[Any, ...]]:
 
 
 def instance_dict(obj: Any) -> dict[str, Any] | None:
-    """``obj``'s own attribute dict, never through a ``__dict__`` property (None: it has none, or its class hides it)."""
-    dict_getter, _ = getters(type(obj))
-    if dict_getter is None:
-        return None
-    try:
-        found = dict_getter.__get__(obj, type(obj))
-    except Exception:
-        return None
+    """``obj``'s own attribute dict, never through a ``__dict__`` property (None: it has none, its class hides it, or
+    it is a dict subclass)."""
+    found = raw_instance_dict(obj)
     return found if type(found) is dict else None
 
 
 def raw_instance_dict(obj: Any) -> dict[str, Any] | None:
-    """``obj``'s own attribute dict as ``instance_dict`` finds it, a dict subclass included: read it only through
-    ``dict``'s own methods (``dict.items(d)``), never its class's."""
+    """``obj``'s own attribute dict, never through a ``__dict__`` property, a dict subclass included: read it only
+    through ``dict``'s own methods (``dict.items(d)``), never its class's."""
     dict_getter, _ = getters(type(obj))
     if dict_getter is None:
         return None

@@ -356,11 +356,7 @@ def touch(layer: Any) -> None:
     except Unweighable as problem:
         record.owner.unknown = str(problem)
         return
-    if size != record.reported:
-        record.reported = size
-        changes.append((record, size))
-        if record.owner.on_change is not None or len(changes) > BACKLOG:
-            _try_drain()
+    hand_over(record, size)
     if record.copies:
         remeasure(record.copies)
 

@@ -222,8 +222,9 @@ def _forget(key: int, ref: weakref.ref[Any], recorded: dict[int, _Recorded] = _r
 
 def _capture_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
     """``capture_model`` on its class: for a recorded runner's capture (not a measuring pass, ``profile_only``),
-    record what torch's private pools grew by, once however many wrapped overrides it passes. Returns what the original returns and lets its exceptions through;
-    what reading or recording the pools raises is logged and swallowed."""
+    record what torch's private pools grew by, once however many wrapped overrides it passes. Returns what the
+    original returns and lets its exceptions through; what reading or recording the pools raises is logged and
+    swallowed."""
 
     @functools.wraps(function)
     def capture_model(self: Any, /, *args: Any, **kwargs: Any) -> Any:
