@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from transformers import EncoderDecoderCache, Qwen2Config
 
 from modelkv_exporter.contract.snapshot import Observation
+from modelkv_exporter.engine.log import flush
 from modelkv_exporter.engine.observe import Observer
 
 HEADS, HEAD_DIM, LAYERS = 2, 8, 3
@@ -86,3 +89,18 @@ def add(observer: Observer, *owners: object) -> None:
 def figures(observer: Observer, owner: object) -> Observation:
     """``owner``'s observation from a fresh sample (which starts the next interval)."""
     return next(o for o in observer.sample() if o.owner == str(id(owner)))
+
+
+@contextlib.contextmanager
+def engine_log_handler(handler: logging.Handler) -> Iterator[None]:
+    """``handler`` on the engine side's logger at INFO for the block, with the report queue flushed on either side."""
+    flush()
+    logger = logging.getLogger("vllm.modelkv_exporter")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.level = level
+        flush()

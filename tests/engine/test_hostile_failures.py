@@ -24,7 +24,7 @@ from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import Observer, hooks, install
 from modelkv_exporter.engine.observe import observer as observer_module
 from modelkv_testbed.snapshots import make_snapshot
-from tests.engine.observing import Owner, add, figures, kv
+from tests.engine.observing import Owner, add, engine_log_handler, figures, kv
 
 WRAPPER_FRAMES = 3
 """Python frames the hooks add to an owner call that first updates a cache: the owner's method wrapper, ``update``'s
@@ -44,17 +44,9 @@ class Lines(logging.Handler):
 
 @pytest.fixture
 def lines() -> Iterator[Lines]:
-    flush()
     handler = Lines()
-    logger = logging.getLogger("vllm.modelkv_exporter")
-    logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
-    try:
+    with engine_log_handler(handler):
         yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.level = level
-        flush()
 
 
 def first_update(self: Owner) -> torch.Tensor:

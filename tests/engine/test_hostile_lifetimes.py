@@ -48,7 +48,7 @@ from modelkv_exporter.engine.vllm_hook import plugin as vllm_plugin
 from modelkv_exporter.sidecar.reader.decode import parse_snapshot
 from modelkv_testbed.snapshots import make_snapshot
 from tests.engine.extensible_stand_in import MIB, Gpu, SleepAllocator, StandInWorker, kv_cache_config, run_engine_core
-from tests.engine.observing import Owner, add
+from tests.engine.observing import Owner, add, engine_log_handler
 
 ENGINE_LOGGER = "vllm.modelkv_exporter"
 
@@ -217,17 +217,9 @@ class Exiting(logging.Handler):
 
 @pytest.fixture
 def exiting() -> Iterator[Exiting]:
-    flush()
     handler = Exiting()
-    logger = logging.getLogger(ENGINE_LOGGER)
-    logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
-    try:
+    with engine_log_handler(handler):
         yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.level = level
-        flush()
 
 
 def heartbeat_at(path: Path) -> float:
