@@ -81,6 +81,11 @@ def get(port: int, path: str = "/metrics", gzip: bool = False) -> tuple[float, b
     return elapsed, body
 
 
+def ratio(mine: float, theirs: float) -> str:
+    """``mine / theirs`` as a table cell; where the peer answered no request there is no ratio to print."""
+    return f"{mine / theirs:.2f}x" if theirs > 0 else "(the peer answered none)"
+
+
 def rss_mib(pid: int) -> float:
     text = Path(f"/proc/{pid}/status").read_text()
     return int(text.split("VmRSS:")[1].split()[0]) / 1024
@@ -206,9 +211,9 @@ def main() -> int:
                     if peer in results:
                         mine = [statistics.median(c) for c in zip(*results["modelkv"], strict=True)]
                         theirs = [statistics.median(c) for c in zip(*results[peer], strict=True)]
-                        plain_ratio = mine[0] / max(theirs[0], 1e-9)
-                        gzip_ratio = mine[3] / max(theirs[3], 1e-9)
-                        ratios.append(f"modelkv / {peer}: {plain_ratio:.2f}x plain, {gzip_ratio:.2f}x gzip")
+                        ratios.append(
+                            f"modelkv / {peer}: {ratio(mine[0], theirs[0])} plain, {ratio(mine[3], theirs[3])} gzip"
+                        )
                 print(f"|  | {'; '.join(ratios)} |  |  |  |  |  |  |", flush=True)
                 node = statistics.median(get(servers["node_exporter"].port)[0] for _ in range(5))  # type: ignore[attr-defined]
                 one = change_cost(servers["modelkv"].port, spool, snapshots, everything=False)  # type: ignore[attr-defined]
