@@ -42,6 +42,7 @@ def rendered(command: list[str]) -> str:
     name, chart = command[2:4]
     namespace = command[command.index("--namespace") + 1]
     if (ROOT / chart).is_dir():
+        assert not [a for a in command if a.startswith(("--set", "-f", "--values"))], "rendered with the defaults"
         manifests = helm.Chart.load(ROOT / chart).render({}, name=name, namespace=namespace)
         return "".join(f"---\n{text}\n" for path, text in manifests.items() if not path.endswith("/NOTES.txt"))
     renderer = command[command.index("--post-renderer") + 1]
