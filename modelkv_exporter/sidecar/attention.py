@@ -35,6 +35,8 @@ CLI = "modelkv-exporter"
 """The command as the page writes it (the sidecar image has it on ``PATH``)."""
 RUNBOOK_DOC = "docs/runbook.md"
 """Where the runbook is in a checkout, named when no runbook address is set."""
+SIDECAR_CONTAINER = "modelkv-exporter"
+"""The sidecar container's name in the manifests and the post-renderer's pods."""
 
 
 class Concern(str, Enum):
@@ -73,6 +75,11 @@ class NextStep:
         """The command to run, as a person types it; without ``spool`` it reads ``MODELKV_SPOOL_DIR`` (which the
         sidecar's container sets)."""
         return f"{cli} {self.command} {spool}".rstrip()
+
+    def in_pod(self) -> str:
+        """The command as typed on a laptop with ``kubectl``: run in the sidecar's container of the engine's pod,
+        whose ``PATH`` has the command and whose ``MODELKV_SPOOL_DIR`` names the spool."""
+        return f"kubectl exec <pod> -n <namespace> -c {SIDECAR_CONTAINER} -- {self.command_line()}"
 
     @property
     def anchor(self) -> str:

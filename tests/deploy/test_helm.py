@@ -321,9 +321,15 @@ def test_notes_tell_how_to_add_the_sidecar_with_the_image() -> None:
     assert "--image=registry.example.com/modelkv-exporter:0.1.1" in notes and "modelkv-sidecar.py" in notes
 
 
-def post_render(manifests: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The post-renderer as Helm runs it: manifests on stdin, patched manifests on stdout."""
-    return subprocess.run([sys.executable, str(POST_RENDERER), *args], input=manifests, capture_output=True, text=True)
+IMAGE = "registry.example.com/modelkv-exporter:0.1.0"
+"""The sidecar image the tests pass: the post-renderer refuses to run without one."""
+
+
+def post_render(manifests: str, *args: str, image: str | None = IMAGE) -> subprocess.CompletedProcess[str]:
+    """The post-renderer as Helm runs it: manifests on stdin, patched manifests on stdout; ``--image`` unless
+    ``image`` is None."""
+    command = [sys.executable, str(POST_RENDERER), *args, *(["--image", image] if image else [])]
+    return subprocess.run(command, input=manifests, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize(
@@ -332,7 +338,7 @@ def post_render(manifests: str, *args: str) -> subprocess.CompletedProcess[str]:
 )
 def test_post_renderer_adds_the_sidecar(shape: str, selector: str, rendered: list[dict[str, Any]]) -> None:
     manifests = (ENGINE_CHARTS / shape).read_text()
-    result = post_render(manifests, "--selector", selector, "--image", "registry.example.com/modelkv-exporter:0.1.0")
+    result = post_render(manifests, "--selector", selector)
     assert result.returncode == 0, result.stderr
     before = [d for d in yaml.safe_load_all(manifests) if d]
     after = [d for d in yaml.safe_load_all(result.stdout) if d]
@@ -347,7 +353,7 @@ def test_post_renderer_adds_the_sidecar(shape: str, selector: str, rendered: lis
     pod = workload["spec"]["template"]
     spec = pod["spec"]
     (sidecar,) = [c for c in spec["initContainers"] if c["name"] == parts["initContainer"]["name"]]
-    assert sidecar == {**parts["initContainer"], "image": "registry.example.com/modelkv-exporter:0.1.0"}
+    assert sidecar == {**parts["initContainer"], "image": IMAGE}
     assert sidecar["restartPolicy"] == "Always" and spec["initContainers"][-1] is sidecar
     assert_restricted(sidecar)
     assert {p["name"] for p in sidecar["ports"]} == {"modelkv-metrics", "modelkv-probe"}
@@ -387,7 +393,8 @@ def test_post_renderer_rebuilds_the_base_deployment() -> None:
     engine["env"] = [e for e in engine["env"] if e["name"] != "MODELKV_SPOOL_DIR"]
     engine["volumeMounts"] = [m for m in engine["volumeMounts"] if m["name"] != "modelkv-spool"]
     del bare["spec"]["template"]["metadata"]["labels"]["modelkv-exporter/scrape"]
-    result = post_render(yaml.safe_dump(bare), "--selector", "app.kubernetes.io/name=vllm-omni")
+    image = base["spec"]["template"]["spec"]["initContainers"][0]["image"]
+    result = post_render(yaml.safe_dump(bare), "--selector", "app.kubernetes.io/name=vllm-omni", image=image)
     assert result.returncode == 0, result.stderr
     rebuilt = yaml.safe_load(result.stdout)
     rebuilt_engine = rebuilt["spec"]["template"]["spec"]["containers"][0]
@@ -463,7 +470,7 @@ def test_post_renderer_adds_the_sidecar_to_every_pod_of_a_leader_worker_set() ->
         for version in SUPPORTED_VERSIONS:
             kubernetes_validate.validate(_pod(template), version, strict=True)
         spec = template["spec"]
-        assert spec["initContainers"][-1] == parts["initContainer"], label
+        assert spec["initContainers"][-1] == {**parts["initContainer"], "image": IMAGE}, label
         assert parts["volume"] in spec["volumes"], label
         assert parts["podLabels"].items() <= template["metadata"]["labels"].items(), label
         (engine,) = spec["containers"]

@@ -366,6 +366,68 @@ def test_alerts_follow_the_monitoring_mixin_conventions() -> None:
             assert f"`{rule['record']}`" in runbook, rule["record"]
 
 
+WHAT_TO_DO_NOW = "**What to do now.**"
+"""How every alert's runbook section opens: numbered steps for the person paged, a command in the first."""
+FIRST_COMMAND_WORDS = 16
+"""Words of a section within which its first command starts."""
+FIRST_STEP_WORDS = 60
+"""Words of a section within which its first step, the command with what to keep or look for, has ended."""
+WHAT_TO_DO_NOW_WORDS = 150
+"""The most words the steps may take, so that what the alert means follows soon after."""
+COMMAND = re.compile(r"`(?:kubectl|curl|amtool|modelkv-exporter) ")
+
+
+def runbook_sections(text: str) -> dict[str, str]:
+    """Each ``## `` section of the runbook by its heading, without the heading."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"(?ms)^## ([^\n]+)\n(.*?)(?=^## |\Z)", text)}
+
+
+def what_to_do_now_problems(text: str, names: set[str]) -> list[str]:
+    """Why the sections of the alerts ``names`` do not open with what to do now, one line each; none when they do."""
+    sections, problems = runbook_sections(text), []
+    for name in sorted(names):
+        body = sections.get(name, "").strip()
+        if not body:
+            problems.append(f"{name}: no section")
+            continue
+        block = body.split("\n\n", 1)[0]
+        numbers = re.findall(r"(?m)^(\d+)\. ", block)
+        if not block.startswith(WHAT_TO_DO_NOW + "\n1. ") or numbers != [str(n + 1) for n in range(len(numbers))]:
+            problems.append(f"{name}: does not open with {WHAT_TO_DO_NOW} and numbered steps")
+            continue
+        first = re.split(r"(?m)^\d+\. ", block)[1]
+        command = COMMAND.search(first)
+        if command is None or len((WHAT_TO_DO_NOW + " " + first[: command.start()]).split()) > FIRST_COMMAND_WORDS:
+            problems.append(f"{name}: the first step does not start with a command")
+        if len((WHAT_TO_DO_NOW + " " + first).split()) > FIRST_STEP_WORDS:
+            problems.append(f"{name}: the first step ends after {FIRST_STEP_WORDS} words")
+        if len(block.split()) > WHAT_TO_DO_NOW_WORDS:
+            problems.append(f"{name}: what to do now takes more than {WHAT_TO_DO_NOW_WORDS} words")
+    return problems
+
+
+def test_every_alerts_runbook_section_opens_with_what_to_do_now() -> None:
+    """On call reaches the first command within a few words of the alert's heading, and the steps are short; every
+    alert in the rule file has its section. Checked on the runbook broken three ways, each of which it reports."""
+    names = {alert["alert"] for alert in alerts()}
+    runbook = RUNBOOK.read_text()
+    assert what_to_do_now_problems(runbook, names) == []
+    growth = runbook_sections(runbook)["ModelKVUndeclaredMemoryGrowth"]
+    steps, meaning = growth.strip().split("\n\n", 2)[:2]
+    below_meaning = runbook.replace(
+        growth.strip(), growth.strip().replace(f"{steps}\n\n{meaning}", f"{meaning}\n\n{steps}")
+    )
+    without_command = runbook.replace(steps, re.sub(r"`[^`]*`", "the sidecar's output", steps, count=4))
+    without_section = runbook.replace("## ModelKVSnapshotStale\n", "## Snapshot staleness\n")
+    assert what_to_do_now_problems(below_meaning, names) == [
+        f"ModelKVUndeclaredMemoryGrowth: does not open with {WHAT_TO_DO_NOW} and numbered steps"
+    ]
+    assert what_to_do_now_problems(without_command, names) == [
+        "ModelKVUndeclaredMemoryGrowth: the first step does not start with a command"
+    ]
+    assert what_to_do_now_problems(without_section, names) == ["ModelKVSnapshotStale: no section"]
+
+
 def test_predictions_warn_before_they_turn_critical() -> None:
     by_name: dict[str, list[dict]] = {}
     for alert in alerts():

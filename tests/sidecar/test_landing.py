@@ -383,7 +383,7 @@ def test_a_newcomer_reads_what_is_wrong_with_each_demo_engine_and_what_fixes_it(
     for figure in ("layers=8,", "kv_heads=16,", "head_dim=64,", "dtype=torch.float32,", "rows=RowDriver.MAX_NUM_SEQS"):
         assert figure in eager, f"the declared geometry, sized to what was held: {figure}"
     assert (
-        "Run: modelkv-exporter check (in the sidecar's container: kubectl exec POD -c modelkv-exporter -- "
+        "Run: modelkv-exporter check (from a laptop: kubectl exec <pod> -n <namespace> -c modelkv-exporter -- "
         "modelkv-exporter check; each owner's verdict and the declaration to write" in eager
     ), eager
     assert str(spool) not in page, "the page shows no paths"
@@ -392,7 +392,7 @@ def test_a_newcomer_reads_what_is_wrong_with_each_demo_engine_and_what_fixes_it(
     streaming = _problem(page, UNDECLARED)
     assert "undeclared cache apm.streaming_kv (StreamingAudioKVCache) holds 70.3 MiB it does not declare" in streaming
     assert "Fix: declare the cache: add model_local_kv_specs() to the module's class" in streaming
-    assert "Run: modelkv-exporter check (in the sidecar's container" in streaming
+    assert "Run: modelkv-exporter check (from a laptop: kubectl exec <pod>" in streaming
     assert "Runbook: ModelKVUndeclaredCache in docs/runbook.md#modelkvundeclaredcache" in streaming
 
     section = page.split('<section id="attention"', 1)[1].split("</section>", 1)[0]

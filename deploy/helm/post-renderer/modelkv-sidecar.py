@@ -20,11 +20,15 @@ every pod of the group runs vLLM workers. Any other object the selector matches 
 Job, a DaemonSet, an Argo Rollout, a bare Pod) is refused by name, never passed through unpatched in
 silence. Everything else passes through unchanged. What it changed, workload by workload, is written to
 standard error. A workload that already has the sidecar is left as it is, so running it twice changes
-nothing. It fails when the selector matches no workload. Needs Python 3.9+ and PyYAML.
+nothing. It fails when the selector matches no workload. It refuses to run without ``--image`` (or
+``$MODELKV_EXPORTER_IMAGE``), with status 2: ``sidecar.yaml``'s image is the base's placeholder, which no
+registry serves, and a native sidecar whose image cannot be pulled keeps the engine container from ever
+starting. Needs Python 3.9+ and PyYAML.
 
     helm install vllm vllm/vllm-stack -f my-values.yaml \\
         --post-renderer ./deploy/helm/post-renderer/modelkv-sidecar.py \\
-        --post-renderer-args=--selector=helm-release-name=vllm
+        --post-renderer-args=--selector=helm-release-name=vllm \\
+        --post-renderer-args=--image=registry.example.com/modelkv-exporter:0.1.0
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ TEMPLATES = {
 }
 """Where each workload kind it patches keeps its pod templates (a LeaderWorkerSet's leader template is optional)."""
 KNOWN = ", ".join(kind for _, kind in TEMPLATES)
+MISSING_IMAGE = (
+    "give --image (or set MODELKV_EXPORTER_IMAGE) to the sidecar image your cluster pulls, e.g. "
+    "--post-renderer-args=--image=registry.example.com/modelkv-exporter:0.1.0: the image in sidecar.yaml is a "
+    "placeholder no registry serves, and a native sidecar that cannot be pulled keeps the engine from starting"
+)
 
 
 def parse_selector(text: str) -> dict[str, str]:
@@ -240,7 +249,7 @@ def post_render(
 
 def main(argv: list[str] | None = None) -> int:
     """Read the manifests on stdin, write them patched on stdout and what changed on stderr; errors go to stderr
-    with status 1."""
+    with status 1, a missing ``--selector`` or ``--image`` with status 2 before anything is read."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "-l",
@@ -254,11 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--image",
         default=os.environ.get("MODELKV_EXPORTER_IMAGE"),
-        help="the sidecar image (or $MODELKV_EXPORTER_IMAGE); default: sidecar.yaml's",
+        help="the sidecar image you pushed, e.g. registry.example.com/modelkv-exporter:0.1.0 "
+        "(or $MODELKV_EXPORTER_IMAGE); required",
     )
     args = parser.parse_args(argv)
     if not args.selector:
         parser.error("give --selector or set MODELKV_SELECTOR")
+    if not args.image:
+        parser.error(MISSING_IMAGE)
     report: list[str] = []
     try:
         patched = post_render(sys.stdin.read(), parse_selector(args.selector), args.container, args.image, report)

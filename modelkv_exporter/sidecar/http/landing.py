@@ -31,8 +31,6 @@ from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
 
-SIDECAR_CONTAINER = "modelkv-exporter"
-"""The sidecar container's name in the manifests and the post-renderer's pods."""
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 LINKS = (
     ("/metrics", "Prometheus metrics"),
@@ -304,9 +302,7 @@ def _finding_html(finding: Finding, guidance: Guidance) -> str:
     """One finding: what is wrong, then the fix, the suggested declaration, the command and the runbook section."""
     step = finding.step
     command = step.command_line(guidance.spool, guidance.cli)
-    where = (
-        "" if guidance.spool else f"in the sidecar's container: kubectl exec POD -c {SIDECAR_CONTAINER} -- {command}; "
-    )
+    where = "" if guidance.spool else f"from a laptop: {step.in_pod()}; "
     return (
         f'<div class="finding"><p class="what"><span class="concern">{escape(finding.concern.value)}</span> '
         f"{escape(finding.detail)}</p>"
