@@ -223,3 +223,28 @@ def test_the_layers_extra_tensors_are_weighed_whether_declared_or_not() -> None:
     declared = run(Doubling([declare(physical_capacity_positions=LONGEST)], MADE_AT), MADE_AT).owner("")
     undeclared = run(Doubling([], MADE_AT), MADE_AT).owner("")
     assert declared.observed_bytes == undeclared.observed_bytes == 2 * LAYERS * MADE_AT * HEADS * LONGEST * HEAD_DIM * 4
+
+
+def test_the_max_num_seqs_rule_broken_on_purpose_turns_the_ring_fixed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without max_num_seqs, rows that stay at max_num_seqs are a fixed count: the exact declaration is blamed for
+    rows, and the suggestion, FIXED 4, under-reports at 8 sequences (what main did)."""
+    from modelkv_exporter.testing import infer
+    from modelkv_exporter.testing import run as run_module
+
+    real = infer.infer_rows
+    monkeypatch.setattr(run_module, "infer_rows", lambda peaks, max_num_seqs=None: real(peaks))
+    report = run(StaticRing([declare()], MADE_AT), MADE_AT)
+    assert "rows" in [problem.field for problem in report.owner("").problems], report.text()
+    (suggestion,) = run(StaticRing([], MADE_AT), MADE_AT).owner("").suggestions
+    assert "rows=RowDriver.FIXED," in suggestion.code and f"rows_fixed={MADE_AT}," in suggestion.code
+
+
+def test_the_layer_parts_broken_on_purpose_blame_the_right_int8_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a layer's bytes read as its keys' geometry alone, the scales inflate the int8 data's positions and the
+    scales spec declares a dtype no layer seems to hold: the right declaration fails."""
+    from modelkv_exporter.testing import layout
+
+    monkeypatch.setattr(layout, "layer_parts", lambda layer, size: [(layout.layer_geometry(layer, size), size)])
+    report = run(Int8Cache(BY_NAME["int8_with_scales"].right(), MADE_AT), MADE_AT)
+    assert report.owner("").verdict.kind is VerdictKind.HOLDS, "the bytes still hold"
+    assert "dtype" in [problem.field for problem in report.owner("").problems], report.text()
