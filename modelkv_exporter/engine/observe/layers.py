@@ -107,6 +107,7 @@ _plans: dict[type, Plan] = {}
 def forget_plans() -> None:
     """Drop every cached plan (when the observer is removed)."""
     _plans.clear()
+    _holds_no_tensor.clear()
 
 
 def plan_for(cls: type) -> Plan:
@@ -230,9 +231,21 @@ def _is_kv_tensor(value: Any) -> bool:
         return bool(_dim_of(value) != 0)
 
 
+_holds_no_tensor: dict[type, bool] = {}
+"""Per type of an attribute's value: True when no value of it is a tensor or a container of tensors (told once a
+type: ``issubclass`` against ``torch.Tensor`` costs a microsecond on the hot path)."""
+
+
 def _held_tensors(value: object) -> list[Any]:
     """The KV tensors in one attribute's value: the tensor itself, or those in a list, tuple or dict."""
     kind = type(value)
+    plain = _holds_no_tensor.get(kind)
+    if plain is None:
+        plain = _holds_no_tensor[kind] = not (
+            issubclass(kind, _Tensor) or kind is dict or kind is list or kind is tuple
+        )
+    if plain:
+        return []
     if kind is dict:
         items: Any = dict.values(value)  # type: ignore[arg-type]
     elif kind is list or kind is tuple:
@@ -326,7 +339,7 @@ def measure(layer: Any, plan: Plan, shared: tuple[Any, ...] = ()) -> int:
                 seen.append(tensor)
                 size += _bytes_of(tensor) if is_tensor(tensor) else sum(map(_bytes_of, _held_tensors(tensor)))
         return size
-    if plan.keys_and_values:
+    if plan.keys_and_values or (plan.every and kv_names(state, plan) == ("keys", "values")):
         return pair_bytes(_get(state, "keys"), _get(state, "values"))
     return sum(storages(layer, plan).values())
 
