@@ -28,6 +28,14 @@ TESTING_HINT = (
     "run modelkv_exporter.testing on the model (docs/declaring-caches.md) for a suggestion with its geometry checked"
 )
 
+UNOBSERVED = (
+    "nothing judged: this snapshot carries declarations and no observations (a one-shot publish() without "
+    "observer=, or an engine that does not observe): a verdict needs what the caches held, which a running "
+    "engine observes (the vLLM plugin, SnapshotPublisher with observer.sample) or publish(model, ..., "
+    "observer=observer) writes after the model ran; or " + TESTING_HINT
+)
+"""What ``check`` says of an engine whose snapshot has declarations and no observation at all."""
+
 
 @dataclass(frozen=True)
 class OwnerVerdict:
@@ -134,6 +142,8 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
         items = owner_verdicts(snapshot)
         if not items:
             parts.append("  no owner declares a cache or was discovered")
+        elif snapshot.declarations and not snapshot.observations:
+            parts.append(_wrapped(f"  FAIL {UNOBSERVED}", width, ""))
         judged += len(items) + len(snapshot.dropped_declarations or ())
         for item in items:
             passing = passing and item.verdict.ok

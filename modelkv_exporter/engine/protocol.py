@@ -13,6 +13,7 @@ vLLM-Omni's own module work wherever ours do.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -39,6 +40,7 @@ __all__ = [
     "collect_owned_specs",
     "driver_value",
     "element_size",
+    "near_misses",
     "spec_from_hf_config",
 ]
 
@@ -253,6 +255,40 @@ def _owners(root: object) -> list[tuple[str, HasModelLocalKV]]:
 def declaring_owners(model: object) -> list[tuple[str, HasModelLocalKV]]:
     """Every object in a loaded model that declares model-local KV, with its module path (``""`` = root)."""
     return _owners(_unwrap_to_module(model))
+
+
+NEAR_MISS_RATIO = 0.85
+"""How alike a method name must be to ``model_local_kv_specs`` (``difflib``'s ratio) to be named as a misspelling."""
+
+
+def _near_miss_names(kind: type) -> tuple[str, ...]:
+    """Names defined by ``kind`` or a base outside torch that look like ``model_local_kv_specs`` and are not it."""
+    if hasattr(kind, _METHOD):
+        return ()
+    found: list[str] = []
+    for klass in kind.__mro__:
+        if klass.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        for name in vars(klass):
+            if name != _METHOD and difflib.SequenceMatcher(None, name, _METHOD).ratio() >= NEAR_MISS_RATIO:
+                found.append(name)
+    return tuple(dict.fromkeys(found))
+
+
+def near_misses(model: object) -> list[tuple[str, str, str]]:
+    """``(path, class, name)`` of every module that defines a method named almost ``model_local_kv_specs``
+    (``model_local_kv_spec``, ``model_local_kv_spces``) and not that one: a declaration the engine never asks for."""
+    root = _unwrap_to_module(model)
+    modules = walk_modules(root) if isinstance(root, torch.nn.Module) else iter([("", root)])
+    by_type: dict[type, tuple[str, ...]] = {}
+    found = []
+    for path, module in modules:
+        kind = type(module)
+        names = by_type.get(kind)
+        if names is None:
+            names = by_type[kind] = _near_miss_names(kind)
+        found += [(path, kind.__name__, name) for name in names]
+    return found
 
 
 class OwnedSpec(NamedTuple):

@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelkv_exporter.contract.snapshot import EngineIdentity, EngineSettings, Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.engine.protocol import collect_declarations
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
+
+if TYPE_CHECKING:
+    from modelkv_exporter.engine.observe import Observer
 
 _IDENTITY_FIELDS = frozenset(f.name for f in fields(EngineIdentity)) - {"engine_id"}
 _SETTING_FIELDS = frozenset(f.name for f in fields(EngineSettings)) - {"max_num_seqs"}
@@ -64,12 +67,18 @@ def publish(
     spool_dir: str | os.PathLike[str],
     max_num_seqs: int | None,
     engine_id: str,
+    observer: Observer | None = None,
     **identity: Any,
 ) -> Path:
     """Write ``model``'s resolved declarations as engine ``engine_id``'s snapshot; return its path.
 
+    With ``observer`` (``engine.observe.install(declaring_owners(model))``, the model driven since), the snapshot
+    carries what each owner's caches held (``observer.sample()``), so that ``modelkv-exporter check`` can judge
+    the declarations; without it, declarations only, which nothing can judge.
     A one-shot snapshot carries no heartbeat interval, so the sidecar never marks
     it stale; use ``SnapshotPublisher`` to keep a live engine's snapshot beating.
     """
     snapshot = build_snapshot(model, max_num_seqs=max_num_seqs, engine_id=engine_id, **identity)
+    if observer is not None:
+        snapshot = replace(snapshot, observations=observer.sample())
     return write_snapshot(spool_dir, snapshot)

@@ -7,6 +7,8 @@ from dataclasses import replace
 from enum import Enum
 from typing import Any
 
+import torch
+
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import Declaration, DroppedDeclaration
 from modelkv_exporter.contract.validity import declaration_problems, record_problems
@@ -42,9 +44,14 @@ def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_
     Every field is checked by the rules the sidecar's reader applies (``contract/validity.py``), before
     any arithmetic: a value of the wrong type (``layers='6'``, ``kv_heads=2.5``, ``scope=...``) or out of
     bounds (``scope="forever"``, negative positions) raises ``InvalidDeclaration`` naming the field, and is
-    never coerced. Without ``max_num_seqs`` (an engine that has none) a per-sequence spec has no peak: it
-    raises rather than being published at a made-up row count.
+    never coerced; a ``dtype`` that is not a ``torch.dtype`` (``"float32"``) is refused the same way. Without
+    ``max_num_seqs`` (an engine that has none) a per-sequence spec has no peak: it raises rather than being
+    published at a made-up row count.
     """
+    if type(spec.dtype) is not torch.dtype:
+        raise InvalidDeclaration(
+            "dtype", f"must be a torch.dtype (torch.float32), got {type(spec.dtype).__name__} {spec.dtype!r}"
+        )
     values: dict[str, Any] = {
         "owner": owner_path,
         "owner_class": owner_class,

@@ -35,6 +35,9 @@ class VerdictKind(str, Enum):
     UNUSED = "unused"
     """It declares caches, was called, and never created or used one."""
 
+    HELD_ELSEWHERE = "held_elsewhere"
+    """It declares caches it did not hold: it wrote a cache another module holds (which counts it)."""
+
     NOTHING = "nothing"
     """It declares nothing and held nothing."""
 
@@ -59,7 +62,8 @@ class Verdict:
     declared_bytes: int
     observed_bytes: int | None
     detail: str = ""
-    """Why it could not be observed (``UNKNOWN``), or which bound the run did not reach (``NOT_REACHED``)."""
+    """Why it could not be observed (``UNKNOWN``), which bound the run did not reach (``NOT_REACHED``), or which
+    module holds the cache it declares (``HELD_ELSEWHERE``)."""
 
     @property
     def ok(self) -> bool:
@@ -90,6 +94,7 @@ class Verdict:
             VerdictKind.NOT_REACHED: f"held {observed} of the {declared} it declares; bound not reached",
             VerdictKind.UNDECLARED: f"declares nothing but held {observed}",
             VerdictKind.UNUSED: f"declared cache never used: declares {declared}, was called and held nothing",
+            VerdictKind.HELD_ELSEWHERE: f"declares a cache another module holds: declares {declared}, held {observed}",
             VerdictKind.NOTHING: "declares nothing and held nothing",
             VerdictKind.UNKNOWN: "not observed",
         }
@@ -106,6 +111,7 @@ def judge(
     reached: bool | None,
     not_reached: str = "",
     unobserved: str = "",
+    held_by: str = "",
 ) -> Verdict:
     """The verdict for one owner.
 
@@ -114,12 +120,22 @@ def judge(
     ``calls``/``cache_calls``: calls into the owner, and those that used a cache (None: unknown).
     ``reached``: True when the run reached the declared bound, False when it did not, None when
     that is not known (a running engine); ``not_reached`` says which bound was missed.
+    ``held_by``: the module holding a cache this owner wrote (a model author's check): holding less than it declares
+    is then a declaration of that module's cache, which counts there (a cache counts once).
     """
     if observed_bytes is None:
         return Verdict(VerdictKind.UNKNOWN, declared_bytes, None, unobserved or "its caches could not be observed")
     if declared_bytes <= 0:
         kind = VerdictKind.UNDECLARED if observed_bytes > 0 else VerdictKind.NOTHING
         return Verdict(kind, 0, observed_bytes)
+    if held_by and observed_bytes < declared_bytes:
+        return Verdict(
+            VerdictKind.HELD_ELSEWHERE,
+            declared_bytes,
+            observed_bytes,
+            f"it wrote a cache that {held_by} holds, and a cache counts once, for the module that holds it: declare "
+            f"it there, not here",
+        )
     if observed_bytes == 0 and cache_calls == 0 and calls:
         return Verdict(VerdictKind.UNUSED, declared_bytes, 0, f"{calls} calls, none used a cache")
     if observed_bytes > declared_bytes:

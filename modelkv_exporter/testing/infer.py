@@ -47,10 +47,12 @@ def _held_text(rows: int, caches: int) -> str:
     return f"{rows} rows" + (f" in {caches} caches" if caches > 1 else "")
 
 
-def infer_rows(peaks: Sequence[CallPeak]) -> Rows:
+def infer_rows(peaks: Sequence[CallPeak], max_num_seqs: int | None = None) -> Rows:
     """One row per sequence when every labelled batch held as many rows as its size (or the same multiple of
     it: a row in each of several caches), over two batch sizes at least; a fixed count when the rows stayed
-    the same over two batch sizes or more. Rows are every live cache object's rows added."""
+    the same over two batch sizes or more, except that a count equal to ``max_num_seqs`` (the run's), above the
+    smallest batch, is a cache sized for ``max_num_seqs`` (a slot per sequence, allocated at first use): one row per
+    sequence. Rows are every live cache object's rows added."""
     by_batch: dict[int, tuple[int, int]] = {}
     for peak in peaks:
         if peak.batch is not None:
@@ -87,6 +89,13 @@ def infer_rows(peaks: Sequence[CallPeak]) -> Rows:
         )
     if len({rows for rows, _ in by_batch.values()}) == 1:
         ((rows, caches), *_) = by_batch.values()
+        if max_num_seqs is not None and rows == max_num_seqs > min(by_batch):
+            return Rows(
+                RowDriver.MAX_NUM_SEQS,
+                1,
+                f"sized for max_num_seqs: {_held_text(rows, caches)} whatever the batch, as many as the run's "
+                f"max_num_seqs ({max_num_seqs}): {pairs}",
+            )
         return Rows(RowDriver.FIXED, rows, f"{_held_text(rows, caches)} whatever the batch: {pairs}")
     return Rows(
         None, max(rows for rows, _ in by_batch.values()), f"neither one row per sequence nor a fixed count: {pairs}"

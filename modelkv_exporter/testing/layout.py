@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from modelkv_exporter.testing.caches import Where
 
 
@@ -177,9 +179,13 @@ def fold(items: list[HeldLayers]) -> Shape:
     )
 
 
-def layer_geometry(layer: Any, size: int) -> tuple[int, int, int, str, int, int] | None:
-    """``(rows, kv_heads, head_dim, dtype, element_size, positions)`` of a layer weighing ``size`` bytes, or None."""
-    keys = layer.__dict__.get("keys")
+Geometry = tuple[int, int, int, str, int, int]
+"""``(rows, kv_heads, head_dim, dtype, element_size, positions)`` of one part of a layer."""
+
+
+def _geometry(keys: Any, size: int) -> Geometry | None:
+    """The geometry of ``size`` bytes held as pairs of tensors shaped like ``keys`` ``[rows, kv_heads, positions,
+    head_dim]`` (keys and values: two of them a position), or None for another shape."""
     shape = getattr(keys, "shape", None)
     if shape is None or len(shape) != 4:
         return None
@@ -192,24 +198,60 @@ def layer_geometry(layer: Any, size: int) -> tuple[int, int, int, str, int, int]
     return rows, heads, head_dim, dtype, element, -(-size // per_position)
 
 
+def layer_geometry(layer: Any, size: int) -> Geometry | None:
+    """``(rows, kv_heads, head_dim, dtype, element_size, positions)`` of a layer weighing ``size`` bytes, or None."""
+    return _geometry(layer.__dict__.get("keys"), size)
+
+
+def layer_parts(layer: Any, size: int) -> list[tuple[Geometry | None, int]]:
+    """A layer's bytes by what holds them: its keys and values, then each other kind of tensor it keeps (scales:
+    the tensors of one shape and dtype, a pair for keys and values), each storage once. A backing buffer that keys
+    and values are views of adds nothing; a layer with nothing beyond keys and values is one part of ``size``."""
+    from modelkv_exporter.engine.observe.layers import kv_names, plan_for
+    from modelkv_exporter.engine.tensors import StorageKey, weigh
+
+    state = layer.__dict__
+    names = kv_names(state, plan_for(type(layer)))
+    if names == ("keys", "values") or not set(names) - {"keys", "values"}:
+        return [(layer_geometry(layer, size), size)]
+    found: dict[StorageKey, int] = {}
+    for name in ("keys", "values"):
+        weigh(state.get(name), found)
+    parts: list[tuple[Geometry | None, int]] = [(layer_geometry(layer, sum(found.values())), sum(found.values()))]
+    kinds: dict[tuple[object, ...], list[Any]] = {}
+    for name in names[2:]:
+        value = state.get(name)
+        for tensor in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(tensor, torch.Tensor):
+                kinds.setdefault((tuple(tensor.shape), tensor.dtype), []).append(tensor)
+    for same in kinds.values():
+        before = dict(found)
+        for tensor in same:
+            weigh(tensor, found)
+        added = sum(found.values()) - sum(before.values())
+        if added:
+            parts.append((_geometry(same[0], added), added))
+    return parts
+
+
 def group_layers(
     layers: Iterable[tuple[Any, int]], where: Mapping[int, Where] | None = None
 ) -> tuple[tuple[HeldLayers, ...], int]:
     """``(layer, bytes)`` pairs grouped by the cache they belong to (``where``, by ``id``), geometry and positions;
     and the bytes of layers without a geometry. A layer of no known cache is grouped with the others of none."""
     where = where or {}
-    counts: dict[tuple[int, int, tuple[int, int, int, str, int, int]], tuple[int, int]] = {}
+    counts: dict[tuple[int, int, Geometry], tuple[int, int]] = {}
     other = 0
     for layer, size in layers:
         if size <= 0:
             continue
-        key = layer_geometry(layer, size)
-        if key is None:
-            other += size
-            continue
-        cache, part = where.get(id(layer), (0, 0))
-        count, total = counts.get((cache, part, key), (0, 0))
-        counts[(cache, part, key)] = (count + 1, total + size)
+        for key, part_bytes in layer_parts(layer, size):
+            if key is None:
+                other += part_bytes
+                continue
+            cache, part = where.get(id(layer), (0, 0))
+            count, total = counts.get((cache, part, key), (0, 0))
+            counts[(cache, part, key)] = (count + 1, total + part_bytes)
     held = tuple(
         HeldLayers(cache, part, LayerGroup(rows, heads, head_dim, dtype, element, positions, count, total))
         for (cache, part, (rows, heads, head_dim, dtype, element, positions)), (count, total) in counts.items()

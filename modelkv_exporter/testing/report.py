@@ -64,6 +64,9 @@ class OwnerReport:
     suggestions: tuple[Suggestion, ...]
     found_by: str = ""
     """Empty for a declarer; ``named`` (given to the check) or the discovery method otherwise."""
+    plain_bytes: int = 0
+    """Bytes of plain tensors (in no cache layer) it held at the end of the run, by the census: counted in
+    ``observed_bytes`` (a cache counts whatever keeps it); no geometry is inferred from them."""
 
     @property
     def ok(self) -> bool:
@@ -110,6 +113,11 @@ class OwnerReport:
                 + (f" {declaration.rows_fixed}" if declaration.rows == "fixed" else "")
                 + f" -> {declaration.row_count} rows, {byte_text(declaration.peak_bytes)}"
             )
+        if self.plain_bytes:
+            lines.append(
+                f"       plain tensors it holds (no cache layer; census at the end of the run): "
+                f"{byte_text(self.plain_bytes)}, counted in what it held; their geometry and rows are not inferred"
+            )
         lines += [f"       wrong field {problem.text}" for problem in self.problems]
         if self.peaks:
             shown = ", ".join(
@@ -142,11 +150,27 @@ class Report:
     census_below_floor: int = 0
     """Modules the census found holding new tensors below ``census_floor_bytes``, left out."""
     census_floor_bytes: int = 0
+    near_misses: tuple[tuple[str, str, str], ...] = ()
+    """``(path, class, name)`` of modules defining a method named almost ``model_local_kv_specs``, and not it."""
 
     @property
     def ok(self) -> bool:
-        """Every owner passes, no declaration was dropped, and observation worked."""
-        return self.unavailable is None and not self.dropped and all(owner.ok for owner in self.owners)
+        """Every owner passes, no declaration was dropped, no method name is a near miss, and observation worked."""
+        return (
+            self.unavailable is None
+            and not self.dropped
+            and not self.near_misses
+            and all(owner.ok for owner in self.owners)
+        )
+
+    @property
+    def near_miss_lines(self) -> list[str]:
+        """One line per misspelled declaring method."""
+        return [
+            f"{path or '(root)'!r} ({owner_class}): defines {name}(), not model_local_kv_specs(): the engine never "
+            "calls it, so nothing is declared"
+            for path, owner_class, name in self.near_misses
+        ]
 
     def owner(self, path: str) -> OwnerReport:
         """The report of the owner at ``path`` (``""`` = the root)."""
@@ -168,6 +192,7 @@ class Report:
             f"FAIL {d.owner or '(root)'!r} ({d.owner_class}): {d.count} declaration(s) dropped, {d.reason}: {d.error}"
             for d in self.dropped
         ]
+        lines += [f"FAIL {line}" for line in self.near_miss_lines]
         if not self.owners:
             lines.append("no owner declares a cache, and none was named")
         lines += [owner.text() for owner in self.owners]
@@ -194,6 +219,7 @@ class Report:
             f"{d.owner or '(root)'!r} ({d.owner_class}): {d.count} declaration(s) dropped, {d.reason}: {d.error}"
             for d in self.dropped
         ]
+        found += self.near_miss_lines
         found += [f"{owner.label}: {owner.headline}" for owner in self.owners if not owner.ok]
         return found
 

@@ -17,7 +17,7 @@ from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Dro
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
-from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners
+from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners, near_misses
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
 from modelkv_exporter.judging.declaration_text import layout_figures
 from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, judge
@@ -90,6 +90,9 @@ class CacheCheck:
         self._declarations: tuple[Declaration, ...] = ()
         self._dropped: tuple[DroppedDeclaration, ...] = ()
         self._owners: list[tuple[str, object]] = []
+        self._plain: dict[str, int] = {}
+        """Per observed owner, the bytes of plain tensors (in no cache layer) the census found it holding at the end:
+        they count for it as its layers do."""
 
     @contextlib.contextmanager
     def batch(self, size: int) -> Iterator[None]:
@@ -179,7 +182,8 @@ class CacheCheck:
         reported = {path for path, _ in self._owners}
         if not status.enabled:
             return ()
-        kept = [o for o in found if not (o.found_by == "cache_layer" and o.owner in reported)]
+        self._plain = {o.owner: o.peak_bytes for o in found if o.found_by == "census" and o.owner in reported}
+        kept = [o for o in found if not (o.found_by in ("cache_layer", "census") and o.owner in reported)]
         small = [o for o in kept if o.found_by == "census" and o.peak_bytes < self.census_floor_bytes]
         self.below_floor = len(small)
         return tuple(o for o in kept if o not in small)
@@ -193,7 +197,13 @@ class CacheCheck:
         for recorder in self._recorders.values():
             unavailable = unavailable or (recorder.failure and f"the check's recorder failed: {recorder.failure}")
         return Report(
-            self.max_num_seqs, tuple(reports), self._dropped, unavailable, self.below_floor, self.census_floor_bytes
+            self.max_num_seqs,
+            tuple(reports),
+            self._dropped,
+            unavailable,
+            self.below_floor,
+            self.census_floor_bytes,
+            tuple(near_misses(self.model)),
         )
 
     def _owner_report(self, path: str, owner: object, observation: Observation | None) -> OwnerReport:
@@ -201,8 +211,11 @@ class CacheCheck:
         recorder = self._recorders.get(path)
         peaks = recorder.call_peaks() if recorder is not None else ()
         declared = sum(d.peak_bytes for d in declarations)
-        reached, missed = reached_bound(peaks, declarations, infer_rows(peaks).copies)
+        reached, missed = reached_bound(peaks, declarations, infer_rows(peaks, self.max_num_seqs).copies)
         found_by = NAMED if path in self.named and not declarations else ""
+        holder = recorder.state.wrote_held if recorder is not None else None
+        held_by = f"{holder.path or '(root)'!r} ({holder.class_name})" if holder is not None else ""
+        dropped_here = any(d.owner == path for d in self._dropped)
         if observation is None or not observation.available:
             verdict = judge(
                 declared_bytes=declared,
@@ -215,26 +228,29 @@ class CacheCheck:
             return OwnerReport(
                 path, type(owner).__name__, declarations, verdict, (), None, None, None, peaks, (), found_by
             )
+        plain = self._plain.get(path, 0)
         verdict = judge(
             declared_bytes=declared,
-            observed_bytes=observation.peak_bytes,
+            observed_bytes=(observation.peak_bytes or 0) + plain,
             calls=observation.calls,
             cache_calls=observation.cache_calls,
             reached=reached,
             not_reached=missed,
+            held_by=held_by,
         )
         return OwnerReport(
             path,
             observation.owner_class,
             declarations,
             verdict,
-            tuple(self._problems(declarations, peaks)),
+            () if dropped_here else tuple(self._problems(declarations, peaks)),
             observation.calls,
             observation.cache_calls,
             observation.live_bytes,
             peaks,
             self._suggestions(path, peaks, observation.live_bytes),
             found_by,
+            plain,
         )
 
     def _discovered_report(self, found: DiscoveredOwner) -> OwnerReport:
@@ -268,14 +284,14 @@ class CacheCheck:
         peak = self._peak(peaks)
         if peak is None:
             return []
-        rows = infer_rows(peaks)
+        rows = infer_rows(peaks, self.max_num_seqs)
         return diagnose(declarations, peak.shapes(rows.copies), rows, rows.held(peak))
 
     def _suggestions(self, path: str, peaks: Sequence[CallPeak], live_after: int | None) -> tuple[Suggestion, ...]:
         peak = self._peak(peaks)
         if peak is None:
             return ()
-        rows = infer_rows(peaks)
+        rows = infer_rows(peaks, self.max_num_seqs)
         return tuple(
             Suggestion(suggest(path, shape, rows, infer_capacity(peaks, shape, rows.copies), live_after))
             for shape in peak.shapes(rows.copies)

@@ -28,7 +28,12 @@ def test_absent_before_any_call(observer: Observer) -> None:
     assert f.peak_bytes is f.recent_peak_bytes is f.live_bytes is f.cache_calls is None
 
 
-def test_an_unknown_layer_class_makes_its_owner_absent_and_leaves_others_alone(observer: Observer) -> None:
+def test_a_layer_class_holding_tensors_beside_its_keys_and_values_is_weighed_by_all_of_them(
+    observer: Observer,
+) -> None:
+    """Issue 47: a subclass keeping another tensor (scales, a buffer) was absent ("not understood"); it is weighed by
+    every tensor it holds, and a plain subclass as before."""
+
     class ExtraTensorLayer(cache_utils.DynamicLayer):
         def update(self, key_states, value_states, *args, **kwargs):  # type: ignore[no-untyped-def]
             self.side = torch.zeros(4, 4)
@@ -51,7 +56,8 @@ def test_an_unknown_layer_class_makes_its_owner_absent_and_leaves_others_alone(o
     bad(run_with(ExtraTensorLayer))
     good(run_with(PlainSubclass))
     f_bad, f_good = figures(observer, bad), figures(observer, good)
-    assert not f_bad.available and f_bad.live_bytes is None and "side" in (f_bad.reason or "")
+    side = bad.kept["c"].layers[0].side
+    assert f_bad.available and f_bad.live_bytes == storage_bytes(bad.kept["c"]) + side.untyped_storage().nbytes()
     assert f_good.available and f_good.live_bytes == storage_bytes(good.kept["c"])
 
 

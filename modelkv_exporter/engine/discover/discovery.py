@@ -46,7 +46,7 @@ from modelkv_exporter.engine.discover.layout import seen_layout, widest
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
-from modelkv_exporter.engine.observe.layers import StorageKey, readable_storages
+from modelkv_exporter.engine.observe.layers import StorageKey, held_storages, readable_storages
 from modelkv_exporter.engine.observe.observer import CHUNK, recount
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
 from modelkv_exporter.engine.protocol import unwrap_model
@@ -396,7 +396,7 @@ class Discovery:
         for record in records:
             layer = record()
             if layer is not None and record.plan.unknown is None:
-                found.update(readable_storages(layer, record.plan))
+                found.update(held_storages(layer, record.plan))
         return census.storage_ids(found)
 
     def _figures(self, observations: Sequence[Observation]) -> list[DiscoveredOwner]:

@@ -329,6 +329,8 @@ def touch(layer: Any) -> None:
         if owner.counted_call != owner.call_number:
             owner.counted_call = owner.call_number
             owner.cache_calls += 1
+        if record.owner is not owner:
+            owner.wrote_held = record.owner
         if _graph_depth:
             owner.graph = "a cache was used during a CUDA graph capture; replays are not observable"
         if owner.pending:

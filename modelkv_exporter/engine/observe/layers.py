@@ -6,8 +6,11 @@ tensor ``torch.cat`` just made, and the whole storage stays allocated; ``copy.de
 whole storages too.
 
 Classes are recognised by name within ``transformers.cache_utils`` and checked by behaviour when
-the observer installs (``probe``), not by a version pin. A subclass from elsewhere is read the way
-its vetted base is read, but checked for tensors in attributes that base does not have.
+the observer installs (``probe``), not by a version pin. A layer class from elsewhere (a subclass of a vetted
+class, or a hand-made ``CacheLayerMixin`` subclass) is weighed by every tensor its instance dict holds (keys and
+values, scales, a backing buffer; in lists, tuples and dicts there too), by storage, so a storage shared between
+them counts once: one rule whether its owner declares it or not. Known bookkeeping and 0-dimension tensors are
+not KV.
 
 Reading runs none of the model's code: a layer's state through the instance-dict descriptor of the
 first class that has one (not ``layer.__dict__``, which a subclass may make a property), types with ``type()``
@@ -62,6 +65,8 @@ FRESH_AFTER_UPDATE = frozenset({"DynamicLayer", "DynamicSlidingWindowLayer"})
 or a window view into one: their bytes are the sizes of those tensors, or of the view's base, read without
 building storage objects (the hot path's largest cost). Copies and changes outside the hooked methods are
 weighed by storage (``settle``, every sample)."""
+MIXIN = "CacheLayerMixin"
+"""The base of every layer class: a hand-made subclass of it is weighed by every tensor it holds."""
 HOOKED_METHODS = ("update", "lazy_initialization", "update_indexer", "lazy_initialization_indexer")
 """Layer methods after which a layer is re-measured, wherever a class defines them."""
 
@@ -69,7 +74,7 @@ HOOKED_METHODS = ("update", "lazy_initialization", "update_indexer", "lazy_initi
 class Plan:
     """How to weigh one layer class: which attributes hold KV, or why it cannot be weighed."""
 
-    __slots__ = ("attributes", "keys_and_values", "vetted", "unknown", "static", "fresh", "state")
+    __slots__ = ("attributes", "keys_and_values", "vetted", "unknown", "static", "fresh", "state", "every")
 
     def __init__(
         self,
@@ -79,11 +84,15 @@ class Plan:
         static: bool = False,
         fresh: bool = False,
         state: Callable[[Any], dict[str, Any]] = vars,
+        every: bool = False,
     ) -> None:
         self.attributes = attributes
         self.state = state
         """A layer's instance dict, read through the real descriptor (never a property of the layer's class)."""
-        self.keys_and_values = attributes == ("keys", "values")
+        self.every = every
+        """A layer class from outside ``transformers.cache_utils``: every tensor of its instance dict is weighed
+        (``kv_names``), not only ``attributes``."""
+        self.keys_and_values = attributes == ("keys", "values") and not every
         self.vetted = vetted
         self.unknown = unknown
         self.static = static and self.keys_and_values
@@ -98,6 +107,7 @@ _plans: dict[type, Plan] = {}
 def forget_plans() -> None:
     """Drop every cached plan (when the observer is removed)."""
     _plans.clear()
+    _holds_no_tensor.clear()
 
 
 def plan_for(cls: type) -> Plan:
@@ -114,7 +124,12 @@ def plan_for(cls: type) -> Plan:
         if klass.__name__ in VETTED_KV_ATTRIBUTES:
             static = any(k.__module__ == VETTED_MODULE and k.__name__ == "StaticLayer" for k in cls.__mro__)
             fresh = klass.__name__ in FRESH_AFTER_UPDATE
-            plan = Plan(VETTED_KV_ATTRIBUTES[klass.__name__], klass is cls, None, static and klass is cls, fresh)
+            vetted = klass is cls
+            attributes = VETTED_KV_ATTRIBUTES[klass.__name__]
+            plan = Plan(attributes, vetted, None, static and vetted, fresh, every=not vetted)
+            break
+        if klass.__name__ == MIXIN:
+            plan = Plan(("keys", "values"), False, None, every=True)
             break
     else:
         plan = Plan((), False, f"cache layer class {cls.__module__}.{cls.__qualname__} is not understood")
@@ -206,17 +221,72 @@ def _nothing() -> None:
     return None
 
 
-def storages(
-    layer: Any, attributes: tuple[str, ...], state: Callable[[Any], dict[str, Any]] = vars
-) -> dict[StorageKey, int]:
-    """``{(device, data pointer): nbytes}`` of the storages behind ``attributes`` (a meta or empty storage at 0, keyed by
-    its tensor's id: its device still counts).
-    ``state`` reads the layer's instance dict (its plan's). Raises ``Unweighable`` where a tensor cannot be read."""
+def _is_kv_tensor(value: Any) -> bool:
+    """A tensor that may hold KV: any but a 0-dimension plain one (a counter, a length)."""
+    if not is_tensor(value):
+        return False
+    if dispatches_to_python(value):
+        return True
+    with _no_torch_function():
+        return bool(_dim_of(value) != 0)
+
+
+_holds_no_tensor: dict[type, bool] = {}
+"""Per type of an attribute's value: True when no value of it is a tensor or a container of tensors (told once a
+type: ``issubclass`` against ``torch.Tensor`` costs a microsecond on the hot path)."""
+
+
+def _held_tensors(value: object) -> list[Any]:
+    """The KV tensors in one attribute's value: the tensor itself, or those in a list, tuple or dict."""
+    kind = type(value)
+    plain = _holds_no_tensor.get(kind)
+    if plain is None:
+        plain = _holds_no_tensor[kind] = not (
+            issubclass(kind, _Tensor) or kind is dict or kind is list or kind is tuple
+        )
+    if plain:
+        return []
+    if kind is dict:
+        items: Any = dict.values(value)  # type: ignore[arg-type]
+    elif kind is list or kind is tuple:
+        items = value
+    else:
+        items = (value,)
+    return [item for item in items if _is_kv_tensor(item)]
+
+
+def kv_names(values: dict[str, Any], plan: Plan) -> tuple[str, ...]:
+    """The attributes of a layer (its instance dict ``values``) weighed by ``plan``: its KV attributes, and for a
+    class from elsewhere every other attribute holding a tensor that is not known bookkeeping."""
+    if not plan.every:
+        return plan.attributes
+    extra = tuple(
+        name
+        for name, value in dict.items(values)
+        if name not in plan.attributes and name not in BOOKKEEPING_ATTRIBUTES and _held_tensors(value)
+    )
+    return plan.attributes + extra
+
+
+def storages(layer: Any, plan: Plan) -> dict[StorageKey, int]:
+    """``{(device, data pointer): nbytes}`` of the storages behind every attribute ``plan`` weighs (``kv_names``), each
+    distinct storage once (a meta or empty storage at 0, keyed by its tensor's id: its device still counts). Raises
+    ``Unweighable`` where a tensor cannot be read."""
     found: dict[StorageKey, int] = {}
-    values = state(layer)
-    for name in attributes:
-        _weigh(_get(values, name), found)
+    values = plan.state(layer)
+    for name in kv_names(values, plan):
+        _weigh_value(_get(values, name), found)
     return found
+
+
+def _weigh_value(value: object, found: dict[StorageKey, int]) -> None:
+    """A KV attribute's storages: a tensor (or None), or the tensors in a list, tuple or dict."""
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:
+        for tensor in _held_tensors(value):
+            _weigh(tensor, found)
+        return
+    _weigh(value, found)
 
 
 def readable_storages(layer: Any, plan: Plan) -> dict[StorageKey, int]:
@@ -226,17 +296,36 @@ def readable_storages(layer: Any, plan: Plan) -> dict[StorageKey, int]:
         return found
     try:
         values = plan.state(layer)
+        names = kv_names(values, plan)
     except Exception:
         return found
-    for name in plan.attributes:
-        weigh(_get(values, name), found, empty=True)
+    for name in names:
+        for tensor in _held_tensors(_get(values, name)):
+            weigh(tensor, found, empty=True)
+    return found
+
+
+def held_storages(layer: Any, plan: Plan) -> dict[StorageKey, int]:
+    """``readable_storages``, and the storages of the layer's bookkeeping tensors (a static layer's
+    ``cumulative_length``): everything the layer holds, which no census should report as another module's."""
+    found = readable_storages(layer, plan)
+    if plan.unknown is not None:
+        return found
+    try:
+        values = plan.state(layer)
+    except Exception:
+        return found
+    for name in BOOKKEEPING_ATTRIBUTES:
+        value = _get(values, name)
+        if is_tensor(value):
+            weigh(value, found, empty=True)
     return found
 
 
 def tensors(layer: Any, plan: Plan) -> tuple[Any, ...]:
     """The objects in ``layer``'s KV attributes."""
     state = plan.state(layer)
-    return tuple(_get(state, name) for name in plan.attributes)
+    return tuple(_get(state, name) for name in kv_names(state, plan))
 
 
 def measure(layer: Any, plan: Plan, shared: tuple[Any, ...] = ()) -> int:
@@ -244,15 +333,15 @@ def measure(layer: Any, plan: Plan, shared: tuple[Any, ...] = ()) -> int:
     state = plan.state(layer)
     if shared:
         size, seen = 0, list(shared)
-        for name in plan.attributes:
+        for name in kv_names(state, plan):
             tensor = _get(state, name)
             if tensor is not None and not any(tensor is other for other in seen):
                 seen.append(tensor)
-                size += _bytes_of(tensor)
+                size += _bytes_of(tensor) if is_tensor(tensor) else sum(map(_bytes_of, _held_tensors(tensor)))
         return size
-    if plan.keys_and_values:
+    if plan.keys_and_values or (plan.every and kv_names(state, plan) == ("keys", "values")):
         return pair_bytes(_get(state, "keys"), _get(state, "values"))
-    return sum(storages(layer, plan.attributes, plan.state).values())
+    return sum(storages(layer, plan).values())
 
 
 def kv_bytes(layer: Any) -> int:
@@ -272,8 +361,11 @@ def _holds_tensor(value: object) -> bool:
 
 
 def unexpected_tensors(layer: Any, plan: Plan) -> list[str]:
-    """Attributes of ``layer`` holding tensors that are neither its plan's KV nor known bookkeeping."""
-    found = []
+    """Attributes of ``layer`` holding tensors that are neither its plan's KV nor known bookkeeping (none for a plan
+    that weighs every tensor)."""
+    found: list[str] = []
+    if plan.every:
+        return found
     for name, value in dict.items(plan.state(layer)):
         if name in plan.attributes or name in BOOKKEEPING_ATTRIBUTES:
             continue

@@ -245,7 +245,7 @@ def _reweigh(state: OwnerState, record: LayerRecord, found: dict[StorageKey, int
         if problem is not None:
             plan.unknown = state.unknown = problem
             return None
-        mine = storages(layer, plan.attributes, plan.state)
+        mine = storages(layer, plan)
     except Unweighable as error:
         state.unknown = str(error)
         return None

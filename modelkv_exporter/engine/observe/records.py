@@ -27,6 +27,7 @@ class OwnerState:
         "unknown",
         "graph",
         "on_change",
+        "wrote_held",
     )
 
     def __init__(self, path: str, owner: object) -> None:
@@ -49,6 +50,9 @@ class OwnerState:
         """Layers created in this call that no update has measured yet (deep copies, built caches)."""
         self.unknown: str | None = None
         self.graph: str | None = None
+        self.wrote_held: OwnerState | None = None
+        """The owner holding a cache layer this owner updated while running (a cache counts once, for the owner
+        that holds it: the one its layer was first seen with); None: it updated only its own."""
         self.on_change: Callable[[OwnerState], None] | None = None
         """Called after the live bytes changed (by ``hooks.drain``, holding ``hooks.lock``: on the model's thread
         right after its change where that lock is free); None in an engine. For ``modelkv_exporter.testing``, which
