@@ -7,10 +7,12 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
 import yaml
+from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.contract.spool import write_snapshot
@@ -22,6 +24,7 @@ from modelkv_testbed.processes import free_port, require_tool, wait_http
 from modelkv_testbed.promql import RULES_FILE
 from modelkv_testbed.simulation.render import selector
 from modelkv_testbed.simulation.story import Firing, Held, Quiet
+from modelkv_testbed.snapshots import make_snapshot
 
 TESTS = ROOT / "deploy" / "prometheus" / "tests"
 GONE = """
@@ -125,15 +128,17 @@ class Served:
 
     def __init__(self, spool: Path) -> None:
         port = free_port()
+        self.spool = spool
         self.server: SidecarServer = build_server(
             SidecarConfig(spool, probe_port=free_port()), host="127.0.0.1", port=port, log_level="warning"
         )
+        self.app = cast(FastAPI, self.server.config.app)
         self.url = f"http://127.0.0.1:{port}"
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def ran_for(self, seconds: float) -> None:
         """Make the page judge as if the exporter had started ``seconds`` earlier (its clock, not ours, moves)."""
-        pages = self.server.config.app.state.pages  # type: ignore[attr-defined]
+        pages = self.app.state.pages
         pages.started = pages.source.clock() - seconds
 
 
@@ -200,10 +205,7 @@ def test_a_real_sidecar_with_no_engine_says_so_and_its_metrics_fire_the_alert(se
     assert "printenv VLLM_PLUGINS" in page and "import modelkv_exporter" in page and "MODELKV_SPOOL_DIR" in page
     assert "docs/runbook.md#modelkvnoenginepublishing" in page
 
-    from modelkv_testbed.snapshots import make_snapshot
-
-    spool = Path(served.server.config.app.state.source.reader.directory)  # type: ignore[attr-defined]
-    write_snapshot(spool, make_snapshot("e"))
+    write_snapshot(served.spool, make_snapshot("e"))
     page = httpx.get(served.url + "/").text
     assert "no engine" not in page and "Nothing: 1 engine ok." in page
     published = _no_engine_after(httpx.get(served.url + "/metrics").text, tmp_path / "published")
