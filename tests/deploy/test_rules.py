@@ -238,14 +238,27 @@ BREAKS = {
         "story-g",
     ),
     "a CPU engine's level without its growth": (
-        "and modelkv_engine:undeclared_memory_bytes offset 15m > modelkv_engine:undeclared_memory_bytes offset 30m",
-        "",
+        "modelkv_engine:resident_measured:info\n            unless on (job, instance, engine) (",
+        "modelkv_engine:resident_measured:info == 2\n            unless on (job, instance, engine) (",
         "ModelKVUndeclaredMemoryGrowth",
         "story-g",
     ),
+    "a CPU engine's warm-up taken for growth (rising for 20 minutes, not 30)": (
+        "\n              and modelkv_engine:undeclared_memory_bytes offset 25m - modelkv_engine:undeclared_memory_bytes"
+        " offset 30m >= 20 * 1024 * 1024",
+        "",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-oncall-b",
+    ),
+    "a slow CPU leak not seen (no test over two hours)": (
+        "modelkv_engine:undeclared_memory_bytes offset 1h >= 20 * 1024 * 1024",
+        "modelkv_engine:undeclared_memory_bytes offset 1h >= 2000 * 1024 * 1024",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-oncall-b",
+    ),
     "a leak's page resolved by a scrape gap": (
-        "offset 30m\n            )\n          )\n        for: 15m\n        keep_firing_for: 10m\n",
-        "offset 30m\n            )\n          )\n        for: 15m\n",
+        "offset 2h >= 20 * 1024 * 1024\n            )\n          )\n        for: 15m\n        keep_firing_for: 10m\n",
+        "offset 2h >= 20 * 1024 * 1024\n            )\n          )\n        for: 15m\n",
         "ModelKVUndeclaredMemoryGrowth",
         "story-h",
     ),

@@ -99,6 +99,9 @@ def _cpu_warm_up_and_adapters() -> Story:
         heap=ramp(12, 15 * MIB, 30),
         leak=ramp(90, 40 * MIB),
     )
+    slow = Engine(
+        "cpu-leak-2", "cpu-w-5", "10.12.0.6:9400", None, started=0, heap=ramp(12, 15 * MIB, 30), leak=ramp(60, 2 * MIB)
+    )
     quiet = 'engine=~"cpu-warm-24|cpu-warm-30|cpu-lora|cpu-jitter"'
     return Story(
         "story-oncall-b-cpu-warm-up-adapters-and-jitter",
@@ -109,7 +112,8 @@ def _cpu_warm_up_and_adapters() -> Story:
         adapters loaded on demand: from its first requests at 18 its heap warms up by 120 MiB, and six adapters of 160 MiB load at minutes 20, 27,
         33, 41, 46 and 52, and then no more (its max_loras). "cpu-jitter" settles 400 MiB above its
         baseline by minute 32 and then moves up and down at random within 16 MiB. "cpu-leak-40" warms up
-        like the others and from 1 hour 30 minutes leaks 40 MiB a minute.
+        like the others and from 1 hour 30 minutes leaks 40 MiB a minute; "cpu-leak-2" from 1 hour leaks 2 MiB a
+        minute, less than a plateau's jitter in any 5 minutes.
         """,
         [
             Episode(
@@ -119,9 +123,10 @@ def _cpu_warm_up_and_adapters() -> Story:
                 plateau's jitter are not a leak. Nor should they come close: the alert may be pending for
                 at most 10 minutes in a row of the 15 its `for` needs, and the plateau's jitter never sets it
                 pending. "cpu-leak-40" pages within 45 minutes of its leak starting, and for as long as it
-                leaks.
+                leaks. "cpu-leak-2" pages too, later: within 2 hours 15 minutes of its leak starting, and for as long
+                as it leaks.
                 """,
-                [warm_24, warm_30, lora, plateau, leak],
+                [warm_24, warm_30, lora, plateau, leak, slow],
                 240,
                 [
                     Quiet(UNDECLARED, 0, 240, quiet),
@@ -130,7 +135,9 @@ def _cpu_warm_up_and_adapters() -> Story:
                     pending_at_most(UNDECLARED, lora, LONGEST_PENDING, 240),
                     pending_at_most(UNDECLARED, plateau, 0, 240),
                     Firing(UNDECLARED, 135, (engine_labels(leak, **WARNING),)),
-                    Held(UNDECLARED, 135, 240, (engine_labels(leak, **WARNING),)),
+                    Held(UNDECLARED, 135, 240, (engine_labels(leak, **WARNING),), 'engine="cpu-leak-40"'),
+                    Firing(UNDECLARED, 195, (engine_labels(leak, **WARNING), engine_labels(slow, **WARNING))),
+                    Held(UNDECLARED, 195, 240, (engine_labels(slow, **WARNING),), 'engine="cpu-leak-2"'),
                 ],
             )
         ],
