@@ -54,7 +54,8 @@ def _drained_pods() -> Story:
         without ending its snapshot (its sidecar, still serving, reports it stale at minutes 59 and 60),
         "omni-b" shuts down cleanly. Both pods are deleted at minute 61 (omni-b's at 60): Prometheus drops
         their targets, and every series they returned, up included, ends with a staleness marker. omni-a's
-        replacement starts on another node at minute 63. On a node that stays, engine "omni-c" hangs at
+        replacement pod is created on another node at minute 61 and its engine
+        publishes from minute 63. On a node that stays, engine "omni-c" hangs at
         minute 60 and its sidecar goes on being scraped.
         """,
         [
@@ -62,7 +63,7 @@ def _drained_pods() -> Story:
                 """
                 The operator expects no page for the pods that are gone: there is nothing left to look at.
                 The hung engine, whose pod is still there, is paged 5 minutes after it stops, as before,
-                and stays paged; the replacement pod is never paged.
+                and stays paged; the replacement pod is never paged, for a stale engine or for having none.
                 """,
                 [killed, ended, moved, hung],
                 120,
@@ -70,8 +71,13 @@ def _drained_pods() -> Story:
                     Quiet(STALE, 0, 120, 'pod=~"drain-.+|omni-0b"'),
                     Firing(STALE, 66, (engine_labels(hung, **WARNING),)),
                     Held(STALE, 66, 120, (engine_labels(hung, **WARNING),)),
+                    Quiet(NO_ENGINE, 0, 120),
                 ],
-                gaps=(ScrapeGap(killed.instance, 61, 121, deleted=True), ScrapeGap(ended.instance, 60, 121, True)),
+                gaps=(
+                    ScrapeGap(killed.instance, 61, 121, deleted=True),
+                    ScrapeGap(ended.instance, 60, 121, deleted=True),
+                    ScrapeGap(moved.instance, 0, 61, deleted=True),
+                ),
             )
         ],
     )
