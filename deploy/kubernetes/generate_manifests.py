@@ -192,6 +192,12 @@ RULE_VALUES: tuple[RuleValue, ...] = (
     RuleValue("ModelKVExporterDown", "forMinutes", "Minutes before it fires.", _for(True)),
     RuleValue("ModelKVExporterAbsent", "forMinutes", "Minutes before it fires.", _for(True)),
     RuleValue("ModelKVSpoolUnreadable", "forMinutes", "Minutes before it fires.", _for(True)),
+    RuleValue(
+        "ModelKVNoEnginePublishing",
+        "forMinutes",
+        "Minutes an exporter is scraped with no snapshot in its spool before it fires (longer than an engine's start).",
+        _for(True),
+    ),
     RuleValue("ModelKVSnapshotsRejected", "forMinutes", "Minutes before it fires.", _for()),
     RuleValue("ModelKVDeclarationUnderReports", "forMinutes", "Minutes before it fires.", _for()),
     RuleValue(

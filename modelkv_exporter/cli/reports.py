@@ -15,6 +15,7 @@ from modelkv_exporter.sidecar.attention import (
     Concern,
     Finding,
     findings,
+    no_engine,
     over_declaration,
     undeclared_text,
 )
@@ -294,6 +295,13 @@ def attention_summary(view: SpoolView, spool: str, cli: str = CLI, width: int = 
     finished run is worth reading)."""
     judged = [(item, findings(item.snapshot, item.state, view.now, ended_too=True)) for item in view.usable]
     troubled = [(item, found) for item, found in judged if found]
+    nobody = no_engine(view)
+    if nobody is not None:
+        return [
+            _wrapped(f"summary: {nobody.concern.value}: {nobody.detail}", width),
+            *finding_lines(nobody, spool, cli, width),
+            "",
+        ]
     if not judged:
         return []
     count = f"{len(judged)} engine{'s' if len(judged) != 1 else ''}"

@@ -20,8 +20,16 @@ UNDER_REPORT_TOLERANCE = 1.05
 UNDECLARED_GROWTH_BYTES = 256 * MIB
 """Unbudgeted, unexplained growth of an engine beyond which ``ModelKVUndeclaredMemoryGrowth`` fires."""
 
+RISING_MIN_STEP_BYTES = 20 * MIB
+"""The least a CPU engine's undeclared memory must rise by, in each step of ``ModelKVUndeclaredMemoryGrowth``'s "still
+rising" test, to count as rising: above a settled heap's jitter (16 MiB), below a 5 MiB-a-minute leak's 5 minutes."""
+
 UNDECLARED_CACHE_BYTES = 64 * MIB
 """Bytes an owner that declares nothing must have kept in caches discovery found for ``ModelKVUndeclaredCache``."""
 
 UNUSED_MIN_CALLS = 10
 """Calls into an owner after which a declared cache that no call used is reported (``ModelKVDeclaredCacheUnused``)."""
+
+NO_ENGINE_SECONDS = 30 * 60
+"""Seconds an exporter may run with no snapshot in its spool before no engine publishing is a problem
+(``ModelKVNoEnginePublishing``'s ``for``): longer than an engine takes to load its model and publish its first."""

@@ -12,7 +12,9 @@ above its declaration (``ModelKVDeclarationUnderReports``, same tolerance), a mo
 memory it does not declare (``ModelKVUndeclaredCache``), declarations the engine dropped
 (``ModelKVDeclarationsDropped``), an owner called many times whose declared cache was never used
 (``ModelKVDeclaredCacheUnused``, over the engine's lifetime rather than 30 minutes), and a stale
-heartbeat (``ModelKVSnapshotStale``, without its 5 minutes). Texts are plain; a page escapes them.
+heartbeat (``ModelKVSnapshotStale``, without its 5 minutes); about the spool rather than an engine, no
+engine publishing into it at all (``ModelKVNoEnginePublishing``, ``no_engine``). Texts are plain; a page
+escapes them.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from enum import Enum
 
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
-from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
+from modelkv_exporter.contract.thresholds import NO_ENGINE_SECONDS, UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
 from modelkv_exporter.judging.declaration_text import Figure, layout_figures, resized_figures, spec_code
 from modelkv_exporter.sidecar.discovered import discovery_running
-from modelkv_exporter.sidecar.reader.state import EngineState
+from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 NAMED = 3
@@ -47,6 +49,7 @@ class Concern(str, Enum):
     UNDECLARED = "undeclared cache"
     DROPPED = "dropped declarations"
     UNUSED = "declared cache unused"
+    NO_ENGINE = "no engine"
 
 
 class Status(str, Enum):
@@ -127,6 +130,16 @@ NEXT_STEPS: dict[Concern, NextStep] = {
         "check",
         "each owner's verdict",
         "ModelKVDeclaredCacheUnused",
+    ),
+    Concern.NO_ENGINE: NextStep(
+        "no engine beside this sidecar publishes. In the engine's container: vLLM loads the plugin when "
+        "`VLLM_PLUGINS` is unset or names modelkv_exporter (`kubectl exec POD -c ENGINE -- printenv VLLM_PLUGINS`); "
+        "the engine's image must have the package (`kubectl exec POD -c ENGINE -- python -c 'import "
+        "modelkv_exporter'`); the engine must write into this sidecar's spool (`kubectl exec POD -c ENGINE -- "
+        "printenv MODELKV_SPOOL_DIR`: one volume mounted in both containers at that directory)",
+        "inspect",
+        "the spool's files: none while no engine publishes",
+        "ModelKVNoEnginePublishing",
     ),
 }
 """The next step of each concern: written once, for the page, ``inspect``, ``plan`` and the demo."""
@@ -274,3 +287,19 @@ def status(state: EngineState, found: Sequence[Finding]) -> Status:
     if state is EngineState.STALE:
         return Status.STALE
     return Status.ATTENTION if found else Status.OK
+
+
+def no_engine(view: SpoolView, up_for: float | None = None) -> Finding | None:
+    """That no engine publishes into a readable spool that holds no file at all (None when one does, or the spool
+    cannot be read: that is its own finding). ``up_for``: seconds the exporter has run, where known; the finding
+    holds before ``NO_ENGINE_SECONDS`` too (``waiting`` tells the two apart)."""
+    if view.scan.error or view.scan.skipped or view.entries:
+        return None
+    since = "" if up_for is None else f" in the {max(up_for, 0) / 60:.0f} min since this exporter started"
+    text = f"no engine has published a snapshot into the spool{since}; an engine publishes once its model is loaded"
+    return Finding(Concern.NO_ENGINE, (Problem(None, "", text),))
+
+
+def waiting(up_for: float | None) -> bool:
+    """Whether an exporter that has run ``up_for`` seconds may still be waiting for its engine's first snapshot."""
+    return up_for is not None and up_for < NO_ENGINE_SECONDS

@@ -264,7 +264,8 @@ _METRICS: list[Metric] = [
     Metric(
         "modelkv_exporter_spool_files",
         "gauge",
-        f"Snapshot files in the spool by state ({', '.join(state.value for state in EngineState)}).",
+        f"Snapshot files in the spool by state ({', '.join(state.value for state in EngineState)}); "
+        "every state 0 while no engine publishes into the spool.",
         ("state",),
         _X,
     ),

@@ -66,7 +66,8 @@ def _target(target: str, pod: str) -> str:
 
 
 def _jobs(sidecars: dict[str, str], broken: str, unreachable: str) -> str:
-    """The exporter's job over two replica pods, and two broken targets relabelled into it (as a PodMonitor would)."""
+    """The exporter's job over two replica pods and a pod with no engine, and two broken targets relabelled into it (as a
+    PodMonitor would)."""
     targets = ", ".join(_target(url, pod) for pod, url in sidecars.items())
     lines = [f"  - job_name: {JOB}\n    static_configs: [{targets}]\n"]
     for name, target, pod in (
@@ -125,8 +126,8 @@ def live_rules(text: str) -> str:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("live")
-    spool, replica, gone = tmp / "spool", tmp / "replica", tmp / "gone"
-    for directory in (spool, replica, gone, tmp / "main", tmp / "federated"):
+    spool, replica, gone, empty = tmp / "spool", tmp / "replica", tmp / "gone", tmp / "empty"
+    for directory in (spool, replica, gone, empty, tmp / "main", tmp / "federated"):
         directory.mkdir()
     processes, stop = start_engines(str(spool), 1.0)
     unused, unused_stop = observed_engine.start(str(spool))
@@ -134,8 +135,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     replicas = [start_replica(spool), start_replica(replica)]
     sidecar, other = start_sidecar(spool), start_sidecar(replica)
     broken = start_sidecar(gone)
+    bare = start_sidecar(empty)  # a pod whose engine never loads the plugin: no snapshot ever reaches its spool
     gone.rmdir()
-    extra = _jobs({"demo-0": sidecar.url, "demo-1": other.url}, broken.url, f"127.0.0.1:{free_port()}")
+    sidecars = {"demo-0": sidecar.url, "demo-1": other.url, "bare-0": bare.url}
+    extra = _jobs(sidecars, broken.url, f"127.0.0.1:{free_port()}")
     rules = tmp / "modelkv-rules.yaml"
     rules.write_text(live_rules(RULES_FILE.read_text()))
     config = scrape_config({}, rule_files=(rules,), extra=extra)
@@ -163,7 +166,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             process.join(timeout=15)
             if process.is_alive():
                 process.kill()
-        for process in (sidecar, other, broken):
+        for process in (sidecar, other, broken, bare):
             stop_process(process.process)
 
 
@@ -325,6 +328,8 @@ def test_every_alert_goes_pending_or_firing_and_a_plateau_never_does(live: Live)
 
     stale = query(live.prometheus, 'ALERTS{alertname="ModelKVSnapshotStale"}')
     assert {r["metric"]["engine"] for r in stale} == {"sim-stale"}
+    no_engine = query(live.prometheus, 'ALERTS{alertname="ModelKVNoEnginePublishing"}')
+    assert {r["metric"]["pod"] for r in no_engine} == {"bare-0"}, "the pod with no engine, and no other"
     for alert in _firing_or_pending(live):
         assert alert["annotations"]["runbook_url"].startswith("https://"), alert["labels"]["alertname"]
 

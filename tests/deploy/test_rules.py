@@ -238,14 +238,27 @@ BREAKS = {
         "story-g",
     ),
     "a CPU engine's level without its growth": (
-        "and modelkv_engine:undeclared_memory_bytes offset 15m > modelkv_engine:undeclared_memory_bytes offset 30m",
-        "",
+        "modelkv_engine:resident_measured:info\n            unless on (job, instance, engine) (",
+        "modelkv_engine:resident_measured:info == 2\n            unless on (job, instance, engine) (",
         "ModelKVUndeclaredMemoryGrowth",
         "story-g",
     ),
+    "a CPU engine's warm-up taken for growth (rising for 20 minutes, not 30)": (
+        "\n              and modelkv_engine:undeclared_memory_bytes offset 25m - modelkv_engine:undeclared_memory_bytes"
+        " offset 30m >= 20 * 1024 * 1024",
+        "",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-oncall-b",
+    ),
+    "a slow CPU leak not seen (no test over two hours)": (
+        "modelkv_engine:undeclared_memory_bytes offset 1h >= 20 * 1024 * 1024",
+        "modelkv_engine:undeclared_memory_bytes offset 1h >= 2000 * 1024 * 1024",
+        "ModelKVUndeclaredMemoryGrowth",
+        "story-oncall-b",
+    ),
     "a leak's page resolved by a scrape gap": (
-        "offset 30m\n            )\n          )\n        for: 15m\n        keep_firing_for: 10m\n",
-        "offset 30m\n            )\n          )\n        for: 15m\n",
+        "offset 2h >= 20 * 1024 * 1024\n            )\n          )\n        for: 15m\n        keep_firing_for: 10m\n",
+        "offset 2h >= 20 * 1024 * 1024\n            )\n          )\n        for: 15m\n",
         "ModelKVUndeclaredMemoryGrowth",
         "story-h",
     ),
@@ -478,11 +491,16 @@ def rule_thresholds(text: str) -> dict[str, float]:
     (under,) = [r for g in groups for r in g["rules"] if r.get("alert") == "ModelKVDeclarationUnderReports"]
     tolerance = re.search(r"group_left \(\)\s+([0-9.]+) \* sum", under["expr"])
     assert tolerance, under["expr"]
+    growth = [r for g in groups for r in g["rules"] if r.get("alert") == "ModelKVUndeclaredMemoryGrowth"]
+    steps = {int(n) for r in growth for n in re.findall(r">= (\d+) \* 1024 \* 1024", r["expr"])}
+    assert len(steps) == 1, steps
     return {
         "UNDER_REPORT_TOLERANCE": float(tolerance.group(1)),
+        "RISING_MIN_STEP_BYTES": steps.pop() * thresholds.MIB,
         "UNDECLARED_GROWTH_BYTES": defaults["undeclaredMemoryGrowth"]["thresholdMiB"] * thresholds.MIB,
         "UNDECLARED_CACHE_BYTES": defaults["undeclaredCache"]["thresholdMiB"] * thresholds.MIB,
         "UNUSED_MIN_CALLS": defaults["declaredCacheUnused"]["minCalls"],
+        "NO_ENGINE_SECONDS": defaults["noEnginePublishing"]["forMinutes"] * 60,
     }
 
 
@@ -498,6 +516,7 @@ def test_the_rules_judge_by_the_shared_thresholds() -> None:
     for old, new in (
         ("1.05 * sum without", "1.1 * sum without"),
         ("modelkv_engine:undeclared_memory_bytes > 256 * 1024", "modelkv_engine:undeclared_memory_bytes > 300 * 1024"),
+        (">= 20 * 1024 * 1024", ">= 24 * 1024 * 1024"),
     ):
         assert old in RULES_FILE.read_text()
         assert rule_thresholds(RULES_FILE.read_text().replace(old, new)) != shared_thresholds(), old
@@ -511,6 +530,7 @@ def test_the_charts_defaults_are_the_shared_thresholds() -> None:
     assert alerts["undeclaredMemoryGrowth"]["thresholdMiB"] * thresholds.MIB == thresholds.UNDECLARED_GROWTH_BYTES
     assert alerts["undeclaredCache"]["thresholdMiB"] * thresholds.MIB == thresholds.UNDECLARED_CACHE_BYTES
     assert alerts["declaredCacheUnused"]["minCalls"] == thresholds.UNUSED_MIN_CALLS
+    assert alerts["noEnginePublishing"]["forMinutes"] * 60 == thresholds.NO_ENGINE_SECONDS
 
 
 def test_paging_alerts_ride_over_a_scrape_gap_of_ten_minutes() -> None:

@@ -23,7 +23,18 @@ from dataclasses import dataclass
 
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
-from modelkv_exporter.sidecar.attention import CLI, NAMED, Concern, Finding, Status, findings, status
+from modelkv_exporter.contract.thresholds import NO_ENGINE_SECONDS
+from modelkv_exporter.sidecar.attention import (
+    CLI,
+    NAMED,
+    Concern,
+    Finding,
+    Status,
+    findings,
+    no_engine,
+    status,
+    waiting,
+)
 from modelkv_exporter.sidecar.discovered import discovery_facts, exported_discovery
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.parts_chart import parts_chart
@@ -312,11 +323,36 @@ def _finding_html(finding: Finding, guidance: Guidance) -> str:
     )
 
 
+def _no_engine(view: SpoolView, guidance: Guidance, up_for: float | None) -> str | None:
+    """The section the page opens with while no engine publishes into the spool (None while one does): waiting, for
+    an exporter younger than ``NO_ENGINE_SECONDS``; else the finding and what to check."""
+    finding = no_engine(view, up_for)
+    if finding is None:
+        return None
+    if waiting(up_for):
+        return (
+            '<section id="attention" class="calm"><h2>Needs attention</h2>'
+            f"<p>Waiting for an engine: {escape(finding.detail)}. {escape(finding.step.alert)} fires if none has "
+            f"published {NO_ENGINE_SECONDS // 60} min after the exporter started.</p></section>"
+        )
+    return (
+        '<section id="attention"><h2>Needs attention: no engine</h2>'
+        f'<article class="problem" id="attention-no-engine">{_finding_html(finding, guidance)}</article></section>'
+    )
+
+
 def _attention(
-    view: SpoolView, live: Sequence[tuple[Snapshot, EngineState]], guidance: Guidance, max_discovered: int
+    view: SpoolView,
+    live: Sequence[tuple[Snapshot, EngineState]],
+    guidance: Guidance,
+    max_discovered: int,
+    up_for: float | None = None,
 ) -> str:
     """The section the page opens with: each engine that needs attention, what is wrong and what to do, with its
-    picture; then rejected files and the spool."""
+    picture; then rejected files and the spool; or that no engine publishes at all."""
+    nobody = _no_engine(view, guidance, up_for)
+    if nobody is not None:
+        return nobody
     engines, items = [], []
     if view.scan.error:
         items.append(f"<li><strong>spool not readable</strong>: {escape(SPOOL_UNREADABLE)}</li>")
@@ -363,10 +399,12 @@ def render_landing(
     cli: str = CLI,
     cli_spool: str = "",
     runbook_url: str = "",
+    up_for: float | None = None,
 ) -> str:
     """The whole page for one view of the spool; per engine at most ``max_discovered`` discovered owners, as
     /metrics exports them. Next steps name ``cli`` with ``cli_spool`` (see ``Guidance``) and link the runbook at
-    ``runbook_url`` (else name its place in a checkout)."""
+    ``runbook_url`` (else name its place in a checkout). ``up_for``: seconds the exporter has run (None: unknown),
+    which tells an engine still loading from one that does not publish."""
     rejected: list[list[str]] = []
     for entry in view.rejected:
         assert entry.error is not None
@@ -398,7 +436,7 @@ def render_landing(
         f"<title>modelkv-exporter</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>modelkv-exporter {escape(version)}</h1>"
         f"<p>spool <code>{escape(spool_dir)}</code> · {summary} · generated {generated_at(view.now)}</p></header>"
-        f"<main>{_attention(view, live, Guidance(cli_spool, cli, runbook_url), max_discovered)}<nav>{nav}</nav><h2>Engines</h2>{engines}"
+        f"<main>{_attention(view, live, Guidance(cli_spool, cli, runbook_url), max_discovered, up_for)}<nav>{nav}</nav><h2>Engines</h2>{engines}"
         f"<h2>Declarations</h2>"
         f"{f'<p class=muted>{escape(GEOMETRY_LEGEND)}</p>{sections}' if sections else '<p class=muted>None.</p>'}"
         f'<h2 id="rejected">Rejected files</h2>{rejected_html}</main></body></html>\n'

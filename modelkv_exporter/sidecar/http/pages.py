@@ -2,7 +2,8 @@
 
 Each body is keyed by what it shows: every file's name, version and state, whether the spool
 could be listed, and how many files were not read; the landing page also by its age column's
-``AGE_STEP_SECONDS`` step. Clients asking again get the same bytes object: a client hammering
+``AGE_STEP_SECONDS`` step and by whether the exporter may still be waiting for its engine's first
+snapshot. Clients asking again get the same bytes object: a client hammering
 ``/`` costs a scan and a send, not a rendering, and responses in flight share one body.
 
 The JSON document is joined from one cached piece per file, so a heartbeat re-encodes one
@@ -15,7 +16,7 @@ from __future__ import annotations
 import threading
 
 from modelkv_exporter.contract.version import VERSION
-from modelkv_exporter.sidecar.attention import CLI
+from modelkv_exporter.sidecar.attention import CLI, waiting
 from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
 from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.http.public import json_body
@@ -46,6 +47,8 @@ class Pages:
         """The spool as those commands name it ("": none; they read MODELKV_SPOOL_DIR)."""
         self.runbook_url = runbook_url
         """Where the landing page links runbook sections ("": it names them in docs/runbook.md)."""
+        self.started = source.clock()
+        """When the exporter started serving its pages, by the source's clock."""
         self._lock = threading.Lock()
         self._landing: tuple[object, bytes] = (None, b"")
         self._engines: tuple[object, bytes] = (None, b"")
@@ -57,7 +60,8 @@ class Pages:
         """The landing page, UTF-8."""
         with self._lock:
             view = self.source.view()
-            key = (view_key(view), int(view.now) // AGE_STEP_SECONDS)
+            up_for = view.now - self.started
+            key = (view_key(view), int(view.now) // AGE_STEP_SECONDS, waiting(up_for))
             if self._landing[0] != key:
                 page = render_landing(
                     view,
@@ -67,6 +71,7 @@ class Pages:
                     cli=self.cli,
                     cli_spool=self.cli_spool,
                     runbook_url=self.runbook_url,
+                    up_for=up_for,
                 )
                 self._landing = (key, page.encode())
                 self.renders += 1

@@ -152,12 +152,14 @@ class ScrapeGap:
     """Minutes ``start`` to ``stop`` (not included) in which Prometheus cannot scrape the sidecar at ``instance``.
 
     The sidecar restarts or its node is unreachable: Prometheus records ``up`` 0 and a staleness
-    marker for every series the target returned before.
+    marker for every series the target returned before. Where the pod is ``deleted``, the target is
+    gone instead: ``up`` goes stale with every other series, and nothing is recorded after it.
     """
 
     instance: str
     start: int
     stop: int
+    deleted: bool = False
 
     def covers(self, instance: str, t: int) -> bool:
         """Whether the scrape of ``instance`` at minute ``t`` fails."""
@@ -204,7 +206,10 @@ def scrapes(
         scrape: dict[tuple[str, Labels], float] = {}
         counts = {instance: dict.fromkeys(EngineState, 0) for instance in pods}
         for instance, pod in pods.items():
-            if any(gap.covers(instance, t) for gap in gaps):
+            missed = [gap for gap in gaps if gap.covers(instance, t)]
+            if any(gap.deleted for gap in missed):
+                continue
+            if missed:
                 target = tuple(sorted({"job": JOB, "instance": instance, "namespace": NAMESPACE, "pod": pod}.items()))
                 scrape[("up", target)] = 0.0
                 scrape[("scrape_duration_seconds", target)] = 10.0

@@ -16,6 +16,7 @@ __snapshotStale.forMinutes__: {{ printf "%d" (int64 $rule.alerts.snapshotStale.f
 __exporterDown.forMinutes__: {{ printf "%d" (int64 $rule.alerts.exporterDown.forMinutes) | quote }}
 __exporterAbsent.forMinutes__: {{ printf "%d" (int64 $rule.alerts.exporterAbsent.forMinutes) | quote }}
 __spoolUnreadable.forMinutes__: {{ printf "%d" (int64 $rule.alerts.spoolUnreadable.forMinutes) | quote }}
+__noEnginePublishing.forMinutes__: {{ printf "%d" (int64 $rule.alerts.noEnginePublishing.forMinutes) | quote }}
 __snapshotsRejected.forMinutes__: {{ printf "%d" (int64 $rule.alerts.snapshotsRejected.forMinutes) | quote }}
 __declarationUnderReports.forMinutes__: {{ printf "%d" (int64 $rule.alerts.declarationUnderReports.forMinutes) | quote }}
 __undeclaredCache.thresholdMiB__: {{ printf "%d" (int64 $rule.alerts.undeclaredCache.thresholdMiB) | quote }}
