@@ -29,6 +29,7 @@ from modelkv_testbed.simulation.physics import (
     step,
 )
 from modelkv_testbed.simulation.render import ScrapeGap, selector
+from modelkv_testbed.simulation.stories_leaks import STORIES_LEAKS
 from modelkv_testbed.simulation.story import (
     AlertTest,
     Episode,
@@ -1078,5 +1079,6 @@ STORIES = [
     _sleep_cycles(),
     _neighbour_during_capture(),
     _restart_in_place(),
+    *STORIES_LEAKS,
 ]
 """Every story, in the order their files sort."""
