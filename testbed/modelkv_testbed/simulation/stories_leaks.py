@@ -21,6 +21,8 @@ GROWTH = "modelkv_engine:live_tensor_growth_bytes"
 H100 = 80 * GIB
 WAVES = plus(flat(GIB // 2), bursts(5, 30, 12, 3 * GIB // 2))
 """Activations: half a GiB, 2 GiB for 12 minutes of every half hour."""
+RUSH = plus(flat(GIB // 2), bursts(5, 60, 20, 3 * GIB // 2))
+"""A saturated engine's activations: half a GiB, 2 GiB in a rush of 20 minutes every hour."""
 
 
 def h100_engine(name: str, pod: str, instance: str, device: str, **physics: object) -> Engine:
@@ -92,16 +94,17 @@ def _busy_and_stopped() -> Story:
         "chat-2",
         "10.20.0.3:9400",
         "GPU-l3",
-        busy=plus(bursts(5, 30, 12, 3 * GIB // 4), bursts(20, 30, 3, 384 * MIB)),
+        activation=RUSH,
+        busy=bursts(5, 60, 20, 3 * GIB // 4),
         leak=plus(step(2, 48 * MIB), step(3, 16 * MIB)),
     )
     stopped = h100_engine("stopped-leak", "chat-3", "10.20.0.4:9400", "GPU-l4", leak=ramp(30, 20 * MIB, 90))
     return Story(
         "story-leaks-busy-engine-and-a-stopped-leak",
         """
-        Two engines without a leak's trend. "busy" is saturated in its waves: for 12 minutes of
-        every half hour every sample its hook takes lands inside an engine step, with at least 768
-        MiB of activations live (and 3 minutes more with 384 MiB); its first requests made 64 MiB of
+        Two engines without a leak's trend. "busy" is saturated in a rush of 20 minutes every hour:
+        every sample its hook takes then lands inside an engine step, with at least 768 MiB of
+        activations live (2 GiB at most); its first requests made 64 MiB of
         buffers that it keeps (cuBLAS workspaces, a lazily made sampler buffer). "stopped-leak" leaks
         20 MiB of live tensors a minute from minute 30 to minute 90 and then stops, 1.2 GiB held.
         """,
