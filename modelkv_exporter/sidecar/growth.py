@@ -27,6 +27,7 @@ group (deploy/prometheus/modelkv-rules.yaml) for one snapshot:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from modelkv_exporter.contract.snapshot import Observation, Snapshot
@@ -71,14 +72,14 @@ class Growth:
         return (self.unexplained or 0) > UNDECLARED_GROWTH_BYTES
 
 
-def _difference(now: dict[str, int], base: dict[str, int], source: str, base_source: str | None = None) -> int | None:
+def _difference(now: Mapping[str, int], base: Mapping[str, int], source: str, base_source: str | None = None) -> int | None:
     base_source = base_source or source
     if source in now and base_source in base:
         return now[source] - base[base_source]
     return None
 
 
-def live_tensor_growth(now: dict[str, int], base: dict[str, int]) -> int | None:
+def live_tensor_growth(now: Mapping[str, int], base: Mapping[str, int]) -> int | None:
     """``modelkv_engine:live_tensor_growth_bytes`` of one sample against its baseline."""
     floor = _difference(now, base, "torch_allocated_low_water", "torch_allocated")
     high = _difference(now, base, "torch_allocated_high_water")
@@ -90,7 +91,7 @@ def live_tensor_growth(now: dict[str, int], base: dict[str, int]) -> int | None:
     return _difference(now, base, "torch_allocated")
 
 
-def _non_torch_growth(now: dict[str, int], base: dict[str, int]) -> int | None:
+def _non_torch_growth(now: Mapping[str, int], base: Mapping[str, int]) -> int | None:
     process = _difference(now, base, "process_gpu")
     reserved = _difference(now, base, "torch_reserved")
     return None if process is None or reserved is None else process - reserved

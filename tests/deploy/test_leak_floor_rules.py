@@ -10,7 +10,9 @@ from modelkv_testbed.promql import RULES_FILE, rule_groups
 from tests.deploy.test_rules import promtool_test
 
 FLOOR = "min_over_time(modelkv_memory_torch_allocated_low_water_bytes[10m])"
-HIGH_WATER = "modelkv_memory_torch_allocated_high_water_bytes - modelkv_memory_torch_allocated_high_water_baseline_bytes"
+HIGH_WATER = (
+    "modelkv_memory_torch_allocated_high_water_bytes - modelkv_memory_torch_allocated_high_water_baseline_bytes"
+)
 LARGER = f"""          (
             {FLOOR}
             - modelkv_memory_torch_allocated_baseline_bytes

@@ -16,7 +16,7 @@ from modelkv_testbed.promql import RULES_FILE
 from modelkv_testbed.simulation.physics import Timeline, simulate
 from modelkv_testbed.simulation.render import selector, snapshot
 from modelkv_testbed.simulation.stories import STORIES
-from modelkv_testbed.simulation.story import Episode, Story, Value, engine_labels
+from modelkv_testbed.simulation.story import Episode, Expectation, Story, Value, engine_labels
 
 UNDECLARED = "modelkv_engine:undeclared_memory_bytes"
 FLOOR_WINDOW = 10
@@ -28,6 +28,8 @@ def window_samples() -> int:
     said = subprocess.run([require_tool("promtool"), "--version"], capture_output=True, text=True).stdout
     major = int(said.split("version ", 1)[1].split(".", 1)[0])
     return FLOOR_WINDOW + 1 if major < 3 else FLOOR_WINDOW
+
+
 MINUTES = {
     "story-leaks-slow-leak-from-the-floor": (30, 60, 80, 200, 400),
     "story-leaks-busy-engine-and-a-stopped-leak": (10, 15, 24, 40, 60, 100, 300),
@@ -48,9 +50,9 @@ def as_the_rule_reads_it(found: Snapshot, timeline: Timeline, key: tuple[str, st
     return replace(found, measured=Measured(MemorySample(current.sampled_at, values), found.measured.baseline))
 
 
-def page_checks(episode: Episode, minutes: tuple[int, ...], windowed: bool) -> list[Value]:
+def page_checks(episode: Episode, minutes: tuple[int, ...], windowed: bool) -> list[Expectation]:
     timeline = simulate(episode.engines, episode.minutes)
-    checks = []
+    checks: list[Expectation] = []
     for minute in minutes:
         for engine in episode.engines:
             sample, beat = timeline.samples[engine.key][minute], timeline.heartbeats[engine.key][minute]
@@ -66,10 +68,12 @@ def page_checks(episode: Episode, minutes: tuple[int, ...], windowed: bool) -> l
     return checks
 
 
-def run_promtool(story: Story, episode: Episode, checks: list[Value], directory: Path) -> str:
+def run_promtool(story: Story, episode: Episode, checks: list[Expectation], directory: Path) -> str:
     (directory / "tests").mkdir(parents=True)
     (directory / RULES_FILE.name).write_text(RULES_FILE.read_text())
-    (directory / "tests" / "page.test.yaml").write_text(replace(story, episodes=[replace(episode, checks=checks)]).text())
+    (directory / "tests" / "page.test.yaml").write_text(
+        replace(story, episodes=[replace(episode, checks=checks)]).text()
+    )
     result = subprocess.run(
         [require_tool("promtool"), "test", "rules", "page.test.yaml"],
         capture_output=True,
