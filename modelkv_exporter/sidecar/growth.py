@@ -72,7 +72,9 @@ class Growth:
         return (self.unexplained or 0) > UNDECLARED_GROWTH_BYTES
 
 
-def _difference(now: Mapping[str, int], base: Mapping[str, int], source: str, base_source: str | None = None) -> int | None:
+def _difference(
+    now: Mapping[str, int], base: Mapping[str, int], source: str, base_source: str | None = None
+) -> int | None:
     base_source = base_source or source
     if source in now and base_source in base:
         return now[source] - base[base_source]
