@@ -259,7 +259,7 @@ class Sample:
     truth: dict[str, int] | None = None
     """Once the engine is ready: what each part of the memory breakdown holds, as the physics knows it, and
     ``unexplained``: the memory no part names (a leak, memory made outside torch, free blocks beyond the
-    activation budget, caches nothing finds or that stay under the floor, freed heap a CPU engine keeps)."""
+    activation budget, activations live at a busy sample, caches nothing finds or that stay under the floor, freed heap a CPU engine keeps)."""
     capture_drop: int | None = None
     """What vLLM's ``capture_model`` returns: the drop in the device's free memory across the capture, the
     graph pools and whatever else the device's processes allocated meanwhile (not what the hook records)."""
@@ -437,7 +437,7 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
         capture_drop=process.capture_drop,
     )
     if ready:
-        kept = process.reserved - live
+        kept = process.reserved - at_sample  # free blocks: the activations live at a busy sample are tensors
         budget = engine.activation_budget
         sample.truth = {
             "runtime": process.runtime - off_device.get(RUNTIME_TAG, 0),
@@ -446,7 +446,12 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
             "cuda_graphs": graphs - off_device.get(CUDAGRAPH_TAG, 0),
             "activation_peak": min(budget, kept),
             "model_local_caches": caches.named,
-            "unexplained": engine.leak(t) + engine.non_torch(t) + max(0, kept - budget) + caches.total - caches.named,
+            "unexplained": engine.leak(t)
+            + engine.non_torch(t)
+            + max(0, kept - budget)
+            + busy
+            + caches.total
+            - caches.named,
         }
     return sample
 
