@@ -287,7 +287,9 @@ class Measured:
     baseline: MemorySample | None = wire(
         "the same, taken once after the engine finished initialising; growth is measured from it. Its "
         "`torch_allocated_high_water` is the live tensors then plus the activation peak the engine profiled: how "
-        "high live tensors may go without leaving the engine's memory plan",
+        "high live tensors may go without leaving the engine's memory plan; its `torch_allocated_low_water`, "
+        "where reported, is the live tensors then (the floor restarts there; growth of the floor is measured "
+        "from `torch_allocated`)",
         default=None,
     )
 

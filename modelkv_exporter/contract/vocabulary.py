@@ -72,6 +72,13 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         True,
     ),
     Measurement(
+        "torch_allocated_low_water",
+        "lowest bytes in live tensors over the last two minutes of samples (torch.cuda.memory_allocated at each "
+        "sample): the memory live between engine steps, activations a busy engine holds mid-step only where every "
+        "sample of the window fell inside a step; its baseline is torch_allocated's",
+        False,
+    ),
+    Measurement(
         "paged_kv_committed",
         "bytes of the paged KV cache mapped on the device at the sample, outside torch's caching allocator (vLLM "
         "0.34's extensible KV cache: ExtensibleKVCache.physical_bytes; 0 while released for sleep or a weight "

@@ -122,6 +122,10 @@ class CudaSampler(MemorySampler):
     which vLLM resets and reads while it loads and profiles: this sampler only reads it until
     ``initialised`` is called, and from then on resets it after each reading, except while a
     caller that measures the peak itself holds the resets (``hold_resets``).
+
+    ``torch_allocated_low_water`` is the lowest live-tensor figure of the samples of the same window:
+    the live tensors between engine steps, read at the samples (docs/engine-hook.md says why at the
+    samples and not at each step). It restarts at the baseline, so it never reaches back into loading.
     """
 
     def __init__(
@@ -142,6 +146,7 @@ class CudaSampler(MemorySampler):
         self._holds = 0
         self._lock = threading.Lock()
         self._peaks: collections.deque[tuple[float, int]] = collections.deque()
+        self._floors: collections.deque[tuple[float, int]] = collections.deque()
         self._peak_since_start = 0
 
     def __call__(self) -> MemorySample:
@@ -160,8 +165,11 @@ class CudaSampler(MemorySampler):
             self.resetting = True
             self._reset_peak()
             self._peaks.clear()
+            self._floors.clear()
             values = dict(sample.values)
             allocated = values.get("torch_allocated")
+            if allocated is not None:
+                values["torch_allocated_low_water"] = _lowest_within(self._floors, self.clock(), allocated)
             if allocated is not None and activation_budget:
                 high = max(values.get("torch_allocated_high_water", 0), allocated + activation_budget)
                 values["torch_allocated_high_water"] = high
@@ -235,14 +243,16 @@ class CudaSampler(MemorySampler):
             "torch_reserved": self._read(lambda: cuda.memory_reserved(device)),
         }
         values = {source: value for source, value in readings.items() if value is not None}
+        allocated = values.get("torch_allocated")
+        if allocated is not None:
+            values["torch_allocated_low_water"] = _lowest_within(self._floors, self.clock(), allocated)
         peak = self._read(lambda: cuda.max_memory_allocated(device))
         if peak is not None:
             if self.resetting:
                 self._reset_peak()
             now = self.clock()
             self._peaks.append((now, peak))
-            while self._peaks[0][0] < now - HIGH_WATER_SECONDS:
-                self._peaks.popleft()
+            _forget_before(self._peaks, now - HIGH_WATER_SECONDS)
             high = max(p for _, p in self._peaks)
             values["torch_allocated_high_water"] = max(high, values.get("torch_allocated", 0))
             self._peak_since_start = max(self._peak_since_start, peak)
@@ -261,6 +271,18 @@ class CudaSampler(MemorySampler):
         if rss is not None:
             values["process_resident"] = rss
         return MemorySample(sampled_at=time.time(), values=values)
+
+
+def _forget_before(readings: collections.deque[tuple[float, int]], since: float) -> None:
+    while readings and readings[0][0] < since:
+        readings.popleft()
+
+
+def _lowest_within(readings: collections.deque[tuple[float, int]], now: float, reading: int) -> int:
+    """Add ``reading`` taken ``now`` and return the lowest of the last ``HIGH_WATER_SECONDS`` of readings."""
+    readings.append((now, reading))
+    _forget_before(readings, now - HIGH_WATER_SECONDS)
+    return min(r for _, r in readings)
 
 
 def cuda_sampler(cuda: Any, device: Any, nvml: Any | None, nvml_device: str | int | None) -> CudaSampler:

@@ -8,6 +8,7 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
   it at an instant (scan, admission, classification);
 - ``catalogue``: every metric the exporter emits, in one table; ``vocabulary``: the label values only it speaks;
 - ``attention``: what about an engine needs a person's attention, in one wording;
+- ``growth``: an engine's growth since its baseline by part, judged as the leak rule judges it;
 - ``breakdown``: where an engine's memory goes, part by part, from its snapshot's figures;
 - ``discovered``: which discovered owners are exported, and how a discovered layout is written;
 - ``labels`` and ``samples``: an engine's snapshot as label values and samples;

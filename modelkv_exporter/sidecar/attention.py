@@ -11,9 +11,11 @@ The findings mirror the alerts an operator would get from the rules
 above its declaration (``ModelKVDeclarationUnderReports``, same tolerance), a module holding cache
 memory it does not declare (``ModelKVUndeclaredCache``), declarations the engine dropped
 (``ModelKVDeclarationsDropped``), an owner called many times whose declared cache was never used
-(``ModelKVDeclaredCacheUnused``, over the engine's lifetime rather than 30 minutes), and a stale
-heartbeat (``ModelKVSnapshotStale``, without its 5 minutes); about the spool rather than an engine, no
-engine publishing into it at all (``ModelKVNoEnginePublishing``, ``no_engine``). Texts are plain; a page
+(``ModelKVDeclaredCacheUnused``, over the engine's lifetime rather than 30 minutes), growth since the
+baseline that neither the memory profile nor the caches explain (``ModelKVUndeclaredMemoryGrowth``,
+judged by ``sidecar.growth`` as the rule judges it, without its 15 minutes), and a stale heartbeat
+(``ModelKVSnapshotStale``, without its 5 minutes); about the spool rather than an engine, no engine
+publishing into it at all (``ModelKVNoEnginePublishing``, ``no_engine``). Texts are plain; a page
 escapes them.
 """
 
@@ -25,9 +27,15 @@ from enum import Enum
 
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
-from modelkv_exporter.contract.thresholds import NO_ENGINE_SECONDS, UNDER_REPORT_TOLERANCE, UNUSED_MIN_CALLS
+from modelkv_exporter.contract.thresholds import (
+    NO_ENGINE_SECONDS,
+    UNDECLARED_GROWTH_BYTES,
+    UNDER_REPORT_TOLERANCE,
+    UNUSED_MIN_CALLS,
+)
 from modelkv_exporter.judging.declaration_text import Figure, layout_figures, resized_figures, spec_code
 from modelkv_exporter.sidecar.discovered import discovery_running
+from modelkv_exporter.sidecar.growth import Growth, growth
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
@@ -49,6 +57,7 @@ class Concern(str, Enum):
     UNDECLARED = "undeclared cache"
     DROPPED = "dropped declarations"
     UNUSED = "declared cache unused"
+    GROWTH = "unexplained growth"
     NO_ENGINE = "no engine"
 
 
@@ -131,12 +140,23 @@ NEXT_STEPS: dict[Concern, NextStep] = {
         "each owner's verdict",
         "ModelKVDeclaredCacheUnused",
     ),
+    Concern.GROWTH: NextStep(
+        "find what holds the memory: ModelKVUndeclaredMemoryGrowth fires once this lasts 15 minutes (on a CPU "
+        "engine, while it keeps rising). Growing live tensors are a leak or a cache nothing declares (compare "
+        "two `inspect` runs, look for undeclared caches); non-torch growth is memory allocated outside torch "
+        "(an extension, NCCL); a cache the model keeps on purpose is fixed by declaring it",
+        "inspect",
+        "its growth since baseline by part",
+        "ModelKVUndeclaredMemoryGrowth",
+    ),
     Concern.NO_ENGINE: NextStep(
         "no engine beside this sidecar publishes. In the engine's container: vLLM loads the plugin when "
-        "`VLLM_PLUGINS` is unset or names modelkv_exporter (`kubectl exec POD -c ENGINE -- printenv VLLM_PLUGINS`); "
-        "the engine's image must have the package (`kubectl exec POD -c ENGINE -- python -c 'import "
-        "modelkv_exporter'`); the engine must write into this sidecar's spool (`kubectl exec POD -c ENGINE -- "
-        "printenv MODELKV_SPOOL_DIR`: one volume mounted in both containers at that directory)",
+        "`VLLM_PLUGINS` is unset or names modelkv_exporter "
+        "(`kubectl exec <pod> -n <namespace> -c <engine> -- printenv VLLM_PLUGINS`); the engine's image must have "
+        "the package (`kubectl exec <pod> -n <namespace> -c <engine> -- python -c 'import modelkv_exporter'`); the "
+        "engine must write into this sidecar's spool "
+        "(`kubectl exec <pod> -n <namespace> -c <engine> -- printenv MODELKV_SPOOL_DIR`: one volume mounted in both "
+        "containers at that directory)",
         "inspect",
         "the spool's files: none while no engine publishes",
         "ModelKVNoEnginePublishing",
@@ -243,6 +263,27 @@ def _unused(snapshot: Snapshot) -> list[Problem]:
     return found
 
 
+def growth_text(judged: Growth) -> str:
+    """The growth sentence: ``700.0 MiB since baseline that nothing explains (live tensors +700.0 MiB, ...)``."""
+    parts = []
+    if judged.live_tensors is not None:
+        parts.append(f"live tensors {signed_bytes(judged.live_tensors)}")
+        if judged.non_torch is not None:
+            parts.append(f"outside torch {signed_bytes(judged.non_torch)}")
+    elif judged.resident is not None:
+        parts.append(f"resident memory {signed_bytes(judged.resident)}")
+    parts.append(f"caches explain {human_bytes(judged.explained)}")
+    return (
+        f"{human_bytes(judged.unexplained or 0)} since baseline that neither the memory profile nor the caches "
+        f"explain ({', '.join(parts)}; the alert's threshold is {human_bytes(UNDECLARED_GROWTH_BYTES)})"
+    )
+
+
+def signed_bytes(value: int) -> str:
+    """Bytes with their sign: ``+1.0 GiB``, ``−512.0 MiB``."""
+    return ("−" if value < 0 else "+") + human_bytes(abs(value))
+
+
 def problems_of(snapshot: Snapshot) -> list[Finding]:
     """What is wrong with the snapshot's declarations, whatever the engine's state (``plan`` and ``inspect`` judge
     ended engines too); no stale heartbeat."""
@@ -275,7 +316,11 @@ def findings(snapshot: Snapshot, state: EngineState, now: float, *, ended_too: b
         age = max(now - snapshot.heartbeat_at, 0)
         stale = Problem(None, "", f"no heartbeat for {age:.0f} s; its figures are no longer exported")
         found.append(Finding(Concern.STALE, (stale,)))
-    return found + problems_of(snapshot)
+    found += problems_of(snapshot)
+    judged = growth(snapshot) if state is not EngineState.STALE else None
+    if judged is not None and judged.over_threshold:
+        found.append(Finding(Concern.GROWTH, (Problem(None, "", growth_text(judged)),)))
+    return found
 
 
 def status(state: EngineState, found: Sequence[Finding]) -> Status:

@@ -96,6 +96,7 @@ def test_cuda_sampler_reads_allocator_device_and_own_nvml_process() -> None:
         "torch_reserved": 200,
         "torch_peak_allocated": 150,
         "torch_allocated_high_water": 150,
+        "torch_allocated_low_water": 100,
         "device_used": 300,
         "device_total": 1000,
         "process_gpu": 321,

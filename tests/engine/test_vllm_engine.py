@@ -194,6 +194,7 @@ def test_engine_publishes_declarations_and_memory_and_goes_stale_when_killed(
     assert only(m["modelkv_memory_process_resident_bytes"])[1] > 100 * 2**20
     assert only(m["modelkv_memory_process_resident_baseline_bytes"])[1] > 100 * 2**20
     assert "modelkv_memory_torch_allocated_bytes" not in m, "a CPU engine has no CUDA allocator figure, not a 0"
+    assert "modelkv_memory_torch_allocated_low_water_bytes" not in m, "nor a floor of live tensors, not a 0"
     assert "modelkv_engine_gpu_memory_utilization_ratio" not in m
     assert only(m["modelkv_engine_up"])[1] == 1
     assert only(m["modelkv_engine_declarations_dropped"])[1] == 1, "the broken declarer is counted"

@@ -32,10 +32,12 @@ from modelkv_exporter.sidecar.attention import (
     Status,
     findings,
     no_engine,
+    signed_bytes,
     status,
     waiting,
 )
 from modelkv_exporter.sidecar.discovered import discovery_facts, exported_discovery
+from modelkv_exporter.sidecar.growth import growth
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.parts_chart import parts_chart
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
@@ -55,7 +57,15 @@ GROWTH_LEGEND = (
 )
 STATUS_LEGEND = (
     "status: ok, attention (and why), stale, ended or forgotten, judged from each snapshot alone; "
-    "growth beyond the memory plan is judged by the ModelKVUndeclaredMemoryGrowth alert over 15 minutes, not here"
+    "unexplained growth above the alert's threshold is a finding here, and pages (ModelKVUndeclaredMemoryGrowth) "
+    "once it lasts 15 minutes"
+)
+PARTS_LEGEND = (
+    "growth by part, as the rules judge it (modelkv_engine:undeclared_memory_bytes): live tensors: the floor of "
+    "live tensors (between engine steps) above the live tensors after initialisation, or the high-water mark above "
+    "that plus the profiled activation peak, whichever is larger (the rule reads the floor's lowest of 10 minutes); "
+    "outside torch: the process's device memory less the caching allocator's growth; resident: a CPU engine's "
+    "figure; caches explain: what the model-local caches held recently, or declare; unexplained: the rest"
 )
 GEOMETRY_LEGEND = "geometry: layers × kv_heads × head_dim × positions per row, then the element type"
 OBSERVED_LEGEND = (
@@ -119,6 +129,42 @@ def measured_growth(snapshot: Snapshot) -> tuple[str, int] | None:
 
 def _signed_bytes(value: int) -> str:
     return ("−" if value < 0 else "") + human_bytes(abs(value))
+
+
+def _part(value: int | None) -> str:
+    return "—" if value is None else signed_bytes(value)
+
+
+def growth_row(snapshot: Snapshot, state: EngineState) -> list[str] | None:
+    """One engine's growth since baseline by part and the alert it would raise; None before its baseline."""
+    judged = growth(snapshot)
+    if judged is None or state not in (EngineState.EXPORTED, EngineState.STALE):
+        return None
+    unexplained = judged.unexplained
+    if state is EngineState.STALE:
+        alert = "none: a stale engine's figures are not exported"
+    elif judged.over_threshold:
+        alert = "ModelKVUndeclaredMemoryGrowth, once this lasts 15 minutes"
+    else:
+        alert = "none"
+    return [
+        f'<a href="#engine-{escape(snapshot.engine.engine_id)}">{escape(snapshot.engine.engine_id)}</a>',
+        _part(judged.live_tensors),
+        _part(judged.non_torch),
+        _part(judged.resident if judged.resident_measured else None),
+        human_bytes(judged.explained),
+        "—" if unexplained is None else human_bytes(unexplained),
+        escape(alert),
+    ]
+
+
+def _growth_table(live: Sequence[tuple[Snapshot, EngineState]]) -> str:
+    rows = [row for s, state in live if (row := growth_row(s, state)) is not None]
+    if not rows:
+        return ""
+    headers = ["engine", "live tensors", "outside torch", "resident", "caches explain", "unexplained", "alert"]
+    table = _table(headers, rows, numeric=(1, 2, 3, 4, 5))
+    return f'<h3 id="growth">Growth since baseline</h3>{table}<p class="muted">{escape(PARTS_LEGEND)}</p>'
 
 
 def _status_cell(state: EngineState, found: Sequence[Finding]) -> str:
@@ -422,6 +468,7 @@ def render_landing(
     engines = _table(headers, [_engine_row(s, state, view.now) for s, state in live], numeric=(5, 6, 7, 8, 10))
     if live:
         engines += f'<p class="muted">{escape(STATUS_LEGEND)}<br>{escape(GROWTH_LEGEND)}</p>'
+        engines += _growth_table(live)
     else:
         engines = '<p class="muted">No snapshot in the spool yet.</p>'
     sections = "".join(

@@ -1,8 +1,11 @@
 """Engines and devices minute by minute: what each engine process holds, and what each device has in use.
 
 A GPU engine's live tensors are its runtime buffers, its weights, its paged KV cache, what its
-model-local caches hold, what undeclared owners hold and what leaks. Each sample window adds a
-transient activation peak on top; torch's caching allocator keeps the highest window peak since
+model-local caches hold, what undeclared owners hold and what leaks: the floor they stand at between
+engine steps. Each sample window adds a transient activation peak on top; a busy engine's samples may
+all land inside steps (``Engine.busy``: the least activations any sample of the minute saw), so the
+live tensors at a sample and the lowest of a window's samples (``torch_allocated_low_water``, the
+floor as the hook reads it, over two minutes as the hook keeps it) stand that much above the floor; torch's caching allocator keeps the highest window peak since
 start (or since vLLM last emptied it), so ``torch_reserved`` only grows between those points. The
 CUDA graph pools captured in the last loading minute are torch's too: private-pool segments whose
 blocks are free between replays. NVML's figure for the process is the allocator's memory plus the
@@ -195,6 +198,10 @@ class Engine:
     """Bytes of the CUDA graph pools captured in the last loading minute (0: ``enforce_eager``)."""
     activation_budget: int = 2 * GIB
     activation: Curve = flat()
+    busy: Curve = flat()
+    """The least activations any sample of the minute saw (0: a sample fell between two steps); at most ``activation``."""
+    floor: bool = True
+    """Whether the hook reports the floor of live tensors (``torch_allocated_low_water``); an older one does not."""
     caches: tuple[Cache, ...] = ()
     undeclared: tuple[Undeclared, ...] = ()
     leak: Curve = flat()
@@ -252,7 +259,7 @@ class Sample:
     truth: dict[str, int] | None = None
     """Once the engine is ready: what each part of the memory breakdown holds, as the physics knows it, and
     ``unexplained``: the memory no part names (a leak, memory made outside torch, free blocks beyond the
-    activation budget, caches nothing finds or that stay under the floor, freed heap a CPU engine keeps)."""
+    activation budget, activations live at a busy sample, caches nothing finds or that stay under the floor, freed heap a CPU engine keeps)."""
     capture_drop: int | None = None
     """What vLLM's ``capture_model`` returns: the drop in the device's free memory across the capture, the
     graph pools and whatever else the device's processes allocated meanwhile (not what the hook records)."""
@@ -264,6 +271,7 @@ class _Process:
     reserved: int = 0
     peak_allocated: int = 0
     previous_window: int = 0
+    previous_floor: int | None = None
     retained: int = 0
     lifetime: dict[str, int] = field(default_factory=dict)
     baseline: dict[str, int] | None = None
@@ -367,6 +375,12 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
         process.reserved = max(process.reserved, window)
     high_water = max(window, process.previous_window) if process.baseline is not None else live
     process.previous_window = window
+    busy = engine.busy(t) if process.baseline is not None else 0
+    assert busy <= engine.activation(t) or not busy, f"{engine.engine_id}: busier than its activations"
+    at_sample = live + busy
+    before = process.previous_floor
+    low_water = min(at_sample, before) if process.baseline is not None and before is not None else at_sample
+    process.previous_floor = at_sample
     process.peak_allocated = max(process.peak_allocated, window)
     pooled = {
         WEIGHTS_TAG: engine.weights,
@@ -387,13 +401,15 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
         process.runtime = engine.context + engine.runtime_buffers
     offloaded = engine.weights if sleep is not None and sleep.level == 1 and WEIGHTS_TAG in off_device else 0
     values = {
-        "torch_allocated": live,
+        "torch_allocated": at_sample,
         "torch_allocated_high_water": high_water,
         "torch_peak_allocated": process.peak_allocated,
         "torch_reserved": process.reserved + graphs,
         "process_resident": engine.resident_base + engine.heap(t) + offloaded,
         "device_total": engine.device.total,
     }
+    if engine.floor:
+        values["torch_allocated_low_water"] = low_water
     if engine.nvml:
         values["process_gpu"] = process_gpu
     if extensible is not None:
@@ -421,7 +437,7 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
         capture_drop=process.capture_drop,
     )
     if ready:
-        kept = process.reserved - live
+        kept = process.reserved - at_sample  # free blocks: the activations live at a busy sample are tensors
         budget = engine.activation_budget
         sample.truth = {
             "runtime": process.runtime - off_device.get(RUNTIME_TAG, 0),
@@ -430,7 +446,12 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
             "cuda_graphs": graphs - off_device.get(CUDAGRAPH_TAG, 0),
             "activation_peak": min(budget, kept),
             "model_local_caches": caches.named,
-            "unexplained": engine.leak(t) + engine.non_torch(t) + max(0, kept - budget) + caches.total - caches.named,
+            "unexplained": engine.leak(t)
+            + engine.non_torch(t)
+            + max(0, kept - budget)
+            + busy
+            + caches.total
+            - caches.named,
         }
     return sample
 
@@ -542,6 +563,7 @@ def check(engine: Engine, sample: Sample, device_used: int) -> None:
     v = sample.values
     asleep = sum(sample.off_device.values())
     assert v["torch_allocated"] <= v["torch_allocated_high_water"] or sample.baseline is None, engine.engine_id
+    assert v.get("torch_allocated_low_water", 0) <= v["torch_allocated"], engine.engine_id
     assert v["torch_allocated"] <= v["torch_reserved"], engine.engine_id
     assert v["torch_reserved"] - asleep <= sample.process_gpu, engine.engine_id
     assert v["torch_peak_allocated"] >= v["torch_allocated"], engine.engine_id
