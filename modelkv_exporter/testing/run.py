@@ -17,10 +17,11 @@ from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Dro
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
+from modelkv_exporter.engine.plain_tensors import attribute_plain
 from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners, near_misses
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
 from modelkv_exporter.judging.declaration_text import layout_figures
-from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, judge
+from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
 from modelkv_exporter.testing.caches import CacheTracker
 from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
 from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
@@ -90,9 +91,6 @@ class CacheCheck:
         self._declarations: tuple[Declaration, ...] = ()
         self._dropped: tuple[DroppedDeclaration, ...] = ()
         self._owners: list[tuple[str, object]] = []
-        self._plain: dict[str, int] = {}
-        """Per observed owner, the bytes of plain tensors (in no cache layer) the census found it holding at the end:
-        they count for it as its layers do."""
 
     @contextlib.contextmanager
     def batch(self, size: int) -> Iterator[None]:
@@ -143,8 +141,8 @@ class CacheCheck:
         if observer is None:
             return
         try:
-            observations = {o.owner: o for o in observer.sample()}
-            discovered = self._discovered(tuple(observations.values()))
+            sampled, discovered = self._discovered(observer.sample())
+            observations = {o.owner: o for o in sampled}
             if self.discovery is not None and kind is None:
                 discovered += tuple(self.discovery())
             self.report = self._report(observer, observations, discovered)
@@ -172,21 +170,25 @@ class CacheCheck:
 
         hooks.discover = recording
 
-    def _discovered(self, observations: tuple[Observation, ...]) -> tuple[DiscoveredOwner, ...]:
-        """What the check's own discovery found: a census now, then every owner beyond those already reported."""
+    def _discovered(
+        self, observations: tuple[Observation, ...]
+    ) -> tuple[tuple[Observation, ...], tuple[DiscoveredOwner, ...]]:
+        """What the check's own discovery found: a census now, the plain tensors it found on an observed owner
+        added to its observation (as an engine publishes them, ``attribute_plain``), then every owner beyond those
+        already reported."""
         discovery = self._discovery
         if discovery is None:
-            return ()
+            return observations, ()
         discovery.census()
         found, status = discovery.sample(observations)
         reported = {path for path, _ in self._owners}
         if not status.enabled:
-            return ()
-        self._plain = {o.owner: o.peak_bytes for o in found if o.found_by == "census" and o.owner in reported}
+            return observations, ()
+        observations, found = attribute_plain(observations, found, reported)
         kept = [o for o in found if not (o.found_by in ("cache_layer", "census") and o.owner in reported)]
         small = [o for o in kept if o.found_by == "census" and o.peak_bytes < self.census_floor_bytes]
         self.below_floor = len(small)
-        return tuple(o for o in kept if o not in small)
+        return observations, tuple(o for o in kept if o not in small)
 
     def _report(
         self, observer: Observer, observations: dict[str, Observation], discovered: tuple[DiscoveredOwner, ...]
@@ -213,8 +215,6 @@ class CacheCheck:
         declared = sum(d.peak_bytes for d in declarations)
         reached, missed = reached_bound(peaks, declarations, infer_rows(peaks, self.max_num_seqs).copies)
         found_by = NAMED if path in self.named and not declarations else ""
-        holder = recorder.state.wrote_held if recorder is not None else None
-        held_by = f"{holder.path or '(root)'!r} ({holder.class_name})" if holder is not None else ""
         dropped_here = any(d.owner == path for d in self._dropped)
         if observation is None or not observation.available:
             verdict = judge(
@@ -228,10 +228,11 @@ class CacheCheck:
             return OwnerReport(
                 path, type(owner).__name__, declarations, verdict, (), None, None, None, peaks, (), found_by
             )
-        plain = self._plain.get(path, 0)
+        plain = observation.plain_bytes or 0
+        held_by = holder_text(observation.held_by, observation.held_by_class) if observation.held_by is not None else ""
         verdict = judge(
             declared_bytes=declared,
-            observed_bytes=(observation.peak_bytes or 0) + plain,
+            observed_bytes=observation.peak_bytes or 0,
             calls=observation.calls,
             cache_calls=observation.cache_calls,
             reached=reached,
