@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
+from modelkv_exporter.contract.vocabulary import RowDriver
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
@@ -24,8 +25,9 @@ from modelkv_exporter.judging.declaration_text import layout_figures
 from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
 from modelkv_exporter.testing.caches import CacheTracker
 from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
-from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
+from modelkv_exporter.testing.infer import Capacity, Rows, infer_capacity, infer_rows, reached_bound, suggest
 from modelkv_exporter.testing.layout import CallPeak
+from modelkv_exporter.testing.plain_layout import plain_layout
 from modelkv_exporter.testing.recorder import OwnerRecorder, attach, detach
 from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
 
@@ -229,6 +231,11 @@ class CacheCheck:
                 path, type(owner).__name__, declarations, verdict, (), None, None, None, peaks, (), found_by
             )
         plain = observation.plain_bytes or 0
+        suggestions = self._suggestions(path, peaks, observation.live_bytes)
+        plain_reason = ""
+        if plain:
+            plain_suggestions, plain_reason = self._plain_suggestions(path, owner, plain, observation.live_bytes)
+            suggestions = suggestions or plain_suggestions
         held_by = holder_text(observation.held_by, observation.held_by_class) if observation.held_by is not None else ""
         verdict = judge(
             declared_bytes=declared,
@@ -249,9 +256,10 @@ class CacheCheck:
             observation.cache_calls,
             observation.live_bytes,
             peaks,
-            self._suggestions(path, peaks, observation.live_bytes),
+            suggestions,
             found_by,
             plain,
+            plain_reason,
         )
 
     def _discovered_report(self, found: DiscoveredOwner) -> OwnerReport:
@@ -276,6 +284,41 @@ class CacheCheck:
             suggestions,
             found.found_by,
         )
+
+    def _plain_suggestions(
+        self, path: str, owner: object, plain: int, live_after: int | None
+    ) -> tuple[tuple[Suggestion, ...], str]:
+        """A suggestion from the layout of the plain tensors ``owner`` holds (``plain_layout``), and how it was read
+        or why there is none."""
+        layout = plain_layout(owner, plain)
+        if layout.shape is None:
+            return (), layout.reason
+        shape = layout.shape
+        if self.max_num_seqs > 1 and shape.rows == self.max_num_seqs:
+            rows = Rows(
+                RowDriver.MAX_NUM_SEQS,
+                1,
+                f"sized for max_num_seqs: {shape.rows} rows allocated, as many as the run's max_num_seqs",
+            )
+        elif self.max_num_seqs > 1:
+            rows = Rows(
+                RowDriver.FIXED,
+                shape.rows,
+                f"{shape.rows} rows allocated, not the run's max_num_seqs ({self.max_num_seqs})",
+            )
+        else:
+            rows = Rows(
+                None,
+                shape.rows,
+                f"{shape.rows} rows allocated at max_num_seqs 1: check at a larger max_num_seqs to tell a slot per "
+                "sequence from a fixed count",
+            )
+        capacity = Capacity(
+            shape.positions,
+            True,
+            f"{shape.positions} positions a row allocated in the plain tensors (their storage, whatever was written)",
+        )
+        return (Suggestion(suggest(path, shape, rows, capacity, live_after)),), layout.reason
 
     @staticmethod
     def _peak(peaks: Sequence[CallPeak]) -> CallPeak | None:
