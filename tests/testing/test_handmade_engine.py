@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 from modelkv_exporter.cli.verdicts import owner_verdicts
@@ -144,3 +145,16 @@ def test_writers_of_their_parents_cache_fail_in_the_spool_as_in_the_check(tmp_pa
     result = judged(tmp_path)
     assert result.returncode == 1
     assert "FAIL first (DeclaringWriter): declares a cache another module holds" in result.stdout, result.stdout
+
+
+def test_without_the_attribution_the_engine_reports_the_ring_twice_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mechanism broken on purpose: the heartbeat publishes the census find beside the owner, as on main."""
+    from modelkv_exporter.engine import heartbeat
+
+    monkeypatch.setattr(heartbeat, "attribute_plain", lambda observations, discovered: (observations, discovered))
+    snapshot = run_engine(PlainRing([declare()], MAX_NUM_SEQS), tmp_path)
+    assert [d.owner for d in snapshot.discovered if d.found_by == DiscoveryMethod.CENSUS.value] == [""]
+    (verdict, *_) = owner_verdicts(snapshot)
+    assert verdict.verdict.kind is VerdictKind.UNUSED
