@@ -19,6 +19,7 @@ from modelkv_exporter.engine.protocol import (
     collect_owned_specs,
     driver_value,
     element_size,
+    near_misses,
     spec_from_hf_config,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "collect_owned_specs",
     "driver_value",
     "element_size",
+    "near_misses",
     "spec_from_hf_config",
 ]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, layout_figures, resized_figures
 from modelkv_exporter.judging.declaration_text import spec_code as code_of
-from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, judge
+from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
 from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
@@ -66,6 +66,9 @@ def owner_verdicts(snapshot: Snapshot) -> list[OwnerVerdict]:
             cache_calls=observation.cache_calls if observation is not None else None,
             reached=None,
             unobserved=(observation.reason or "") if observation is not None else "the engine does not report it",
+            held_by=""
+            if observation is None or observation.held_by is None
+            else holder_text(observation.held_by, observation.held_by_class),
         )
         figures = None
         if verdict.kind is VerdictKind.UNDER_REPORTS and verdict.observed_bytes is not None:

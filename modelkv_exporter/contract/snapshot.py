@@ -319,8 +319,23 @@ class Observation:
     live_bytes: int | None = wire("bytes they hold at the sample", default=None)
     calls: int | None = wire("outermost calls into the owner's methods since observation started", default=None)
     cache_calls: int | None = wire(
-        "those of `calls` in which the owner created, initialised or updated a cache", default=None
+        "those of `calls` in which the owner created, initialised or updated a cache; null (unknown, never 0) where "
+        "plain tensors (`plain_bytes`) hold its cache and no call used a cache layer: which calls write plain "
+        "tensors is not seen",
+        default=None,
     )
+    plain_bytes: int | None = wire(
+        "of `peak_bytes`, the most bytes of plain tensors (in no cache layer) the census found the owner holding; "
+        "counted in `peak_bytes`, `recent_peak_bytes` and `live_bytes` (each storage once) and never published "
+        "again as discovered; null: none found",
+        default=None,
+    )
+    held_by: str | None = wire(
+        "the path of the module holding a cache layer this owner wrote (a cache counts once, for the module that "
+        "holds it); null: it wrote only its own",
+        default=None,
+    )
+    held_by_class: str | None = wire("the class name of the module `held_by` names", default=None)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """``SnapshotPublisher``: keeps one live engine's snapshot current in the spool.
 
-Heartbeats, measurements, observations, the end mark. Stdlib only, so any engine (not only vLLM) can use it.
+Heartbeats, measurements, observations, the end mark. Stdlib only, so any engine (not only vLLM) can use it. Plain
+tensors the census finds on a declaring owner are published in its observation (``plain_tensors``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from modelkv_exporter.contract.snapshot import (
 )
 from modelkv_exporter.contract.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
 from modelkv_exporter.engine.log import flush, get_logger, pending, report
+from modelkv_exporter.engine.plain_tensors import attribute_plain
 from modelkv_exporter.engine.samplers import Sampler
 
 logger = get_logger("heartbeat")
@@ -57,6 +59,9 @@ def _with_figures(
 ) -> Snapshot:
     if sample is not None:
         snapshot = replace(snapshot, measured=replace(snapshot.measured, current=sample))
+    if observations is not None and discovered is not None:
+        observations, found = attribute_plain(observations, discovered[0])
+        discovered = (found, discovered[1])
     if observations is not None:
         snapshot = replace(snapshot, observations=tuple(observations))
     if discovered is not None:

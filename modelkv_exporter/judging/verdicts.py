@@ -102,6 +102,11 @@ class Verdict:
         return f"{sentence} ({self.detail})" if self.detail else sentence
 
 
+def holder_text(path: str, owner_class: str | None) -> str:
+    """How a verdict names the module holding a cache another module wrote (``judge``'s ``held_by``)."""
+    return f"{path or '(root)'!r} ({owner_class or 'unknown class'})"
+
+
 def judge(
     *,
     declared_bytes: int,

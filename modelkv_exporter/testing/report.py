@@ -66,7 +66,10 @@ class OwnerReport:
     """Empty for a declarer; ``named`` (given to the check) or the discovery method otherwise."""
     plain_bytes: int = 0
     """Bytes of plain tensors (in no cache layer) it held at the end of the run, by the census: counted in
-    ``observed_bytes`` (a cache counts whatever keeps it); no geometry is inferred from them."""
+    ``observed_bytes`` (a cache counts whatever keeps it)."""
+    plain_layout: str = ""
+    """How the plain tensors' key/value layout was read (a suggestion comes from it), or why none could be: bytes
+    only (``testing.plain_layout``)."""
 
     @property
     def ok(self) -> bool:
@@ -116,7 +119,7 @@ class OwnerReport:
         if self.plain_bytes:
             lines.append(
                 f"       plain tensors it holds (no cache layer; census at the end of the run): "
-                f"{byte_text(self.plain_bytes)}, counted in what it held; their geometry and rows are not inferred"
+                f"{byte_text(self.plain_bytes)}, counted in what it held; {self.plain_layout}"
             )
         lines += [f"       wrong field {problem.text}" for problem in self.problems]
         if self.peaks:

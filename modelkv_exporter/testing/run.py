@@ -14,17 +14,20 @@ from types import TracebackType
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
+from modelkv_exporter.contract.vocabulary import RowDriver
 from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
+from modelkv_exporter.engine.plain_tensors import attribute_plain
 from modelkv_exporter.engine.protocol import collect_declarations, declaring_owners, near_misses
 from modelkv_exporter.engine.resolve import declarer_failures, resolve_owned
 from modelkv_exporter.judging.declaration_text import layout_figures
-from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, judge
+from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
 from modelkv_exporter.testing.caches import CacheTracker
 from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
-from modelkv_exporter.testing.infer import infer_capacity, infer_rows, reached_bound, suggest
+from modelkv_exporter.testing.infer import Capacity, Rows, infer_capacity, infer_rows, reached_bound, suggest
 from modelkv_exporter.testing.layout import CallPeak
+from modelkv_exporter.testing.plain_layout import plain_layout
 from modelkv_exporter.testing.recorder import OwnerRecorder, attach, detach
 from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion
 
@@ -90,9 +93,6 @@ class CacheCheck:
         self._declarations: tuple[Declaration, ...] = ()
         self._dropped: tuple[DroppedDeclaration, ...] = ()
         self._owners: list[tuple[str, object]] = []
-        self._plain: dict[str, int] = {}
-        """Per observed owner, the bytes of plain tensors (in no cache layer) the census found it holding at the end:
-        they count for it as its layers do."""
 
     @contextlib.contextmanager
     def batch(self, size: int) -> Iterator[None]:
@@ -143,8 +143,8 @@ class CacheCheck:
         if observer is None:
             return
         try:
-            observations = {o.owner: o for o in observer.sample()}
-            discovered = self._discovered(tuple(observations.values()))
+            sampled, discovered = self._discovered(observer.sample())
+            observations = {o.owner: o for o in sampled}
             if self.discovery is not None and kind is None:
                 discovered += tuple(self.discovery())
             self.report = self._report(observer, observations, discovered)
@@ -172,21 +172,25 @@ class CacheCheck:
 
         hooks.discover = recording
 
-    def _discovered(self, observations: tuple[Observation, ...]) -> tuple[DiscoveredOwner, ...]:
-        """What the check's own discovery found: a census now, then every owner beyond those already reported."""
+    def _discovered(
+        self, observations: tuple[Observation, ...]
+    ) -> tuple[tuple[Observation, ...], tuple[DiscoveredOwner, ...]]:
+        """What the check's own discovery found: a census now, the plain tensors it found on an observed owner
+        added to its observation (as an engine publishes them, ``attribute_plain``), then every owner beyond those
+        already reported."""
         discovery = self._discovery
         if discovery is None:
-            return ()
+            return observations, ()
         discovery.census()
         found, status = discovery.sample(observations)
         reported = {path for path, _ in self._owners}
         if not status.enabled:
-            return ()
-        self._plain = {o.owner: o.peak_bytes for o in found if o.found_by == "census" and o.owner in reported}
+            return observations, ()
+        observations, found = attribute_plain(observations, found, reported)
         kept = [o for o in found if not (o.found_by in ("cache_layer", "census") and o.owner in reported)]
         small = [o for o in kept if o.found_by == "census" and o.peak_bytes < self.census_floor_bytes]
         self.below_floor = len(small)
-        return tuple(o for o in kept if o not in small)
+        return observations, tuple(o for o in kept if o not in small)
 
     def _report(
         self, observer: Observer, observations: dict[str, Observation], discovered: tuple[DiscoveredOwner, ...]
@@ -213,8 +217,6 @@ class CacheCheck:
         declared = sum(d.peak_bytes for d in declarations)
         reached, missed = reached_bound(peaks, declarations, infer_rows(peaks, self.max_num_seqs).copies)
         found_by = NAMED if path in self.named and not declarations else ""
-        holder = recorder.state.wrote_held if recorder is not None else None
-        held_by = f"{holder.path or '(root)'!r} ({holder.class_name})" if holder is not None else ""
         dropped_here = any(d.owner == path for d in self._dropped)
         if observation is None or not observation.available:
             verdict = judge(
@@ -228,10 +230,16 @@ class CacheCheck:
             return OwnerReport(
                 path, type(owner).__name__, declarations, verdict, (), None, None, None, peaks, (), found_by
             )
-        plain = self._plain.get(path, 0)
+        plain = observation.plain_bytes or 0
+        suggestions = self._suggestions(path, peaks, observation.live_bytes)
+        plain_reason = ""
+        if plain:
+            plain_suggestions, plain_reason = self._plain_suggestions(path, owner, plain, observation.live_bytes)
+            suggestions = suggestions or plain_suggestions
+        held_by = holder_text(observation.held_by, observation.held_by_class) if observation.held_by is not None else ""
         verdict = judge(
             declared_bytes=declared,
-            observed_bytes=(observation.peak_bytes or 0) + plain,
+            observed_bytes=observation.peak_bytes or 0,
             calls=observation.calls,
             cache_calls=observation.cache_calls,
             reached=reached,
@@ -248,9 +256,10 @@ class CacheCheck:
             observation.cache_calls,
             observation.live_bytes,
             peaks,
-            self._suggestions(path, peaks, observation.live_bytes),
+            suggestions,
             found_by,
             plain,
+            plain_reason,
         )
 
     def _discovered_report(self, found: DiscoveredOwner) -> OwnerReport:
@@ -275,6 +284,41 @@ class CacheCheck:
             suggestions,
             found.found_by,
         )
+
+    def _plain_suggestions(
+        self, path: str, owner: object, plain: int, live_after: int | None
+    ) -> tuple[tuple[Suggestion, ...], str]:
+        """A suggestion from the layout of the plain tensors ``owner`` holds (``plain_layout``), and how it was read
+        or why there is none."""
+        layout = plain_layout(owner, plain)
+        if layout.shape is None:
+            return (), layout.reason
+        shape = layout.shape
+        if self.max_num_seqs > 1 and shape.rows == self.max_num_seqs:
+            rows = Rows(
+                RowDriver.MAX_NUM_SEQS,
+                1,
+                f"sized for max_num_seqs: {shape.rows} rows allocated, as many as the run's max_num_seqs",
+            )
+        elif self.max_num_seqs > 1:
+            rows = Rows(
+                RowDriver.FIXED,
+                shape.rows,
+                f"{shape.rows} rows allocated, not the run's max_num_seqs ({self.max_num_seqs})",
+            )
+        else:
+            rows = Rows(
+                None,
+                shape.rows,
+                f"{shape.rows} rows allocated at max_num_seqs 1: check at a larger max_num_seqs to tell a slot per "
+                "sequence from a fixed count",
+            )
+        capacity = Capacity(
+            shape.positions,
+            True,
+            f"{shape.positions} positions a row allocated in the plain tensors (their storage, whatever was written)",
+        )
+        return (Suggestion(suggest(path, shape, rows, capacity, live_after)),), layout.reason
 
     @staticmethod
     def _peak(peaks: Sequence[CallPeak]) -> CallPeak | None:

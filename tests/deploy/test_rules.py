@@ -306,8 +306,8 @@ BREAKS = {
         "ModelKVDeclaredPeakWillNotFit",
         "story-m",
     ),
-    "unobservable owners counted as unused": (
-        "and on (job, instance, engine, owner) modelkv_observation_available == 1\n",
+    "owners whose cache calls are not counted (unobservable, or a plain-tensor cache) counted as unused": (
+        "and on (job, instance, engine, owner) modelkv_observed_calls_total\n",
         "",
         "ModelKVDeclaredCacheUnused",
         "observation",

@@ -168,6 +168,8 @@ class Observer:
                             live_bytes=live,
                             calls=state.calls,
                             cache_calls=state.cache_calls,
+                            held_by=None if state.wrote_held is None else state.wrote_held.path,
+                            held_by_class=None if state.wrote_held is None else state.wrote_held.class_name,
                         )
                     )
                 next_interval(state, live, observing)

@@ -225,7 +225,7 @@ def _check_declaration(declaration: Declaration, max_num_seqs: int | None, where
         _invalid(f"{where}.{field}", problem)
 
 
-OBSERVED_FIGURES = ("peak_bytes", "recent_peak_bytes", "live_bytes", "cache_calls")
+OBSERVED_FIGURES = ("peak_bytes", "recent_peak_bytes", "live_bytes", "cache_calls", "plain_bytes")
 """An observation's figures that mean nothing when it is not ``available``."""
 
 
