@@ -14,6 +14,7 @@ the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (`
   observation and discovery;
 - ``observe``: what the declaring owners' ``transformers`` caches really hold;
 - ``discover``: modules that hold caches they do not declare;
+- ``plain_tensors``: plain tensors the census finds on a declaring owner, counted for that owner;
 - ``config``: the engine side's settings, ``MODELKV_`` variables read into one typed object;
 - ``vllm_hook``: the vLLM general plugin and what it does at each step of a worker's life.
 """
