@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Sequence
 
 from modelkv_exporter.cli.capacity import Correction, Demand
-from modelkv_exporter.contract.sizes import human_bytes
+from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import (
     CLI,
@@ -19,7 +19,7 @@ from modelkv_exporter.sidecar.attention import (
     over_declaration,
     undeclared_text,
 )
-from modelkv_exporter.sidecar.breakdown import breakdown, headroom_words, signed_bytes, whole_and_missing
+from modelkv_exporter.sidecar.breakdown import breakdown, headroom_words, whole_and_missing
 from modelkv_exporter.sidecar.discovered import discovery_facts, discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
@@ -194,7 +194,8 @@ def _parts(snapshot: Snapshot, width: int) -> list[str]:
     whole, missing = whole_and_missing(parts)
     total = parts.total
     rows = [
-        [name, signed_bytes(value), f"{value / total:.1%}" if total else "-"] for name, value in parts.parts.items()
+        [name, signed_bytes(value, minus="-"), f"{value / total:.1%}" if total else "-"]
+        for name, value in parts.parts.items()
     ]
     lines = [_wrapped(f"memory by part of {whole}{missing}{headroom_words(parts)}", width)]
     if rows:

@@ -74,3 +74,9 @@ def human_bytes(value: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def signed_bytes(value: int, plus: str = "", minus: str = "−") -> str:
+    """``human_bytes`` of a figure that may be negative: ``minus`` before a negative one, ``plus`` before any other
+    (``"+"`` for a growth: ``+1.0 GiB``)."""
+    return (minus if value < 0 else plus) + human_bytes(abs(value))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from modelkv_exporter.contract.sizes import human_bytes
+from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
 from modelkv_exporter.contract.thresholds import (
     NO_ENGINE_SECONDS,
@@ -267,21 +267,16 @@ def growth_text(judged: Growth) -> str:
     """The growth sentence: ``700.0 MiB since baseline that nothing explains (live tensors +700.0 MiB, ...)``."""
     parts = []
     if judged.live_tensors is not None:
-        parts.append(f"live tensors {signed_bytes(judged.live_tensors)}")
+        parts.append(f"live tensors {signed_bytes(judged.live_tensors, '+')}")
         if judged.non_torch is not None:
-            parts.append(f"outside torch {signed_bytes(judged.non_torch)}")
+            parts.append(f"outside torch {signed_bytes(judged.non_torch, '+')}")
     elif judged.resident is not None:
-        parts.append(f"resident memory {signed_bytes(judged.resident)}")
+        parts.append(f"resident memory {signed_bytes(judged.resident, '+')}")
     parts.append(f"caches explain {human_bytes(judged.explained)}")
     return (
         f"{human_bytes(judged.unexplained or 0)} since baseline that neither the memory profile nor the caches "
         f"explain ({', '.join(parts)}; the alert's threshold is {human_bytes(UNDECLARED_GROWTH_BYTES)})"
     )
-
-
-def signed_bytes(value: int) -> str:
-    """Bytes with their sign: ``+1.0 GiB``, ``−512.0 MiB``."""
-    return ("−" if value < 0 else "+") + human_bytes(abs(value))
 
 
 def problems_of(snapshot: Snapshot) -> list[Finding]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from modelkv_exporter.contract.sizes import human_bytes
+from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod
 
@@ -236,16 +236,11 @@ def breakdown(snapshot: Snapshot) -> Breakdown | None:
     return Breakdown(total_source, total, known, has_paged_kv, settings.torch_headroom_bytes if device else None)
 
 
-def signed_bytes(value: int) -> str:
-    """``human_bytes`` of a figure that may be negative (the rest, when the parts over-count)."""
-    return human_bytes(value) if value >= 0 else "-" + human_bytes(-value)
-
-
 def part_words(parts: Breakdown) -> list[tuple[str, str]]:
     """Each known part in words: its bytes and its share of the process figure."""
     total = parts.total
     return [
-        (name, f"{name} {signed_bytes(value)}{f' ({value / total:.0%})' if total else ''}")
+        (name, f"{name} {signed_bytes(value, minus='-')}{f' ({value / total:.0%})' if total else ''}")
         for name, value in parts.parts.items()
     ]
 

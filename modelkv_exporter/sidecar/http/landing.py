@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from modelkv_exporter.contract.sizes import human_bytes
+from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.contract.thresholds import NO_ENGINE_SECONDS
 from modelkv_exporter.sidecar.attention import (
@@ -32,7 +32,6 @@ from modelkv_exporter.sidecar.attention import (
     Status,
     findings,
     no_engine,
-    signed_bytes,
     status,
     waiting,
 )
@@ -127,12 +126,8 @@ def measured_growth(snapshot: Snapshot) -> tuple[str, int] | None:
     return None
 
 
-def _signed_bytes(value: int) -> str:
-    return ("−" if value < 0 else "") + human_bytes(abs(value))
-
-
 def _part(value: int | None) -> str:
-    return "—" if value is None else signed_bytes(value)
+    return "—" if value is None else signed_bytes(value, "+")
 
 
 def growth_row(snapshot: Snapshot, state: EngineState) -> list[str] | None:
@@ -185,7 +180,7 @@ def _engine_row(snapshot: Snapshot, state: EngineState, now: float) -> list[str]
         "—" if snapshot.settings.max_num_seqs is None else str(snapshot.settings.max_num_seqs),
         str(len(snapshot.declarations)),
         human_bytes(snapshot.declared_peak_bytes),
-        "—" if growth is None else _signed_bytes(growth[1]),
+        "—" if growth is None else signed_bytes(growth[1]),
         "" if growth is None else f"<code>{escape(growth[0])}</code>",
         f"{max(now - snapshot.heartbeat_at, 0):.0f} s",
     ]
