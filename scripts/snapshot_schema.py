@@ -56,7 +56,12 @@ def _value_schema(info: FieldInfo) -> dict[str, Any]:
         }
     assert info.nested is not None
     reference = {"$ref": f"#/$defs/{definition_name(info.nested)}"}
-    return {"type": "array", "items": reference} if info.kind == "list" else reference
+    if info.kind != "list":
+        return reference
+    listing: dict[str, Any] = {"type": "array", "items": reference}
+    if rule.max_length is not None:
+        listing["maxItems"] = rule.max_length
+    return listing
 
 
 def field_schema(info: FieldInfo) -> dict[str, Any]:
@@ -159,7 +164,9 @@ def _bounds(info: FieldInfo) -> str:
         return "non-empty string" if rule.min_length else "string"
     assert info.nested is not None
     name = definition_name(info.nested)
-    return f"list of `{name}`" if info.kind == "list" else f"`{name}` object"
+    if info.kind != "list":
+        return f"`{name}` object"
+    return f"list of `{name}`" + (f", at most {rule.max_length}" if rule.max_length is not None else "")
 
 
 def _presence(info: FieldInfo) -> str:

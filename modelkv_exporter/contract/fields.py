@@ -46,7 +46,8 @@ class Rule:
     ``absent`` is what a reader takes for a missing or null field (``REQUIRED``: the document
     is invalid without it); ``required_below`` makes a field required in documents of a lower
     ``schema_version`` only. ``minimum``/``maximum`` bound integers and numbers; ``min_length``,
-    ``max_length``, ``pattern`` and ``choices`` bound strings (``pattern`` bounds a mapping's keys).
+    ``max_length``, ``pattern`` and ``choices`` bound strings (``max_length`` a list's entries too; ``pattern`` bounds
+    a mapping's keys).
     """
 
     meaning: str

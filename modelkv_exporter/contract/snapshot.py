@@ -48,6 +48,7 @@ CHECKS_BEYOND_FIELDS = (
     "`peak_bytes` is their product",
     "`(owner, name)` is unique among declarations, as is the `owner` of each observation",
     "`started_at` is not after `heartbeat_at`",
+    "`end` is present only when `ended` is true",
     "an observation that is not `available` has its byte figures and `cache_calls` dropped",
 )
 """What a reader checks beyond each field's own declaration (the reader's decoder does; the docs list them)."""
@@ -408,6 +409,47 @@ class DiscoveryStatus:
 
 
 @dataclass(frozen=True)
+class TorchSegment:
+    """One segment torch's caching allocator reserved from the device: its size and what tensors used of it."""
+
+    total_bytes: int = wire("the segment's size", minimum=0)
+    allocated_bytes: int = wire("bytes of it handed to live tensors", minimum=0)
+
+
+@dataclass(frozen=True)
+class EndState:
+    """Why an engine's snapshot ended and what its memory was then: the post-mortem of an engine that died.
+
+    Written once, with ``ended`` true, by the last write of the engine's snapshot; that write's ``measured.current``
+    and ``observations`` are taken at the same moment (for an out-of-memory: while the error propagates, before any
+    of it is freed), so the breakdown and growth by part and by owner since the baseline read from them.
+    """
+
+    reason: str = wire(
+        "`shutdown`, `out_of_memory` or `error` (see [metrics.md](metrics.md)); readers accept any plain name",
+        pattern=PLAIN_NAME,
+    )
+    at: float = wire("Unix time the engine ended")
+    error: str = wire(
+        "the exception's qualified type and the first line of its message, at most 512 characters; empty for a "
+        "shutdown",
+        default="",
+        max_length=512,
+    )
+    reserved_free_bytes: int | None = wire(
+        "bytes torch's caching allocator held reserved and not in any live tensor at that moment; null where torch "
+        "cannot say",
+        default=None,
+        minimum=0,
+    )
+    largest_segments: tuple[TorchSegment, ...] | None = wire(
+        "torch's largest segments at that moment, largest first, at most 8; null where torch cannot say",
+        default=None,
+        max_length=8,
+    )
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One engine process's complete published state."""
 
@@ -429,7 +471,16 @@ class Snapshot:
         "beating snapshot is stale when older than max(`--stale-after`, 3 intervals)",
         default=None,
     )
-    ended: bool = wire("true once the engine shut down cleanly; the sidecar stops exporting it", default=False)
+    ended: bool = wire(
+        "true once the engine ended (shut down, or raised an error that ended it); `end` says why where the writer "
+        "reports it. A sidecar stops exporting an engine that shut down",
+        default=False,
+    )
+    end: EndState | None = wire(
+        "why the engine ended and its memory then (the post-mortem); present only with `ended` true; absent or "
+        "null from older writers and while the engine runs",
+        default=None,
+    )
     writer: str = wire("the writing package and version, e.g. `modelkv-exporter/0.1.0`", default="")
     observations: tuple[Observation, ...] = wire(
         "per declaring owner, what the engine observed its caches to hold ([observed-caches.md](observed-caches.md)); "

@@ -7,6 +7,8 @@ or the new one, never a torn one. The sidecar's reader (``sidecar.reader.scan``)
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -16,6 +18,7 @@ from pathlib import Path
 from modelkv_exporter.contract.snapshot import Snapshot
 
 SUFFIX = ".json"
+ALIVE_SUFFIX = ".alive"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -25,6 +28,71 @@ def snapshot_file_name(engine_id: str) -> str:
     if safe != engine_id or len(safe) > 180:
         safe = f"{safe[:180]}-{hashlib.sha256(engine_id.encode('utf-8')).hexdigest()[:10]}"
     return safe + SUFFIX
+
+
+def alive_file_name(engine_id: str) -> str:
+    """The name of the engine's liveness file beside its snapshot (``<engine>.alive``)."""
+    return snapshot_file_name(engine_id)[: -len(SUFFIX)] + ALIVE_SUFFIX
+
+
+def hold_alive(spool_dir: str | os.PathLike[str], engine_id: str) -> int:
+    """Take the engine's liveness lock in ``spool_dir`` and return its descriptor; ``let_go_alive`` lets go.
+
+    An exclusive ``flock`` on ``<engine>.alive``, taken without waiting: the kernel drops it when the process ends,
+    however it ends (SIGKILL and the kernel's OOM killer included), so ``writer_alive`` tells a killed engine from a
+    hung one. A child forked later closes its copy at once (``os.register_at_fork``), so it cannot keep a dead engine
+    alive. Raises ``OSError`` when the file cannot be made or another process holds it.
+    """
+    path = Path(spool_dir) / alive_file_name(engine_id)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not _held:
+        os.register_at_fork(after_in_child=_close_held_in_child)
+    _held.add(fd)
+    return fd
+
+
+def let_go_alive(fd: int) -> None:
+    """Let go of a liveness lock ``hold_alive`` took (the engine ended: its snapshot says so)."""
+    _held.discard(fd)
+    os.close(fd)
+
+
+_held: set[int] = set()
+"""Liveness descriptors this process holds; a forked child closes them."""
+
+
+def _close_held_in_child() -> None:
+    for fd in _held:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+def writer_alive(alive_file: str | os.PathLike[str]) -> bool | None:
+    """Whether a process holds the liveness lock of ``alive_file``: True, False (none does: the writer is gone), or
+    None when it cannot be told (no such file: an older writer; a file system without ``flock``).
+
+    Asks with a shared lock on a descriptor of its own, taken and let go at once without waiting; needs only read
+    access, so a read-only mount of the spool can ask, and asking never lets go of a lock this process holds.
+    """
+    try:
+        fd = os.open(alive_file, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as error:
+        return True if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    finally:
+        os.close(fd)
+    return False
 
 
 def write_snapshot(spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> Path:

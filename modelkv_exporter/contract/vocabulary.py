@@ -99,6 +99,26 @@ class DropReason(str, Enum):
     """A spec the owner returned could not be resolved (a missing or malformed field)."""
 
 
+class EndReason(str, Enum):
+    """Why an engine's snapshot ended (``Snapshot.end.reason``); readers accept any plain name."""
+
+    SHUTDOWN = "shutdown"
+    """The worker shut down, was dropped by its engine, or its process exited normally."""
+
+    OUT_OF_MEMORY = "out_of_memory"
+    """The worker raised an out-of-memory error (torch's, or the driver's where vLLM maps its KV cache itself)."""
+
+    ERROR = "error"
+    """The worker raised another exception that ended its engine."""
+
+    VANISHED = "vanished"
+    """Told by the sidecar, never written: the process is gone (killed: SIGKILL, the kernel's OOM killer) without
+    ending its snapshot, as its liveness lock says (``contract.spool.writer_alive``)."""
+
+
+END_REASONS: frozenset[str] = frozenset(reason.value for reason in EndReason)
+
+
 class DiscoveryMethod(str, Enum):
     """How the engine found memory a module holds without declaring it."""
 

@@ -137,10 +137,13 @@ def _counts(info: FieldInfo) -> Reader:
 def _listing(info: FieldInfo) -> Reader:
     assert info.nested is not None
     item = _object_reader(info.nested)
+    longest = info.rule.max_length
 
     def read(value: Any, where: str, version: int) -> tuple[Any, ...]:
         if not isinstance(value, list):
             _invalid(where, f"expected a list, got {type(value).__name__}")
+        if longest is not None and len(value) > longest:
+            _invalid(where, f"{len(value)} entries, at most {longest}")
         return tuple(item(entry, f"{where}[{i}]", version) for i, entry in enumerate(value))
 
     return read
@@ -241,6 +244,8 @@ def _checked(snapshot: Snapshot) -> Snapshot:
         seen.add(key)
     if snapshot.started_at > snapshot.heartbeat_at:
         _invalid("snapshot.started_at", f"{snapshot.started_at!r} is after heartbeat_at {snapshot.heartbeat_at!r}")
+    if snapshot.end is not None and not snapshot.ended:
+        _invalid("snapshot.end", "present while `ended` is false")
     owners = [o.owner for o in snapshot.observations]
     if len(set(owners)) != len(owners):
         _invalid("snapshot.observations", "an owner is observed twice")
