@@ -4,7 +4,7 @@ A block is ``<!-- today:NAME begin ... -->``, the tables the bench ``bench/NAME.
 last recorded run and the date of that run, then ``<!-- today:NAME end -->``. A bench run with
 ``--record`` prints as usual; when it ends without an error, the Markdown tables it printed (or, if
 it printed none, its whole output as text) replace its block, and nothing else in the file
-changes. The dated history below the "Today" section is written by hand.
+changes. The text around the blocks (each bench's method and goal) is written by hand; earlier runs are in git.
 """
 
 from __future__ import annotations
