@@ -34,8 +34,12 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/modelkv-exporter demo
 
-test: system-deps $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed $(VENV_LOWEST)/.test-installed \
-		$(TRANSFORMERS_ENDS:%=build/transformers-%/.installed) tests/k8s/node_modules/.package-lock.json
+# The environments install side by side (`-j`): each is its own directory, and pip's cache writes atomically.
+TEST_ENVIRONMENTS := $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed $(VENV_LOWEST)/.test-installed \
+	$(TRANSFORMERS_ENDS:%=build/transformers-%/.installed) tests/k8s/node_modules/.package-lock.json
+
+test: system-deps
+	$(MAKE) --no-print-directory -j4 $(TEST_ENVIRONMENTS)
 	$(PY) -m pytest -q
 	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python -m pytest -q tests/engine --ignore=tests/engine/test_topologies.py
 	$(VENV_LOWEST)/bin/python -m pytest -q $(HTTP_TESTS)

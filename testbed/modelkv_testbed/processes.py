@@ -5,7 +5,8 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.http.server import SidecarServer, build_server
 from modelkv_testbed import VENV_BIN
 from modelkv_testbed.polling import eventually
 
@@ -119,6 +122,46 @@ def serving(command: list[str], port: int, ready: str) -> Iterator[str]:
         yield url
     finally:
         stop_process(process)
+
+
+@dataclass
+class InThread:
+    """A real sidecar server (uvicorn, the app, its probe listener) running in a thread of this process."""
+
+    server: SidecarServer
+    url: str
+
+    @property
+    def probe_url(self) -> str:
+        """The liveness listener's base URL."""
+        assert self.server.probe is not None, "the server was built without a probe port"
+        return f"http://127.0.0.1:{self.server.probe.port}"
+
+
+@contextmanager
+def serving_in_thread(
+    config: SidecarConfig, prepare: Callable[[SidecarServer], None] | None = None, *, ready: str | None = "/healthz"
+) -> Iterator[InThread]:
+    """``config``'s sidecar on a free port of 127.0.0.1 in a thread, from when its ``ready`` path answers (at once
+    when None) to the block's end.
+
+    ``prepare`` sees the built server before it starts (a test's own limits). The server is asked to exit and
+    joined at the end, so the next test finds its port and thread gone."""
+    port = free_port()
+    running = InThread(
+        build_server(config, host="127.0.0.1", port=port, log_level="warning"), f"http://127.0.0.1:{port}"
+    )
+    if prepare is not None:
+        prepare(running.server)
+    thread = threading.Thread(target=running.server.run, daemon=True)
+    thread.start()
+    try:
+        if ready is not None:
+            wait_http(running.url + ready)
+        yield running
+    finally:
+        running.server.should_exit = True
+        thread.join(timeout=10)
 
 
 def require_tool(name: str) -> str:

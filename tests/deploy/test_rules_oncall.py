@@ -4,7 +4,6 @@ the "still rising" test's minimum step, and a sidecar with no engine, as a real 
 from __future__ import annotations
 
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -18,9 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.thresholds import NO_ENGINE_SECONDS
 from modelkv_exporter.sidecar.http.config import SidecarConfig
-from modelkv_exporter.sidecar.http.server import SidecarServer, build_server
 from modelkv_testbed import ROOT
-from modelkv_testbed.processes import free_port, require_tool, wait_http
+from modelkv_testbed.processes import InThread, free_port, require_tool, serving_in_thread
 from modelkv_testbed.promql import RULES_FILE
 from modelkv_testbed.simulation.render import selector
 from modelkv_testbed.simulation.story import Firing, Held, Quiet
@@ -123,37 +121,23 @@ def test_a_plateaus_jitter_is_not_a_rise_without_the_minimum_step(tmp_path: Path
     assert broken.returncode != 0 and 'engine="cpu-jitter"' in broken.stdout, broken.stdout
 
 
-class Served:
-    """A real sidecar (uvicorn, the app, its probe listener) in a thread of this process."""
-
-    def __init__(self, spool: Path) -> None:
-        port = free_port()
-        self.spool = spool
-        self.server: SidecarServer = build_server(
-            SidecarConfig(spool, probe_port=free_port()), host="127.0.0.1", port=port, log_level="warning"
-        )
-        self.app = cast(FastAPI, self.server.config.app)
-        self.url = f"http://127.0.0.1:{port}"
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def ran_for(self, seconds: float) -> None:
-        """Make the page judge as if the exporter had started ``seconds`` earlier (its clock, not ours, moves)."""
-        pages = self.app.state.pages
-        pages.started = pages.source.clock() - seconds
+def ran_for(served: InThread, seconds: float) -> None:
+    """Make the page judge as if the exporter had started ``seconds`` earlier (its clock, not ours, moves)."""
+    pages = cast(FastAPI, served.server.config.app).state.pages
+    pages.started = pages.source.clock() - seconds
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    running = Served(spool)
-    running.thread.start()
-    try:
-        wait_http(running.url + "/healthz")
+def spool(tmp_path: Path) -> Path:
+    (tmp_path / "spool").mkdir()
+    return tmp_path / "spool"
+
+
+@pytest.fixture
+def served(spool: Path) -> Iterator[InThread]:
+    """A real sidecar (uvicorn, the app, its probe listener) in a thread of this process, over an empty spool."""
+    with serving_in_thread(SidecarConfig(spool, probe_port=free_port())) as running:
         yield running
-    finally:
-        running.server.should_exit = True
-        running.thread.join(timeout=10)
 
 
 def _scraped_for(exposition: str, minutes: int) -> list[dict[str, str]]:
@@ -185,7 +169,9 @@ def _no_engine_after(exposition: str, tmp_path: Path) -> subprocess.CompletedPro
     return promtool(RULES_FILE.read_text(), {"no-engine.test.yaml": yaml.safe_dump(test, sort_keys=False)}, tmp_path)
 
 
-def test_a_real_sidecar_with_no_engine_says_so_and_its_metrics_fire_the_alert(served: Served, tmp_path: Path) -> None:
+def test_a_real_sidecar_with_no_engine_says_so_and_its_metrics_fire_the_alert(
+    served: InThread, spool: Path, tmp_path: Path
+) -> None:
     """An empty spool on a real sidecar: its /metrics (every spool_files state 0, the spool listed) fire
     ModelKVNoEnginePublishing after 30 minutes; its page waits that long, then leads with the finding and what to
     check, never "0 engines ok"; once an engine publishes, neither the alert nor the finding."""
@@ -198,14 +184,14 @@ def test_a_real_sidecar_with_no_engine_says_so_and_its_metrics_fire_the_alert(se
     page = httpx.get(served.url + "/").text
     assert "Waiting for an engine: no engine has published a snapshot into the spool in the 0 min" in page
     assert "engines ok" not in page
-    served.ran_for(NO_ENGINE_SECONDS + 60)
+    ran_for(served, NO_ENGINE_SECONDS + 60)
     page = httpx.get(served.url + "/").text
     assert "Needs attention: no engine" in page and "engines ok" not in page
     assert "in the 31 min since this exporter started" in page
     assert "printenv VLLM_PLUGINS" in page and "import modelkv_exporter" in page and "MODELKV_SPOOL_DIR" in page
     assert "docs/runbook.md#modelkvnoenginepublishing" in page
 
-    write_snapshot(served.spool, make_snapshot("e"))
+    write_snapshot(spool, make_snapshot("e"))
     page = httpx.get(served.url + "/").text
     assert "no engine" not in page and "Nothing: 1 engine ok." in page
     published = _no_engine_after(httpx.get(served.url + "/metrics").text, tmp_path / "published")

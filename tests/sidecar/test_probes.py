@@ -23,49 +23,35 @@ from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.http import routes
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.limits import HttpLimits
-from modelkv_exporter.sidecar.http.server import SidecarServer, build_server
+from modelkv_exporter.sidecar.http.server import SidecarServer
 from modelkv_testbed.polling import eventually
-from modelkv_testbed.processes import free_port, wait_http
+from modelkv_testbed.processes import InThread, free_port, serving_in_thread, wait_http
 from modelkv_testbed.snapshots import make_snapshot
 
 
-class Served:
-    """A sidecar server running in a thread of this process."""
+def on_loop(served: InThread, call: Callable[[], Any]) -> None:
+    """Run ``call`` on the server's event loop (which it blocks for as long as it runs)."""
+    loop = next(iter(served.server.servers)).get_loop()  # type: ignore[attr-defined]
+    loop.call_soon_threadsafe(call)
 
-    def __init__(self, server: SidecarServer, port: int) -> None:
-        self.server = server
-        self.url = f"http://127.0.0.1:{port}"
-        assert server.probe is not None
-        self.probe_url = f"http://127.0.0.1:{server.probe.port}"
-        self.thread = threading.Thread(target=server.run, daemon=True)
 
-    def on_loop(self, call: Callable[[], Any]) -> None:
-        """Run ``call`` on the server's event loop (which it blocks for as long as it runs)."""
-        loop = next(iter(self.server.servers)).get_loop()  # type: ignore[attr-defined]
-        loop.call_soon_threadsafe(call)
+def _stall_after_one_and_a_half_seconds(server: SidecarServer) -> None:
+    assert server.probe is not None
+    server.probe.max_stall = 1.5
 
 
 @pytest.fixture
-def served(spool: Path) -> Iterator[Served]:
+def served(spool: Path) -> Iterator[InThread]:
     write_snapshot(spool, make_snapshot("e"))
-    port = free_port()
     config = SidecarConfig(spool, probe_port=free_port(), http=HttpLimits(idle_timeout=1))
-    running = Served(build_server(config, host="127.0.0.1", port=port, log_level="warning"), port)
-    assert running.server.probe is not None
-    running.server.probe.max_stall = 1.5
-    running.thread.start()
-    try:
-        wait_http(running.url + "/healthz")
+    with serving_in_thread(config, _stall_after_one_and_a_half_seconds) as running:
         yield running
-    finally:
-        running.server.should_exit = True
-        running.thread.join(timeout=10)
 
 
-def test_the_liveness_port_reports_a_stalled_event_loop_without_waiting_for_it(served: Served) -> None:
+def test_the_liveness_port_reports_a_stalled_event_loop_without_waiting_for_it(served: InThread) -> None:
     assert httpx.get(served.probe_url + "/healthz").text == "ok\n"
     release = threading.Event()
-    served.on_loop(lambda: release.wait(20))  # the event loop is stuck until released
+    on_loop(served, lambda: release.wait(20))  # the event loop is stuck until released
     try:
         with pytest.raises(httpx.TimeoutException):
             httpx.get(served.url + "/healthz", timeout=2)  # the main port waits for the loop
@@ -92,37 +78,32 @@ def test_the_liveness_port_says_starting_until_the_main_port_serves(
         await real_startup(self, sockets)
 
     monkeypatch.setattr(uvicorn.Server, "startup", held_startup)
-    port = free_port()
-    config = SidecarConfig(spool, probe_port=free_port())
-    running = Served(build_server(config, host="127.0.0.1", port=port, log_level="warning"), port)
-    running.thread.start()
-    try:
-        starting = eventually(
-            lambda: (r := httpx.get(running.probe_url + "/healthz", timeout=2)).status_code == 503 and r,
-            "the liveness listener to answer while the app starts",
-        )
-        assert starting.text == "starting\n"
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(running.url + "/healthz", timeout=2)
-        release.set()
-        eventually(lambda: httpx.get(running.probe_url + "/healthz").status_code == 200, "ok once it serves")
-        assert httpx.get(running.url + "/healthz").status_code == 200
-    finally:
-        release.set()
-        running.server.should_exit = True
-        running.thread.join(timeout=10)
+    with serving_in_thread(SidecarConfig(spool, probe_port=free_port()), ready=None) as running:
+        try:
+            starting = eventually(
+                lambda: (r := httpx.get(running.probe_url + "/healthz", timeout=2)).status_code == 503 and r,
+                "the liveness listener to answer while the app starts",
+            )
+            assert starting.text == "starting\n"
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(running.url + "/healthz", timeout=2)
+            release.set()
+            eventually(lambda: httpx.get(running.probe_url + "/healthz").status_code == 200, "ok once it serves")
+            assert httpx.get(running.url + "/healthz").status_code == 200
+        finally:
+            release.set()
 
 
-def test_a_slow_rendering_never_holds_the_event_loop(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_rendering_never_holds_the_event_loop(served: InThread, monkeypatch: pytest.MonkeyPatch) -> None:
     _hold_renders(served, monkeypatch, inline=False)
 
 
-def test_the_same_rendering_on_the_loop_would_starve_healthz(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_same_rendering_on_the_loop_would_starve_healthz(served: InThread, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(httpx.TimeoutException):
         _hold_renders(served, monkeypatch, inline=True)
 
 
-def _hold_renders(served: Served, monkeypatch: pytest.MonkeyPatch, *, inline: bool) -> None:
+def _hold_renders(served: InThread, monkeypatch: pytest.MonkeyPatch, *, inline: bool) -> None:
     """Hold every rendering of /metrics until released; meanwhile /healthz on the main port must answer."""
     app = served.server.config.app
     exposition = app.state.exposition
@@ -151,7 +132,7 @@ def _hold_renders(served: Served, monkeypatch: pytest.MonkeyPatch, *, inline: bo
         scrape.join(timeout=30)
 
 
-def test_pages_render_once_per_spool_change(served: Served, spool: Path) -> None:
+def test_pages_render_once_per_spool_change(served: InThread, spool: Path) -> None:
     pages = served.server.config.app.state.pages
     for _ in range(20):
         assert httpx.get(served.url + "/api/v1/engines").status_code == 200
@@ -204,7 +185,7 @@ def _head_bytes_taken(port: int, limit: int) -> int:
     return sent
 
 
-def test_the_guarded_protocol_stops_reading_at_the_head_limit(served: Served) -> None:
+def test_the_guarded_protocol_stops_reading_at_the_head_limit(served: InThread) -> None:
     port = int(served.url.rsplit(":", 1)[1])
     started = time.monotonic()
     taken = _head_bytes_taken(port, limit=4 * 1024 * 1024)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,9 +10,8 @@ import pytest
 
 from modelkv_exporter.sidecar.http import spool_watch
 from modelkv_exporter.sidecar.http.config import SidecarConfig
-from modelkv_exporter.sidecar.http.server import build_server
 from modelkv_testbed.polling import eventually
-from modelkv_testbed.processes import free_port, start_sidecar, stop_process, wait_http
+from modelkv_testbed.processes import serving_in_thread, start_sidecar, stop_process
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
@@ -60,18 +58,8 @@ def checks(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
 def served(tmp_path: Path) -> Iterator[Path]:
     """A real uvicorn server in this process over a missing spool, checked every 20 ms."""
     spool = tmp_path / "spool"
-    port = free_port()
-    server = build_server(
-        SidecarConfig(spool, spool_check_interval=0.02), host="127.0.0.1", port=port, log_level="warning"
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_http(f"http://127.0.0.1:{port}/healthz")
+    with serving_in_thread(SidecarConfig(spool, spool_check_interval=0.02)):
         yield spool
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_the_warning_repeats_while_the_problem_lasts_and_stops_after(
