@@ -145,9 +145,6 @@ def settings_table() -> str:
         commands = set(s.defaults) - {ENGINE}
         flag = f"`{s.flag}`" if commands else "(environment only)"
         env = f"`{s.env}`"
-        if s.aliases:
-            flag += "".join(f"<br>`{alias}` (deprecated)" for alias in s.alias_flags) if commands else ""
-            env += "".join(f"<br>`{alias}` (deprecated)" for alias in s.alias_envs)
         lines.append(f"| {flag} | {env} | {defaults} | {s.full_help} |")
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ def test_the_joined_document_is_the_whole_document(spool: Path) -> None:
     found = tuple(make_discovered(f"m.{i}") for i in range(3))
     write_snapshot(spool, with_discovery(make_snapshot("c"), found, discovery_status()))
     (spool / "bad.json").write_text("{")
-    source = SpoolSource.budgeted(spool, budget=Budget(max_discovered_owners=2))
+    source = SpoolSource.budgeted(spool, budget=Budget(sidecar_max_discovered_owners=2))
     body = Pages(source).engines()
     assert json.loads(body) == json.loads(json.dumps(engines_document(source.view(), "spool", 2)))
     (discovering,) = [e for e in json.loads(body)["engines"] if e["snapshot"]["engine"]["engine_id"] == "c"]
