@@ -386,7 +386,8 @@ _METRICS: list[Metric] = [
         "modelkv_discovery_owners_omitted",
         "gauge",
         "Discovered owners not exported, by reason: below_floor (smaller than the engine's size floor), "
-        "over_budget (past the engine's owner budget), exporter_budget (past --max-discovered-owners).",
+        "over_budget (past the engine's MODELKV_ENGINE_MAX_DISCOVERED_OWNERS), exporter_budget (past the exporter's "
+        "--sidecar-max-discovered-owners).",
         (*ENGINE, "reason"),
         _U,
     ),

@@ -115,9 +115,7 @@ Admit = Callable[[Snapshot], None]
 class SpoolLimits:
     """How much of the spool one scan reads; each a setting."""
 
-    max_snapshot_bytes: int = setting(
-        256 * 1024, byte_size, "Snapshot files larger than this are rejected unread (262144, 256KiB)."
-    )
+    max_snapshot_bytes: int = setting(256 * 1024, byte_size, "Snapshot files larger than this are rejected unread.")
     """Parsing a document costs up to about 22 times its size in transient memory (many small JSON values) and
     holds the interpreter for about 75 ms at this size; a snapshot of 256 declarations is about 100 KiB."""
 
