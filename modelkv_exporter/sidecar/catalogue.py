@@ -398,8 +398,3 @@ MAX_LABELS = 8
 """Labels of a value series (gauge, counter): few, so aggregations stay cheap."""
 MAX_INFO_LABELS = 10
 """Labels of an info series: one per declaration or engine, joined on and never aggregated, so it may carry more."""
-
-
-def label_limit(metric: Metric) -> int:
-    """The most labels ``metric`` may have."""
-    return MAX_INFO_LABELS if metric.kind == "info" else MAX_LABELS
