@@ -14,7 +14,8 @@ from types import TracebackType
 
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
 from modelkv_exporter.contract.vocabulary import RowDriver
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
+from modelkv_exporter.engine.config import DiscoverySettings
+from modelkv_exporter.engine.discover import Discovery
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
 from modelkv_exporter.engine.plain_tensors import attribute_plain

@@ -24,8 +24,8 @@ from transformers import DynamicCache
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine import log
-from modelkv_exporter.engine.config import TABLE, HookConfig
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census, discover, discovery
+from modelkv_exporter.engine.config import TABLE, DiscoverySettings, HookConfig
+from modelkv_exporter.engine.discover import Discovery, census, discover, discovery
 from modelkv_exporter.engine.discover.modules import ModuleMap, takes_cache
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
