@@ -20,7 +20,7 @@ from torch import nn
 
 from modelkv_exporter.demo.owners import CodecDecoder, TalkerGenerator
 from modelkv_exporter.engine.publish import build_snapshot
-from modelkv_exporter.protocol import collect_owned_specs
+from modelkv_exporter.protocol import collect_declarations
 from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 
 
@@ -59,18 +59,18 @@ def main() -> None:
     model = big_tree(args.modules)
     count = sum(1 for _ in model.modules())
     runs: dict[str, list[float]] = {
-        "ours alone: collect": timed(lambda: collect_owned_specs(model), args.rounds),
+        "ours alone: collect": timed(lambda: collect_declarations(model).specs, args.rounds),
         "ours interleaved: collect": [],
         "ours interleaved: collect + resolve + snapshot": [],
         "vLLM-Omni interleaved: collect": [],
     }
     for _ in range(args.rounds):
-        runs["ours interleaved: collect"] += timed(lambda: collect_owned_specs(model), 1)
+        runs["ours interleaved: collect"] += timed(lambda: collect_declarations(model).specs, 1)
         runs["ours interleaved: collect + resolve + snapshot"] += timed(
             lambda: build_snapshot(model, max_num_seqs=8, engine_id="bench"), 1
         )
         runs["vLLM-Omni interleaved: collect"] += timed(lambda: omni_collect(model), 1)
-    assert len(collect_owned_specs(model)) == len(omni_collect(model)) == 7
+    assert len(collect_declarations(model).specs) == len(omni_collect(model)) == 7
     print(f"module tree: {count} modules, 7 declarations, {args.rounds} interleaved rounds")
     print("| what | median ms | p90 ms | min ms |\n|---|---:|---:|---:|")
     for name, samples in runs.items():

@@ -28,7 +28,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from bench.regions import load_helper, region_totals
-from modelkv_exporter.engine.discover.discovery import Discovery, DiscoverySettings
+from modelkv_exporter.engine.config import DiscoverySettings
+from modelkv_exporter.engine.discover.discovery import Discovery
 from modelkv_exporter.engine.observe import hooks, install
 from modelkv_exporter.engine.observe import observer as observer_module
 

@@ -49,7 +49,9 @@ def client_python(port: int, spool: str) -> None:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(
-        SpoolCollector(SpoolSource(SpoolReader(Path(spool), max_bytes=ROOMY_BYTES, max_spool_bytes=ROOMY_BYTES)))
+        SpoolCollector(
+            SpoolSource(SpoolReader(Path(spool), max_snapshot_bytes=ROOMY_BYTES, max_spool_bytes=ROOMY_BYTES))
+        )
     )
     start_http_server(port, addr="127.0.0.1", registry=registry)
     threading.Event().wait()
@@ -68,7 +70,9 @@ def per_scrape(port: int, spool: str) -> None:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(
-        SpoolCollector(SpoolSource(SpoolReader(Path(spool), max_bytes=ROOMY_BYTES, max_spool_bytes=ROOMY_BYTES)))
+        SpoolCollector(
+            SpoolSource(SpoolReader(Path(spool), max_snapshot_bytes=ROOMY_BYTES, max_spool_bytes=ROOMY_BYTES))
+        )
     )
     app = FastAPI()
 

@@ -52,6 +52,12 @@ SETTINGS = merged([*TABLES.values(), engine_config.TABLE])
 """Every setting of every command and of the engine, in the order the commands and then the engine read them."""
 
 
+def _flag(name: str) -> str:
+    """The flag of the setting ``name``, from the tables: a renamed setting renames it here too."""
+    (found,) = (s.flag for s in SETTINGS if s.dest == name)
+    return found
+
+
 SECTION_NOTES: dict[str, tuple[str, ...]] = {
     "Discovered caches": (
         'Modules that hold cache memory without declaring it, found by the engine: `found_by="cache_layer"` for a '
@@ -59,7 +65,8 @@ SECTION_NOTES: dict[str, tuple[str, ...]] = {
         "that it did not hold after initialisation ([observed-caches.md](observed-caches.md)). All eight families "
         "are new; `owner` is labelled as a declaration's owner is, `declares` and `layout` are on the info series "
         "only. A writer that does not report discovery gets none of them; with discovery off, only "
-        "`modelkv_discovery_available 0`. The sidecar exports at most `--max-discovered-owners` owners per engine, "
+        f"`modelkv_discovery_available 0`. The sidecar exports at most `{_flag('sidecar_max_discovered_owners')}` "
+        "owners per engine, "
         'the largest by peak, and counts the rest in `modelkv_discovery_owners_omitted{reason="exporter_budget"}`.',
         "",
     ),
@@ -145,9 +152,6 @@ def settings_table() -> str:
         commands = set(s.defaults) - {ENGINE}
         flag = f"`{s.flag}`" if commands else "(environment only)"
         env = f"`{s.env}`"
-        if s.aliases:
-            flag += "".join(f"<br>`{alias}` (deprecated)" for alias in s.alias_flags) if commands else ""
-            env += "".join(f"<br>`{alias}` (deprecated)" for alias in s.alias_envs)
         lines.append(f"| {flag} | {env} | {defaults} | {s.full_help} |")
     return "\n".join(lines)
 

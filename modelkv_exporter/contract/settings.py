@@ -7,8 +7,7 @@ what it means. ``group()`` nests a typed object whose settings are named with a 
 A ``Table`` is what one program reads (the engine hook, or one command): the spool directory, then
 the settings of its typed objects, with the defaults it changes; ``build`` makes a typed object from
 the values a table read. A new setting is one field and its use: flags, variables, parsing and the
-reference docs follow from the field. A renamed setting keeps its old names as ``aliases``: they are still
-read, each with a deprecation notice (``Table.deprecated``), and the docs name them.
+reference docs follow from the field.
 
 The one setting engines and sidecars share is here: ``SPOOL_DIR``, the directory both use.
 """
@@ -34,8 +33,7 @@ class Setting:
     """One setting: its flag, variable, parser and meaning, and its default in each program that reads it.
 
     A default is ``REQUIRED``, None (optional, and unset), or a value. ``notes`` holds a sentence per
-    program that only that program's help adds (the docs show them all). ``aliases`` are the setting's
-    former names, still read, deprecated.
+    program that only that program's help adds (the docs show them all).
     """
 
     dest: str
@@ -43,7 +41,6 @@ class Setting:
     help: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     notes: Mapping[str, str] = field(default_factory=dict)
-    aliases: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -54,16 +51,6 @@ class Setting:
     def env(self) -> str:
         """``MODELKV_SPOOL_DIR`` for ``spool_dir``."""
         return "MODELKV_" + self.dest.upper()
-
-    @property
-    def alias_flags(self) -> tuple[str, ...]:
-        """The flags of the former names, deprecated."""
-        return tuple("--" + alias.replace("_", "-") for alias in self.aliases)
-
-    @property
-    def alias_envs(self) -> tuple[str, ...]:
-        """The variables of the former names, deprecated."""
-        return tuple("MODELKV_" + alias.upper() for alias in self.aliases)
 
     def help_for(self, program: str) -> str:
         """The help of this setting as ``program`` shows it."""
@@ -81,14 +68,11 @@ class Setting:
         )
 
 
-def setting(
-    default: Any, parse: Callable[[str], Any], help: str, *, name: str = "", aliases: tuple[str, ...] = ()
-) -> Any:
-    """A dataclass field that is a setting: ``default`` (``REQUIRED`` for none), how a flag's or a variable's
-    text becomes its value, and what it means. ``name`` replaces the field's name as the setting's;
-    ``aliases`` are its former names, still read, deprecated.
+def setting(default: Any, parse: Callable[[str], Any], help: str) -> Any:
+    """A dataclass field that is a setting named as the field is: ``default`` (``REQUIRED`` for none), how a
+    flag's or a variable's text becomes its value, and what it means.
     ``REQUIRED`` is the snapshot fields' own "no default" (``contract/fields.py``): one sentinel for both."""
-    metadata = {_SETTING: Setting(name, parse, help, aliases=aliases)}
+    metadata = {_SETTING: Setting("", parse, help)}
     return field(metadata=metadata) if default is REQUIRED else field(default=default, metadata=metadata)
 
 
@@ -107,10 +91,7 @@ def settings_of(kind: type, prefix: str = "") -> tuple[tuple[Setting, Any], ...]
         elif _SETTING in item.metadata:
             row: Setting = item.metadata[_SETTING]
             default = REQUIRED if item.default is dataclasses.MISSING else item.default
-            named = dataclasses.replace(
-                row, dest=prefix + (row.dest or item.name), aliases=tuple(prefix + alias for alias in row.aliases)
-            )
-            found.append((named, default))
+            found.append((dataclasses.replace(row, dest=prefix + item.name), default))
     return tuple(found)
 
 
@@ -128,7 +109,7 @@ def _arguments(kind: type, values: Mapping[str, Any], prefix: str) -> dict[str, 
             nested = item.default_factory
             arguments[item.name] = nested(**_arguments(nested, values, prefix + item.metadata[_GROUP]))
         elif _SETTING in item.metadata:
-            value = values.get(prefix + (item.metadata[_SETTING].dest or item.name))
+            value = values.get(prefix + item.name)
             if value is not None:
                 arguments[item.name] = value
     return arguments
@@ -154,7 +135,7 @@ class Table:
     def settings(self) -> tuple[Setting, ...]:
         """Every setting of the program, its ``defaults`` and ``notes`` holding this program's alone."""
         rows = [(SPOOL_DIR, None)] + [row for kind in self.objects for row in settings_of(kind)]
-        names = [name for row, _ in rows for name in (row.dest, *row.aliases)]
+        names = [row.dest for row, _ in rows]
         repeated = {name for name in names if names.count(name) > 1}
         unknown = (set(self.defaults) | set(self.notes)) - {row.dest for row, _ in rows}
         if repeated or unknown:
@@ -178,29 +159,11 @@ class Table:
         for row in self.settings():
             default = row.defaults[self.program]
             values[row.dest] = None if default is REQUIRED else default
-            env, raw = _given(row, environ)
-            if raw is None:
+            raw = environ.get(row.env)
+            if raw is None or not raw.strip():
                 continue
             try:
                 values[row.dest] = row.parse(raw.strip())
             except ValueError as error:
-                problems[row.dest] = f"{env}={raw!r}: {error}"
+                problems[row.dest] = f"{row.env}={raw!r}: {error}"
         return values, problems
-
-    def deprecated(self, environ: Mapping[str, str]) -> list[str]:
-        """A notice for each former name of a setting that ``environ`` sets, naming the name to use instead."""
-        notices = []
-        for row in self.settings():
-            env, raw = _given(row, environ)
-            if raw is not None and env != row.env:
-                notices.append(f"{env} is deprecated: set {row.env} instead (read as {row.env} this time)")
-        return notices
-
-
-def _given(row: Setting, environ: Mapping[str, str]) -> tuple[str, str | None]:
-    """The variable that sets ``row`` and its text: the setting's own, else the first former name that is set."""
-    for env in (row.env, *row.alias_envs):
-        raw = environ.get(env)
-        if raw is not None and raw.strip():
-            return env, raw
-    return row.env, None

@@ -86,7 +86,6 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         True,
     ),
 )
-SOURCES: frozenset[str] = frozenset(m.source for m in MEASUREMENTS)
 
 
 class DropReason(str, Enum):
@@ -127,6 +126,3 @@ class DiscoveryMethod(str, Enum):
 
     CENSUS = "census"
     """Tensors reachable from the module that it did not hold after initialisation (a cache of its own)."""
-
-
-DISCOVERY_METHODS: frozenset[str] = frozenset(method.value for method in DiscoveryMethod)

@@ -3,7 +3,7 @@
 Builds on ``modelkv_exporter.contract`` and on torch (and vLLM for ``vllm_hook``); never on
 the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (``log``).
 
-- ``protocol``: the declaration protocol (``ModelLocalKVSpec``, ``collect_owned_specs``);
+- ``protocol``: the declaration protocol (``ModelLocalKVSpec``, ``collect_declarations``);
 - ``modules``: the one walk over a model's module tree;
 - ``resolve``: specs, ours or vLLM-Omni's, resolved at ``max_num_seqs`` into snapshot records;
 - ``publish``: ``build_snapshot`` and the one-shot ``publish``;

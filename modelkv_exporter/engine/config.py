@@ -2,8 +2,8 @@
 
 ``TABLE`` is what the engine reads: ``MODELKV_SPOOL_DIR`` (which turns the hook on), then every
 setting of ``HookConfig`` (discovery's are its ``DiscoverySettings``, which ``engine.discover`` reads as they
-are). Every variable is read here and nowhere else. A malformed variable is logged and its default kept, a
-former name of a setting is read with a warning: the engine never fails to start because of us.
+are). Every variable is read here and nowhere else. A malformed variable is logged and its default kept: the
+engine never fails to start because of us.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ class DiscoverySettings:
         non_negative_int,
         "Discovered owners one engine publishes at most (the largest first); the rest are counted. The sidecar "
         "exports at most MODELKV_SIDECAR_MAX_DISCOVERED_OWNERS of those per engine.",
-        aliases=("discover_max_owners",),
     )
     census_max_modules: int = setting(
         100_000, positive_int, "Modules one census visits at most; a census that stops there says so."
@@ -77,12 +76,11 @@ class HookConfig:
     sample_interval: float = setting(
         5.0, interval_seconds, "Seconds between the engine's memory samples and heartbeats (at least 1)."
     )
-    engine_id_prefix: str | None = setting(
+    engine_id: str | None = setting(
         None,
         str,
         "Prefix of the engine ids the plugin publishes under (default: the served model name, else the "
         "model directory's name); set it when two engines in one pod serve the same model name.",
-        name="engine_id",
     )
     observe: bool = setting(
         True,
@@ -120,8 +118,6 @@ def read_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     values, problems = TABLE.from_environ(environ)
     for problem in problems.values():
         logger.warning("modelkv: %s; using the default", problem)
-    for notice in TABLE.deprecated(environ):
-        logger.warning("modelkv: %s", notice)
     return values
 
 

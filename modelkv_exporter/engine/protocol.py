@@ -37,7 +37,6 @@ __all__ = [
     "OwnedSpec",
     "collect_declarations",
     "collect_model_local_kv_specs",
-    "collect_owned_specs",
     "driver_value",
     "element_size",
     "near_misses",
@@ -345,11 +344,7 @@ def collect_declarations(model: object) -> Collected:
     return Collected(collected, failures)
 
 
-def collect_owned_specs(model: object) -> list[OwnedSpec]:
-    """Every declaration in a loaded model, with its owner's path and class (failed declarers logged and skipped)."""
-    return collect_declarations(model).specs
-
-
 def collect_model_local_kv_specs(model: object) -> list[tuple[str, Any]]:
-    """Every declaration in a loaded model as ``(owner_path, spec)`` pairs (the contract's form)."""
-    return [(owned.owner_path, owned.spec) for owned in collect_owned_specs(model)]
+    """Every declaration in a loaded model as ``(owner_path, spec)`` pairs: vLLM-Omni's collector, by its name and
+    in its form, so that code written against its module runs on ours (``collect_declarations`` is the full one)."""
+    return [(owned.owner_path, owned.spec) for owned in collect_declarations(model).specs]

@@ -92,11 +92,6 @@ def declaration_from_spec(owner_path: str, owner_class: str, spec: Any, max_num_
     return declaration
 
 
-def resolve_declarations(owned: Iterable[OwnedSpec], max_num_seqs: int | None) -> tuple[Declaration, ...]:
-    """Resolve every owned spec; a spec that cannot be resolved is logged and skipped."""
-    return resolve_owned(owned, max_num_seqs)[0]
-
-
 def resolve_owned(
     owned: Iterable[OwnedSpec], max_num_seqs: int | None
 ) -> tuple[tuple[Declaration, ...], tuple[DroppedDeclaration, ...]]:

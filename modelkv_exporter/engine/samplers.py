@@ -285,11 +285,6 @@ def _lowest_within(readings: collections.deque[tuple[float, int]], now: float, r
     return min(r for _, r in readings)
 
 
-def cuda_sampler(cuda: Any, device: Any, nvml: Any | None, nvml_device: str | int | None) -> CudaSampler:
-    """A sampler of the torch CUDA allocator, the whole device and (when available) NVML."""
-    return CudaSampler(cuda, device, nvml, nvml_device)
-
-
 def sampler_for(device: Any) -> MemorySampler:
     """The right sampler for a worker's ``torch.device``."""
     if getattr(device, "type", None) == "cuda":

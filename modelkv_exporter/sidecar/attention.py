@@ -279,7 +279,7 @@ def growth_text(judged: Growth) -> str:
     )
 
 
-def problems_of(snapshot: Snapshot) -> list[Finding]:
+def declaration_findings(snapshot: Snapshot) -> list[Finding]:
     """What is wrong with the snapshot's declarations, whatever the engine's state (``plan`` and ``inspect`` judge
     ended engines too); no stale heartbeat."""
     found: list[Finding] = []
@@ -311,7 +311,7 @@ def findings(snapshot: Snapshot, state: EngineState, now: float, *, ended_too: b
         age = max(now - snapshot.heartbeat_at, 0)
         stale = Problem(None, "", f"no heartbeat for {age:.0f} s; its figures are no longer exported")
         found.append(Finding(Concern.STALE, (stale,)))
-    found += problems_of(snapshot)
+    found += declaration_findings(snapshot)
     judged = growth(snapshot) if state is not EngineState.STALE else None
     if judged is not None and judged.over_threshold:
         found.append(Finding(Concern.GROWTH, (Problem(None, "", growth_text(judged)),)))

@@ -9,7 +9,7 @@ label values; a later engine whose sanitised engine label equals an earlier one'
 ``over_budget`` (a collision as ``invalid_snapshot`` or ``duplicate_engine``) and counted once
 per file version; every other engine is still exported.
 
-Discovered owners are not a reason to reject: an engine's series carry at most ``max_discovered_owners`` of
+Discovered owners are not a reason to reject: an engine's series carry at most ``sidecar_max_discovered_owners`` of
 them (the largest, ``sidecar.discovered``), and the others are counted in
 ``modelkv_discovery_owners_omitted{reason="exporter_budget"}``.
 
@@ -43,14 +43,12 @@ class Budget:
     )
     """Real models declare a few: one per cache-owning module class."""
 
-    max_discovered_owners: int = setting(
+    sidecar_max_discovered_owners: int = setting(
         64,
         positive_int,
         "Discovered owners the sidecar exports per engine, the largest by peak; the others are counted in "
         'modelkv_discovery_owners_omitted{reason="exporter_budget"}, not exported. Each engine publishes at most '
         "MODELKV_ENGINE_MAX_DISCOVERED_OWNERS itself.",
-        name="sidecar_max_discovered_owners",
-        aliases=("max_discovered_owners",),
     )
     """A model has a few, each three series. An engine's own owner budget and size floor come first; this bounds
     what a writer that ignores them costs."""
@@ -135,7 +133,7 @@ class Admission:
                 RejectReason.OVER_BUDGET,
                 f"{dropped} entries of dropped declarations > limit {self.budget.max_declarations}",
             )
-        cost = snapshot_cost(snapshot, self.budget.max_discovered_owners)
+        cost = snapshot_cost(snapshot, self.budget.sidecar_max_discovered_owners)
         if cost.label_bytes > self.budget.max_label_bytes:
             raise SnapshotError(
                 RejectReason.OVER_BUDGET,
@@ -162,7 +160,9 @@ class Admission:
                     entries.append(entry)
                     continue
                 key = (entry.file_name, entry.version)
-                cost = costs[key] = self._costs.get(key) or snapshot_cost(snapshot, self.budget.max_discovered_owners)
+                cost = costs[key] = self._costs.get(key) or snapshot_cost(
+                    snapshot, self.budget.sidecar_max_discovered_owners
+                )
                 engine = engine_labels(snapshot)[0]
                 error = None
                 if engine in owners:

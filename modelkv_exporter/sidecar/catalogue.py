@@ -386,7 +386,8 @@ _METRICS: list[Metric] = [
         "modelkv_discovery_owners_omitted",
         "gauge",
         "Discovered owners not exported, by reason: below_floor (smaller than the engine's size floor), "
-        "over_budget (past the engine's owner budget), exporter_budget (past --max-discovered-owners).",
+        "over_budget (past the engine's MODELKV_ENGINE_MAX_DISCOVERED_OWNERS), exporter_budget (past the exporter's "
+        "--sidecar-max-discovered-owners).",
         (*ENGINE, "reason"),
         _U,
     ),
@@ -397,8 +398,3 @@ MAX_LABELS = 8
 """Labels of a value series (gauge, counter): few, so aggregations stay cheap."""
 MAX_INFO_LABELS = 10
 """Labels of an info series: one per declaration or engine, joined on and never aggregated, so it may carry more."""
-
-
-def label_limit(metric: Metric) -> int:
-    """The most labels ``metric`` may have."""
-    return MAX_INFO_LABELS if metric.kind == "info" else MAX_LABELS

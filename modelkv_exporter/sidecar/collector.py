@@ -48,7 +48,7 @@ class SpoolCollector:
             cast(Any, families[name]).add_metric(labels, dict(zip(metric.labels, labels, strict=True)))
 
         view = self.source.view()
-        limit = self.source.budget.max_discovered_owners
+        limit = self.source.budget.sidecar_max_discovered_owners
         for item in view.exported:
             engine_samples(item.snapshot, item.state is EngineState.STALE, add, info, limit)
             add(

@@ -2,7 +2,7 @@
 discovery's state says in words.
 
 An engine publishes the modules that hold cache memory they do not declare (``Snapshot.discovered``);
-the sidecar exports at most ``Budget.max_discovered_owners`` of them per engine:
+the sidecar exports at most ``Budget.sidecar_max_discovered_owners`` of them per engine:
 the largest by peak, listed in the snapshot's order, the rest counted as omitted. /metrics, the landing
 page and ``/api/v1/engines`` all pick them here, so they agree; the landing page and ``inspect`` say what
 discovery covered in the words of ``discovery_facts``.

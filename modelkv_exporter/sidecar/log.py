@@ -31,8 +31,6 @@ class RateLimit(logging.Filter):
         self.burst = float(burst)
         self.per_second = per_second
         self.clock = clock
-        self.suppressed = 0
-        """Lines dropped so far, all messages together."""
         self._buckets: dict[tuple[int, str], list[float]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -50,7 +48,6 @@ class RateLimit(logging.Filter):
         tokens = min(self.burst, tokens + (now - last) * self.per_second)
         if tokens < 1.0:
             bucket[:] = [tokens, now, dropped + 1]
-            self.suppressed += 1
             return False
         bucket[:] = [tokens - 1.0, now, 0.0]
         if dropped:

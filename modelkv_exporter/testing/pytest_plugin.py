@@ -16,6 +16,7 @@ only pytest: nothing of torch until the fixture is used. No GPU is needed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,11 +25,13 @@ import pytest
 
 @pytest.fixture
 def model_local_kv() -> Iterator[Callable[..., Any]]:
-    """``model_local_kv(model, drive, *, max_num_seqs, batches=(), ...)``: ``check``'s keywords; check, assert, report."""
+    """``model_local_kv(model, drive, *, max_num_seqs, batches=(), ...)``: ``check`` (its signature, so that a
+    keyword it does not take is a ``TypeError`` before the model runs), then the report asserted and returned."""
     from modelkv_exporter.testing.run import check
 
-    def run(model: object, drive: Callable[..., object], **options: Any) -> Any:
+    @functools.wraps(check)
+    def run(*args: Any, **keywords: Any) -> Any:
         __tracebackhide__ = True
-        return check(model, drive, **options).assert_ok()
+        return check(*args, **keywords).assert_ok()
 
     yield run

@@ -11,11 +11,11 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, DroppedDeclaration, Observation
 from modelkv_exporter.contract.vocabulary import RowDriver
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings
+from modelkv_exporter.engine.config import DiscoverySettings
+from modelkv_exporter.engine.discover import Discovery
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.observe.records import OwnerState
 from modelkv_exporter.engine.plain_tensors import attribute_plain
@@ -74,15 +74,10 @@ class CheckSettings:
 class CacheCheck:
     """One observed run of a model; use ``observe()`` to make one and ``with`` to run it."""
 
-    def __init__(self, model: object, **options: Any) -> None:
-        settings = self.settings = CheckSettings(**options)
+    def __init__(self, model: object, settings: CheckSettings) -> None:
+        self.settings = settings
         self.model = model
-        self.max_num_seqs = settings.max_num_seqs
-        self.named = tuple(settings.owners)
-        self.discover = settings.discover
-        self.census_floor_bytes = settings.census_floor_bytes
         self.below_floor = 0
-        self.discovery = settings.discovery
         self._discovery: Discovery | None = None
         self.report: Report | None = None
         self._batch: list[int | None] = [None]
@@ -115,11 +110,11 @@ class CacheCheck:
                 "running): run the check in a test process of its own"
             )
         collected = collect_declarations(self.model)
-        self._declarations, unresolved = resolve_owned(collected.specs, self.max_num_seqs)
+        self._declarations, unresolved = resolve_owned(collected.specs, self.settings.max_num_seqs)
         self._dropped = declarer_failures(collected.failures) + unresolved
         owners: list[tuple[str, object]] = list(declaring_owners(self.model))
         known = {path for path, _ in owners}
-        owners += [(path, _module_at(self.model, path)) for path in self.named if path not in known]
+        owners += [(path, _module_at(self.model, path)) for path in self.settings.owners if path not in known]
         self._owners = owners
         self._tracker.install()
         self._tracker.seed(owner for _, owner in owners)
@@ -128,7 +123,7 @@ class CacheCheck:
             state = observer.state_of(owner)
             if state is not None:
                 self._recorders[path] = attach(state, self._batch, self._tracker)
-        if self.discover:
+        if self.settings.discover:
             declaring = {d.owner for d in self._declarations}
             self._discovery = Discovery(self.model, DISCOVERY, observer=observer, declaring=declaring)
             self._discovery.start()
@@ -145,8 +140,8 @@ class CacheCheck:
         try:
             sampled, discovered = self._discovered(observer.sample())
             observations = {o.owner: o for o in sampled}
-            if self.discovery is not None and kind is None:
-                discovered += tuple(self.discovery())
+            if self.settings.discovery is not None and kind is None:
+                discovered += tuple(self.settings.discovery())
             self.report = self._report(observer, observations, discovered)
         finally:
             if self._discovery is not None:
@@ -188,7 +183,7 @@ class CacheCheck:
             return observations, ()
         observations, found = attribute_plain(observations, found, reported)
         kept = [o for o in found if not (o.found_by in ("cache_layer", "census") and o.owner in reported)]
-        small = [o for o in kept if o.found_by == "census" and o.peak_bytes < self.census_floor_bytes]
+        small = [o for o in kept if o.found_by == "census" and o.peak_bytes < self.settings.census_floor_bytes]
         self.below_floor = len(small)
         return observations, tuple(o for o in kept if o not in small)
 
@@ -201,12 +196,12 @@ class CacheCheck:
         for recorder in self._recorders.values():
             unavailable = unavailable or (recorder.failure and f"the check's recorder failed: {recorder.failure}")
         return Report(
-            self.max_num_seqs,
+            self.settings.max_num_seqs,
             tuple(reports),
             self._dropped,
             unavailable,
             self.below_floor,
-            self.census_floor_bytes,
+            self.settings.census_floor_bytes,
             tuple(near_misses(self.model)),
         )
 
@@ -215,8 +210,8 @@ class CacheCheck:
         recorder = self._recorders.get(path)
         peaks = recorder.call_peaks() if recorder is not None else ()
         declared = sum(d.peak_bytes for d in declarations)
-        reached, missed = reached_bound(peaks, declarations, infer_rows(peaks, self.max_num_seqs).copies)
-        found_by = NAMED if path in self.named and not declarations else ""
+        reached, missed = reached_bound(peaks, declarations, infer_rows(peaks, self.settings.max_num_seqs).copies)
+        found_by = NAMED if path in self.settings.owners and not declarations else ""
         dropped_here = any(d.owner == path for d in self._dropped)
         if observation is None or not observation.available:
             verdict = judge(
@@ -294,17 +289,17 @@ class CacheCheck:
         if layout.shape is None:
             return (), layout.reason
         shape = layout.shape
-        if self.max_num_seqs > 1 and shape.rows == self.max_num_seqs:
+        if self.settings.max_num_seqs > 1 and shape.rows == self.settings.max_num_seqs:
             rows = Rows(
                 RowDriver.MAX_NUM_SEQS,
                 1,
                 f"sized for max_num_seqs: {shape.rows} rows allocated, as many as the run's max_num_seqs",
             )
-        elif self.max_num_seqs > 1:
+        elif self.settings.max_num_seqs > 1:
             rows = Rows(
                 RowDriver.FIXED,
                 shape.rows,
-                f"{shape.rows} rows allocated, not the run's max_num_seqs ({self.max_num_seqs})",
+                f"{shape.rows} rows allocated, not the run's max_num_seqs ({self.settings.max_num_seqs})",
             )
         else:
             rows = Rows(
@@ -328,24 +323,32 @@ class CacheCheck:
         peak = self._peak(peaks)
         if peak is None:
             return []
-        rows = infer_rows(peaks, self.max_num_seqs)
+        rows = infer_rows(peaks, self.settings.max_num_seqs)
         return diagnose(declarations, peak.shapes(rows.copies), rows, rows.held(peak))
 
     def _suggestions(self, path: str, peaks: Sequence[CallPeak], live_after: int | None) -> tuple[Suggestion, ...]:
         peak = self._peak(peaks)
         if peak is None:
             return ()
-        rows = infer_rows(peaks, self.max_num_seqs)
+        rows = infer_rows(peaks, self.settings.max_num_seqs)
         return tuple(
             Suggestion(suggest(path, shape, rows, infer_capacity(peaks, shape, rows.copies), live_after))
             for shape in peak.shapes(rows.copies)
         )
 
 
-def observe(model: object, **options: Any) -> CacheCheck:
+def observe(
+    model: object,
+    *,
+    max_num_seqs: int,
+    owners: Sequence[str] = (),
+    discover: bool = True,
+    discovery: DiscoverySource | None = None,
+    census_floor_bytes: int = CENSUS_FLOOR,
+) -> CacheCheck:
     """``check``'s context-manager form: the ``with`` block drives the model, ``run.report`` holds the ``Report``.
 
-    The keywords are ``CheckSettings``'s (``max_num_seqs`` required)::
+    The keywords are ``CheckSettings``'s fields, which say what each means::
 
         with observe(model, max_num_seqs=2) as run:
             for size in (1, 2):
@@ -353,15 +356,26 @@ def observe(model: object, **options: Any) -> CacheCheck:
                     drive(model, size)
         run.report.assert_ok()
     """
-    return CacheCheck(model, **options)
+    return CacheCheck(model, CheckSettings(max_num_seqs, tuple(owners), discover, discovery, census_floor_bytes))
 
 
-def check(model: object, drive: Callable[..., object], *, batches: Sequence[int] = (), **options: Any) -> Report:
+def check(
+    model: object,
+    drive: Callable[..., object],
+    *,
+    max_num_seqs: int,
+    batches: Sequence[int] = (),
+    owners: Sequence[str] = (),
+    discover: bool = True,
+    discovery: DiscoverySource | None = None,
+    census_floor_bytes: int = CENSUS_FLOOR,
+) -> Report:
     """Observe ``model`` while ``drive(model)`` runs (or ``drive(model, size)`` for each of ``batches``); the report.
 
-    The other keywords are ``CheckSettings``'s (``max_num_seqs`` required).
+    The other keywords are ``CheckSettings``'s fields, which say what each means.
     """
-    with observe(model, **options) as run:
+    settings = CheckSettings(max_num_seqs, tuple(owners), discover, discovery, census_floor_bytes)
+    with CacheCheck(model, settings) as run:
         if batches:
             for size in batches:
                 with run.batch(size):

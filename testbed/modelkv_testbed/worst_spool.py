@@ -60,7 +60,7 @@ def big_engine(index: int, budget: Budget, max_bytes: int) -> Snapshot:
         )
         snapshot = make_snapshot(f"big-{index:03d}-" + text, declarations=declarations, interval=5.0)
         if (
-            snapshot_cost(snapshot, Budget().max_discovered_owners).label_bytes <= budget.max_label_bytes
+            snapshot_cost(snapshot, Budget().sidecar_max_discovered_owners).label_bytes <= budget.max_label_bytes
             and len(snapshot.to_json()) <= max_bytes
         ):
             best, low = snapshot, width + 1
@@ -108,7 +108,7 @@ def write_worst_spool(
     candidates = (replace(first, engine=replace(first.engine, engine_id=f"big-{i:03d}")) for i in range(max_files))
 
     def fits(snapshot: Snapshot) -> bool:
-        cost = snapshot_cost(snapshot, Budget().max_discovered_owners)
+        cost = snapshot_cost(snapshot, Budget().sidecar_max_discovered_owners)
         size = len(snapshot.to_json())
         return (
             len(engines) + junk_files < max_files
@@ -121,7 +121,7 @@ def write_worst_spool(
         for snapshot in stream:
             if not fits(snapshot):
                 break
-            cost = snapshot_cost(snapshot, Budget().max_discovered_owners)
+            cost = snapshot_cost(snapshot, Budget().sidecar_max_discovered_owners)
             series, label_bytes = series + cost.series, label_bytes + cost.label_bytes
             file_bytes += len(write_snapshot(spool, snapshot).read_bytes())
             engines.append(snapshot.engine.engine_id)

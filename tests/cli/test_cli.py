@@ -47,21 +47,16 @@ def test_serve_builds_the_sidecars_config_from_its_settings() -> None:
     assert build(SidecarConfig, vars(parse(["demo"])), spool_dir=Path("/d")).probe_port == 0
 
 
-def test_the_sidecars_owner_budget_keeps_its_former_names(capsys: pytest.CaptureFixture[str]) -> None:
-    """Renamed so that it is not taken for the engine's (MODELKV_ENGINE_MAX_DISCOVERED_OWNERS): the old flag and
-    variable still work, each with a warning naming the new one; the new name wins where both are given."""
-    budget = build(SidecarConfig, vars(parse(["serve", "--spool-dir", "s"])), spool_dir=Path("s")).budget
-    assert budget.max_discovered_owners == 64
-    for argv, env in [
-        (["serve", "--spool-dir", "s", "--max-discovered-owners", "3"], {}),
-        (["serve", "--spool-dir", "s"], {"MODELKV_MAX_DISCOVERED_OWNERS": "3"}),
-        (["serve", "--spool-dir", "s", "--sidecar-max-discovered-owners", "3"], {"MODELKV_MAX_DISCOVERED_OWNERS": "5"}),
-    ]:
-        args = parse(argv, **env)
-        assert build(SidecarConfig, vars(args), spool_dir=Path("s")).budget.max_discovered_owners == 3
-    warnings = capsys.readouterr().err
-    assert "--max-discovered-owners is deprecated: use --sidecar-max-discovered-owners" in warnings
-    assert "MODELKV_MAX_DISCOVERED_OWNERS is deprecated: set MODELKV_SIDECAR_MAX_DISCOVERED_OWNERS" in warnings
+def test_the_sidecars_owner_budget_has_one_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """Named so that it is not taken for the engine's (MODELKV_ENGINE_MAX_DISCOVERED_OWNERS); its former name,
+    never released, is neither a flag nor a variable."""
+    args = parse(["serve", "--spool-dir", "s", "--sidecar-max-discovered-owners", "3"])
+    assert build(SidecarConfig, vars(args), spool_dir=Path("s")).budget.sidecar_max_discovered_owners == 3
+    args = parse(["serve", "--spool-dir", "s"], MODELKV_MAX_DISCOVERED_OWNERS="3")
+    assert build(SidecarConfig, vars(args), spool_dir=Path("s")).budget.sidecar_max_discovered_owners == 64
+    with pytest.raises(SystemExit):
+        parse(["serve", "--spool-dir", "s", "--max-discovered-owners", "3"])
+    assert "unrecognized arguments: --max-discovered-owners" in capsys.readouterr().err
 
 
 def test_every_setting_has_a_flag_and_variable_of_its_name() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.contract.setting_values import number
-from modelkv_exporter.contract.settings import REQUIRED, SPOOL_DIR, Table, build, group, setting
+from modelkv_exporter.contract.settings import REQUIRED, SPOOL_DIR, Setting, Table, build, group, setting
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Config:
     directory: Path
     level: str = setting("info", str, "How much to say.")
     limits: Limits = group(Limits, "wire_")
-    renamed: str | None = setting(None, str, "Spelled otherwise.", name="alias")
+    alias: str | None = setting(None, str, "Spelled otherwise.")
     not_a_setting: int = 3
 
 
@@ -57,31 +57,9 @@ def test_a_table_refuses_a_name_twice_and_a_default_of_no_setting() -> None:
         Table("prog", (Config,), defaults={"levle": "debug"}).settings()
 
 
-@dataclass(frozen=True)
-class Renamed:
-    new_name: int = setting(4, int, "Was called otherwise.", aliases=("old_name",))
-    nested: Limits = group(Limits, "wire_")
-
-
-def test_a_former_name_is_still_read_with_a_notice_and_the_new_name_wins() -> None:
-    table = Table("prog", (Renamed,))
-    row = table.settings()[1]
-    assert (row.alias_flags, row.alias_envs) == (("--old-name",), ("MODELKV_OLD_NAME",))
-    assert table.from_environ({"MODELKV_OLD_NAME": "7"})[0]["new_name"] == 7
-    assert table.deprecated({"MODELKV_OLD_NAME": "7"}) == [
-        "MODELKV_OLD_NAME is deprecated: set MODELKV_NEW_NAME instead (read as MODELKV_NEW_NAME this time)"
-    ]
-    assert table.from_environ({"MODELKV_OLD_NAME": "7", "MODELKV_NEW_NAME": "9"})[0]["new_name"] == 9
-    assert table.deprecated({"MODELKV_NEW_NAME": "9"}) == []
-    values, problems = table.from_environ({"MODELKV_OLD_NAME": "x"})
-    assert values["new_name"] == 4 and problems["new_name"].startswith("MODELKV_OLD_NAME='x'")
-
-
-def test_a_former_name_may_not_be_another_settings_name() -> None:
-    @dataclass(frozen=True)
-    class Clash:
-        one: int = setting(1, int, "One.")
-        two: int = setting(2, int, "Two.", aliases=("one",))
-
-    with pytest.raises(ValueError, match="named twice"):
-        Table("prog", (Clash,)).settings()
+def test_a_setting_is_named_as_its_field_and_by_nothing_else() -> None:
+    """One name per setting: no former name is read (0.1.0 was never released, so no one set one)."""
+    assert "aliases" not in Setting.__dataclass_fields__
+    table = Table("prog", (Config,))
+    assert [row.dest for row in table.settings()] == ["spool_dir", "level", "wire_max_things", "wire_timeout", "alias"]
+    assert table.from_environ({"MODELKV_RENAMED": "x"})[0]["alias"] is None

@@ -369,7 +369,7 @@ while True:
 
 
 def test_a_writer_killed_mid_write_never_produces_a_torn_read(spool: Path) -> None:
-    reader = SpoolReader(spool, max_bytes=1 << 20)  # large snapshots: a wide window to tear
+    reader = SpoolReader(spool, max_snapshot_bytes=1 << 20)  # large snapshots: a wide window to tear
     rng = random.Random(4)
     kills = 0
     deadline = time.monotonic() + 60

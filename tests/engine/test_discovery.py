@@ -24,8 +24,8 @@ from transformers import DynamicCache
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine import log
-from modelkv_exporter.engine.config import TABLE, HookConfig
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census, discover, discovery
+from modelkv_exporter.engine.config import TABLE, DiscoverySettings, HookConfig
+from modelkv_exporter.engine.discover import Discovery, census, discover, discovery
 from modelkv_exporter.engine.discover.modules import ModuleMap, takes_cache
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
@@ -366,11 +366,10 @@ def test_the_settings_reach_discovery() -> None:
     assert Discovery(Model(), settings).budget == census.Budget(10, 20, 2)
 
 
-def test_the_engines_owner_budget_keeps_its_former_name(caplog) -> None:
-    assert config(MODELKV_DISCOVER_MAX_OWNERS="3").discovery.engine_max_discovered_owners == 3
-    assert "MODELKV_DISCOVER_MAX_OWNERS is deprecated: set MODELKV_ENGINE_MAX_DISCOVERED_OWNERS" in caplog.text
-    both = config(MODELKV_DISCOVER_MAX_OWNERS="3", MODELKV_ENGINE_MAX_DISCOVERED_OWNERS="5")
-    assert both.discovery.engine_max_discovered_owners == 5, "the new name wins"
+def test_the_engines_owner_budget_has_one_name() -> None:
+    """Its former name (MODELKV_DISCOVER_MAX_OWNERS), never released, is not read."""
+    assert config(MODELKV_DISCOVER_MAX_OWNERS="3").discovery.engine_max_discovered_owners == 32
+    assert config(MODELKV_ENGINE_MAX_DISCOVERED_OWNERS="5").discovery.engine_max_discovered_owners == 5
 
 
 def test_a_failing_census_is_logged_once_turns_discovery_off_and_never_reaches_the_model(

@@ -86,11 +86,11 @@ class FakeNvml:
         return self.processes
 
 
-def test_cuda_sampler_reads_allocator_device_and_own_nvml_process() -> None:
+def test_the_cuda_sampler_reads_allocator_device_and_own_nvml_process() -> None:
     import os
 
     nvml = FakeNvml([SimpleNamespace(pid=1, usedGpuMemory=5), SimpleNamespace(pid=os.getpid(), usedGpuMemory=321)])
-    sample = engine_memory.cuda_sampler(FakeCuda(), "cuda:0", nvml, "GPU-abc")()
+    sample = engine_memory.CudaSampler(FakeCuda(), "cuda:0", nvml, "GPU-abc")()
     assert {k: v for k, v in sample.values.items() if k != "process_resident"} == {
         "torch_allocated": 100,
         "torch_reserved": 200,
@@ -276,13 +276,13 @@ def test_the_hook_hands_vllms_activation_budget_to_the_sampler_after_warm_up(tmp
     ids=["no nvml", "pid not visible (container)", "nvml error (MIG)", "no usage reported"],
 )
 def test_what_nvml_cannot_tell_is_absent_never_zero(nvml: Any, nvml_device: Any) -> None:
-    sample = engine_memory.cuda_sampler(FakeCuda(), "cuda:0", nvml, nvml_device)()
+    sample = engine_memory.CudaSampler(FakeCuda(), "cuda:0", nvml, nvml_device)()
     assert "process_gpu" not in sample.values
     assert sample.values["torch_allocated"] == 100
 
 
 def test_a_failing_cuda_reading_drops_only_that_figure() -> None:
-    sample = engine_memory.cuda_sampler(FakeCuda({"mem_get_info", "memory_reserved"}), "cuda:0", None, None)()
+    sample = engine_memory.CudaSampler(FakeCuda({"mem_get_info", "memory_reserved"}), "cuda:0", None, None)()
     assert "device_used" not in sample.values and "device_total" not in sample.values
     assert "torch_reserved" not in sample.values and sample.values["torch_allocated"] == 100
 
@@ -312,7 +312,7 @@ def test_hook_config_from_environment() -> None:
     config = HookConfig.from_environ(
         {"MODELKV_SPOOL_DIR": "/s", "MODELKV_SAMPLE_INTERVAL": "soon", "MODELKV_ENGINE_ID": "x"}
     )
-    assert config is not None and config.sample_interval == 5.0 and config.engine_id_prefix == "x"
+    assert config is not None and config.sample_interval == 5.0 and config.engine_id == "x"
     assert config.observe, "observation is on by default"
     for value, observe in (("0", False), ("off", False), ("1", True), ("perhaps", True)):
         config = HookConfig.from_environ({"MODELKV_SPOOL_DIR": "/s", "MODELKV_OBSERVE": value})

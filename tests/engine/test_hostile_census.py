@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from modelkv_exporter.contract.snapshot import DiscoveryStatus
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, census
+from modelkv_exporter.engine.config import DiscoverySettings
+from modelkv_exporter.engine.discover import Discovery, census
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.observe import Observer
 from tests.engine.test_discovery import EVERYTHING

@@ -13,7 +13,7 @@ from torch import nn
 
 from modelkv_exporter.engine import protocol
 from modelkv_exporter.engine.publish import build_snapshot
-from modelkv_exporter.engine.resolve import declaration_from_spec, resolve_declarations
+from modelkv_exporter.engine.resolve import declaration_from_spec, resolve_owned
 from modelkv_exporter.sidecar.reader.decode import parse_snapshot
 
 omni = importlib.import_module("vllm_omni.model_executor.models.model_local_kv")
@@ -159,7 +159,7 @@ def test_collectors_agree_on_every_behaviour(mod: ModuleType, caplog: pytest.Log
 def test_owned_specs_carry_the_owner_class() -> None:
     model = nn.Module()
     model.decoder = Owner(omni, "x")
-    (owned,) = protocol.collect_owned_specs(model)
+    (owned,) = protocol.collect_declarations(model).specs
     assert (owned.owner_path, owned.owner_class, owned.spec.name) == ("decoder", "Owner", "x")
 
 
@@ -178,14 +178,14 @@ def test_unwrap_stops_on_cycles_and_errors() -> None:
 
 def test_duplicate_names_are_kept_and_renamed() -> None:
     owned = [protocol.OwnedSpec("d", "D", spec(protocol, name="c")) for _ in range(3)]
-    names = [d.name for d in resolve_declarations(owned, 4)]
+    names = [d.name for d in resolve_owned(owned, 4)[0]]
     assert names == ["c", "c#2", "c#3"]
 
 
 def test_an_unresolvable_spec_is_skipped_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     bad = SimpleNamespace(name="bad", layers="many")
     good = spec(protocol, name="good")
-    got = resolve_declarations([protocol.OwnedSpec("", "X", bad), protocol.OwnedSpec("", "X", good)], 2)
+    got, _ = resolve_owned([protocol.OwnedSpec("", "X", bad), protocol.OwnedSpec("", "X", good)], 2)
     assert [d.name for d in got] == ["good"]
     assert "cannot resolve" in caplog.text
 

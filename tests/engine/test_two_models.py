@@ -30,7 +30,8 @@ from transformers import DynamicCache, Qwen2Config, Qwen2Model, cache_utils
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, Observation, Snapshot
 from modelkv_exporter.contract.spool import snapshot_file_name
-from modelkv_exporter.engine.discover import Discovery, DiscoverySettings, stack
+from modelkv_exporter.engine.config import DiscoverySettings
+from modelkv_exporter.engine.discover import Discovery, stack
 from modelkv_exporter.engine.discover.discovery import Several
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed

@@ -15,7 +15,7 @@ from modelkv_testbed.exposition import Exposition
 from modelkv_testbed.snapshots import make_declaration, make_snapshot
 from modelkv_testbed.worst_spool import write_worst_spool
 
-LIMIT = Budget().max_discovered_owners
+LIMIT = Budget().sidecar_max_discovered_owners
 
 
 def source(spool: Path, budget: Budget) -> SpoolSource:

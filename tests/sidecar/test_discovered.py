@@ -111,7 +111,7 @@ def test_a_huge_number_of_discovered_owners_is_bounded_by_the_budget(spool: Path
     budget = Budget()
     exposition = scrape(spool, budget, reading)
     peaks = exposition.by("modelkv_discovered_peak_bytes", "owner")
-    limit = budget.max_discovered_owners
+    limit = budget.sidecar_max_discovered_owners
     assert len(peaks) == limit == 64
     assert set(peaks) == {f"model.layers.{i}.ring" for i in range(count - limit, count)}, "the largest are kept"
     assert exposition.value("modelkv_engine_discovered_owners", engine="hoarder") == limit
@@ -121,7 +121,7 @@ def test_a_huge_number_of_discovered_owners_is_bounded_by_the_budget(spool: Path
     mine = [s for s in exposition.samples if s.labels.get("engine") == "hoarder"]
     assert len(mine) == snapshot_cost(snapshot, limit).series
 
-    unbounded = scrape(spool, replace(budget, max_discovered_owners=count), reading)
+    unbounded = scrape(spool, replace(budget, sidecar_max_discovered_owners=count), reading)
     assert "modelkv_discovered_peak_bytes" not in unbounded
     assert unbounded.value("modelkv_exporter_snapshot_rejections_total", reason="over_budget") == 1
 
@@ -143,7 +143,7 @@ def test_exported_owners_keep_the_snapshot_order_and_ties_keep_the_earlier(spool
     same = tuple(make_discovered(f"m.{name}", found_by=CENSUS, peak_bytes=5 << 20) for name in "dcba")
     snapshot = with_discovery(make_snapshot("ties", heartbeat_at=GOLDEN_NOW), same, discovery_status())
     write_snapshot(spool, snapshot)
-    exposition = scrape(spool, Budget(max_discovered_owners=3))
+    exposition = scrape(spool, Budget(sidecar_max_discovered_owners=3))
     assert [s.labels["owner"] for s in exposition.all("modelkv_discovered_peak_bytes")] == ["m.d", "m.c", "m.b"]
 
 
@@ -181,7 +181,7 @@ def test_owners_without_a_status_are_exported_but_no_availability_is_claimed(spo
     runs, its census and the engine's own omissions are not claimed (absent, not 1 or 0)."""
     snapshot = with_discovery(make_snapshot("terse", heartbeat_at=GOLDEN_NOW), many_owners(3), None)
     write_snapshot(spool, snapshot)
-    exposition = scrape(spool, Budget(max_discovered_owners=2))
+    exposition = scrape(spool, Budget(sidecar_max_discovered_owners=2))
     assert discovery_samples_of(exposition, "terse") == {
         "modelkv_discovered_peak_bytes",
         "modelkv_discovered_recent_peak_bytes",

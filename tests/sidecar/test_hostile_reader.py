@@ -78,7 +78,7 @@ def test_the_reader_reads_the_first_files_within_its_file_and_byte_budgets(spool
         write_snapshot(spool, make_snapshot(f"e{i:02}", heartbeat_at=stamp))
     size = (spool / "e00.json").stat().st_size
     assert {f.stat().st_size for f in spool.iterdir()} == {size}
-    reader = SpoolReader(spool, max_files=10, max_spool_bytes=8 * size)
+    reader = SpoolReader(spool, max_spool_files=10, max_spool_bytes=8 * size)
     opened.clear()
     scan = reader.scan()
     assert [e.file_name for e in scan.entries] == [f"e{i:02}.json" for i in range(8)]
@@ -91,10 +91,10 @@ def test_the_reader_reads_the_first_files_within_its_file_and_byte_budgets(spool
     assert reader.rejections["over_budget"] == 5, "each skipped file counted once"
     reader.scan()
     assert reader.rejections["over_budget"] == 5
-    reader = SpoolReader(spool, max_files=10, max_spool_bytes=100 * size)
-    assert reader.scan().skipped == 3, "beyond max_files"
+    reader = SpoolReader(spool, max_spool_files=10, max_spool_bytes=100 * size)
+    assert reader.scan().skipped == 3, "beyond max_spool_files"
     (spool / "a-big.json").write_bytes(b" " * (20 * size))
-    reader = SpoolReader(spool, max_files=100, max_spool_bytes=19 * size)
+    reader = SpoolReader(spool, max_spool_files=100, max_spool_bytes=19 * size)
     scan = reader.scan()
     assert scan.skipped == 1 and len(scan.entries) == 13, "a file too big for the rest is passed over, not the rest"
 

@@ -35,7 +35,7 @@ from tests.support.discovered import CENSUS, discovery_status, kv_layout, make_d
 
 HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
 
-LIMIT = Budget().max_discovered_owners
+LIMIT = Budget().sidecar_max_discovered_owners
 """The sidecar's default discovered-owner budget."""
 
 

@@ -30,7 +30,7 @@ from modelkv_exporter.engine.observe import install
 from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_exporter.judging.verdicts import VerdictKind
-from modelkv_exporter.sidecar.attention import Concern, problems_of
+from modelkv_exporter.sidecar.attention import Concern, declaration_findings
 from modelkv_exporter.sidecar.budget import Budget
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.reader.scan import read_snapshot_file
@@ -99,7 +99,7 @@ def test_a_running_engine_counts_the_plain_ring_for_the_owner_that_declares_it(t
     assert not [d for d in snapshot.discovered if d.owner == ""], "the census find is the owner's, published once"
     (verdict,) = owner_verdicts(snapshot)
     assert verdict.verdict == in_process.owner("").verdict and verdict.verdict.kind is VerdictKind.HOLDS
-    concerns = {finding.concern for finding in problems_of(snapshot)}
+    concerns = {finding.concern for finding in declaration_findings(snapshot)}
     assert not concerns & {Concern.UNUSED, Concern.UNDECLARED}, concerns
     exposition = scrape(tmp_path)
     assert exposition.value("modelkv_observed_peak_bytes", engine=ENGINE) == RING_BYTES

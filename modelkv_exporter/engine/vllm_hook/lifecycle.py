@@ -122,7 +122,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
         previous.publisher.stop()
         previous.release()
     facts = facts_of(worker)
-    engine_id = claim_engine_id(engine_id_for(facts.identity, config.engine_id_prefix, facts.worker_rank), worker)
+    engine_id = claim_engine_id(engine_id_for(facts.identity, config.engine_id, facts.worker_rank), worker)
     runtime: Runtime | None = getattr(worker, RUNTIME_ATTRIBUTE, None)
     identity = {
         **facts.identity,

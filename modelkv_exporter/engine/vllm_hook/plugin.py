@@ -48,7 +48,6 @@ logger = get_logger("plugin")
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 WRAPPER_MODULE = "vllm.v1.worker.worker_base"
 DIFFUSION_MODULE = "vllm_omni.diffusion.worker.diffusion_worker"
-TARGET = WORKER_MODULE
 MARKER = "__modelkv_wrapped__"
 
 Step = Callable[..., Any]
@@ -308,11 +307,6 @@ class Registration:
 
 _registration: Registration | None = None
 _registered = False
-
-
-def registration() -> Registration | None:
-    """The registration ``register()`` made in this process (None when inactive)."""
-    return _registration
 
 
 def register() -> None:

@@ -187,7 +187,7 @@ class ExpositionCache:
             return cached
         assert entry.snapshot is not None
         sink = LineSink()
-        engine_samples(entry.snapshot, stale, sink.add, sink.info, self.source.budget.max_discovered_owners)
+        engine_samples(entry.snapshot, stale, sink.add, sink.info, self.source.budget.sidecar_max_discovered_owners)
         age = sample_line(CATALOGUE["modelkv_engine_snapshot_age_seconds"], engine_labels(entry.snapshot), 0.0)
         self.renders += 1
         return _EngineLines(sink.joined(), age[: age.rindex(" ") + 1])

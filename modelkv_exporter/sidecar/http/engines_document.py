@@ -41,12 +41,3 @@ def document_fields(view: SpoolView, spool_name: str) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "unread_files": view.scan.skipped,
     }
-
-
-def engines_document(view: SpoolView, spool_name: str, max_discovered: int) -> dict[str, Any]:
-    """Every engine's snapshot with its state, and every rejected file with its reason."""
-    return {
-        **document_fields(view, spool_name),
-        "engines": [entry_document(i, max_discovered) for i in view.entries if i.state is not EngineState.REJECTED],
-        "rejected": [entry_document(i, max_discovered) for i in view.entries if i.state is EngineState.REJECTED],
-    }

@@ -67,7 +67,7 @@ class Pages:
                     view,
                     spool_dir=self.source.reader.directory.name,
                     version=self.version,
-                    max_discovered=self.source.budget.max_discovered_owners,
+                    max_discovered=self.source.budget.sidecar_max_discovered_owners,
                     cli=self.cli,
                     cli_spool=self.cli_spool,
                     runbook_url=self.runbook_url,
@@ -93,7 +93,7 @@ class Pages:
         for item in view.entries:
             key = (item.entry.file_name, item.entry.version, item.state.value)
             piece = pieces[key] = self._pieces.get(key) or json_body(
-                entry_document(item, self.source.budget.max_discovered_owners)
+                entry_document(item, self.source.budget.sidecar_max_discovered_owners)
             )
             lists[item.state is EngineState.REJECTED].append(piece)
         self._pieces = pieces

@@ -2,7 +2,7 @@
 
 The reader parses only files whose inode, size or times changed since the last scan, never
 follows links, never opens anything ``lstat`` does not call a regular file, and never blocks
-on FIFOs. It reads snapshot files in name order, at most ``max_files`` of them and
+on FIFOs. It reads snapshot files in name order, at most ``max_spool_files`` of them and
 ``max_spool_bytes`` in all (a file that does not fit is passed over); the rest are counted as
 rejected (``over_budget``), not read. Each version of a file it parses gets a number of its own
 (``SpoolEntry.version``), so a consumer can cache whatever it derives from an entry by
@@ -93,7 +93,7 @@ class SpoolScan:
     entries: tuple[SpoolEntry, ...] = ()
     error: str | None = None
     skipped: int = 0
-    """Snapshot files past the reader's ``max_files`` or ``max_spool_bytes``: counted as rejected, never read."""
+    """Snapshot files past the reader's ``max_spool_files`` or ``max_spool_bytes``: counted as rejected, never read."""
 
     @property
     def ok(self) -> bool:
@@ -115,9 +115,7 @@ Admit = Callable[[Snapshot], None]
 class SpoolLimits:
     """How much of the spool one scan reads; each a setting."""
 
-    max_snapshot_bytes: int = setting(
-        256 * 1024, byte_size, "Snapshot files larger than this are rejected unread (262144, 256KiB)."
-    )
+    max_snapshot_bytes: int = setting(256 * 1024, byte_size, "Snapshot files larger than this are rejected unread.")
     """Parsing a document costs up to about 22 times its size in transient memory (many small JSON values) and
     holds the interpreter for about 75 ms at this size; a snapshot of 256 declarations is about 100 KiB."""
 
@@ -160,15 +158,15 @@ class SpoolReader:
     """Scans a spool directory, re-parsing only files that changed since the last scan.
 
     ``rejections`` counts each rejected file version once, by reason, for the life of the
-    reader (it becomes a counter metric). Thread-safe. ``max_bytes``, ``max_files`` and
+    reader (it becomes a counter metric). Thread-safe. ``max_snapshot_bytes``, ``max_spool_files`` and
     ``max_spool_bytes`` are ``SpoolLimits``' (``SpoolLimits.reader`` makes one). ``admit`` checks each
     parsed file version once and may reject it. ``monotonic`` and ``wall_ns`` are the clocks of the
     unchanged-directory shortcut, injectable for tests.
     """
 
     directory: Path
-    max_bytes: int = SpoolLimits.max_snapshot_bytes
-    max_files: int = SpoolLimits.max_spool_files
+    max_snapshot_bytes: int = SpoolLimits.max_snapshot_bytes
+    max_spool_files: int = SpoolLimits.max_spool_files
     max_spool_bytes: int = SpoolLimits.max_spool_bytes
     admit: Admit | None = None
     full_scan_every: float = FULL_SCAN_EVERY_SECONDS
@@ -233,17 +231,17 @@ class SpoolReader:
 
     def _within_budget(self, listing: list[os.DirEntry[str]]) -> tuple[list[os.DirEntry[str]], list[os.DirEntry[str]]]:
         """The files to read and the rest: in name order, each file whose ``lstat`` size still fits in
-        ``max_spool_bytes`` (a larger one is passed over, not the ones after it), ``max_files`` at most."""
+        ``max_spool_bytes`` (a larger one is passed over, not the ones after it), ``max_spool_files`` at most."""
         read: list[os.DirEntry[str]] = []
         beyond: list[os.DirEntry[str]] = []
         total = 0
         for index, dir_entry in enumerate(listing):
-            if len(read) >= self.max_files:
+            if len(read) >= self.max_spool_files:
                 return read, beyond + listing[index:]
             size = 0
             try:
                 info = dir_entry.stat(follow_symlinks=False)
-                if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_bytes:
+                if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_snapshot_bytes:
                     size = info.st_size
             except OSError:
                 pass
@@ -272,12 +270,12 @@ class SpoolReader:
         if cached is not None and cached[0] == key:
             return cached
         unfit = _not_regular(info.st_mode)
-        if unfit is None and info.st_size > self.max_bytes:
-            unfit = SnapshotError(RejectReason.TOO_LARGE, f"{info.st_size} bytes > limit {self.max_bytes}")
+        if unfit is None and info.st_size > self.max_snapshot_bytes:
+            unfit = SnapshotError(RejectReason.TOO_LARGE, f"{info.st_size} bytes > limit {self.max_snapshot_bytes}")
         if unfit is not None:
             return key, self._reject(dir_entry.name, info.st_mtime, unfit)
         try:
-            snapshot = read_snapshot_file(dir_entry.path, self.max_bytes)
+            snapshot = read_snapshot_file(dir_entry.path, self.max_snapshot_bytes)
             if self.admit is not None:
                 self.admit(snapshot)
         except SnapshotError as error:

@@ -223,7 +223,7 @@ def scrapes(
                 if state not in (EngineState.EXPORTED, EngineState.STALE) or sample is None or beat is None:
                     continue
                 snap = snapshot(engine, sample, beat)
-                engine_samples(snap, state is EngineState.STALE, add, add.info, Budget().max_discovered_owners)
+                engine_samples(snap, state is EngineState.STALE, add, add.info, Budget().sidecar_max_discovered_owners)
                 add("modelkv_engine_snapshot_age_seconds", engine_labels(snap), (t - beat) * 60.0)
             exporter_samples(True, counts[instance], {}, add, add.info)
             add("modelkv_exporter_collect_duration_seconds", [], 0.004)
