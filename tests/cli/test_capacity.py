@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.cli.capacity import Correction, Demand
+from modelkv_exporter.sidecar.capacity import Correction, Demand
 from modelkv_exporter.contract.sizes import parse_bytes
 from modelkv_exporter.contract.snapshot import DroppedDeclaration, Observation
 from modelkv_exporter.contract.spool import write_snapshot

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.cli.capacity import Demand
+from modelkv_exporter.sidecar.capacity import Demand
 from modelkv_exporter.cli.command_line import cli_command
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
