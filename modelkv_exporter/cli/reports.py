@@ -7,8 +7,6 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
-from modelkv_exporter.sidecar.capacity import Correction, Demand
-from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription, prescription_text
 from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import (
@@ -21,8 +19,10 @@ from modelkv_exporter.sidecar.attention import (
     undeclared_text,
 )
 from modelkv_exporter.sidecar.breakdown import breakdown, headroom_words, whole_and_missing
+from modelkv_exporter.sidecar.capacity import Correction, Demand
 from modelkv_exporter.sidecar.discovered import discovery_facts, discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
+from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription, prescription_text
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 

@@ -17,8 +17,8 @@ from modelkv_exporter.sidecar.discovered import (
     exported_discovery,
     layout_text,
 )
-from modelkv_exporter.sidecar.prescription import prescription
 from modelkv_exporter.sidecar.labels import engine_labels, label
+from modelkv_exporter.sidecar.prescription import prescription
 from modelkv_exporter.sidecar.reader.decode import RejectReason
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER, Refusal
