@@ -484,7 +484,7 @@ def _prescription_lines(view: SpoolView, width: int) -> list[str]:
     for item in view.usable:
         found = prescription(item.snapshot)
         engine_id = item.snapshot.engine.engine_id
-        lines.append(_wrapped(f"{engine_id}: {prescription_text(found)}", width, ""))
+        lines.append(_wrapped(f"- {engine_id}: {prescription_text(found)}", width, ""))
         if found.flag is not None:
             lines.append(f"  {found.flag}")
         estimate = estimate_text(found)

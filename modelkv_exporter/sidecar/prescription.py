@@ -211,12 +211,13 @@ def prescription_text(found: Prescription) -> str:
     """The prescription in one line of words."""
     if found.kv_cache_bytes is None:
         return f"no prescription: {found.reason}"
-    assert found.margin is not None and found.budget.bytes is not None
+    needed = found.needed_bytes
+    assert found.margin is not None and found.budget.bytes is not None and needed is not None
     words = [
         f"KV cache to give vLLM {human_bytes(found.kv_cache_bytes)}"
         if found.flag
         else f"nothing left for a KV cache ({signed_bytes(found.kv_cache_bytes, minus='-')})",
-        f"budget {human_bytes(found.budget.bytes)} less needs {human_bytes(found.needed_bytes)} "
+        f"budget {human_bytes(found.budget.bytes)} less needs {signed_bytes(needed, minus='-')} "
         f"less margin {human_bytes(found.margin)} ({PRESCRIPTION_MARGIN_RATIO:.0%})",
     ]
     if found.difference is not None and found.chosen_kv_bytes is not None:
