@@ -204,7 +204,12 @@ def _utilization(
     if chosen is None:
         return None, "no paged KV cache chosen by vLLM to compare with"
     assert budget is not None
-    return share * (budget - chosen + kv) / budget, None
+    equivalent = share * (budget - chosen + kv) / budget
+    if equivalent > 1:
+        return None, f"above 1 ({equivalent:.4f}): no share of the device gives it; use {FLAG}"
+    if equivalent <= 0:
+        return None, f"not above 0 ({equivalent:.4f}): no share of the device gives it"
+    return equivalent, None
 
 
 def prescription_text(found: Prescription) -> str:
@@ -222,7 +227,7 @@ def prescription_text(found: Prescription) -> str:
     ]
     if found.difference is not None and found.chosen_kv_bytes is not None:
         words.append(
-            f"vLLM chose {human_bytes(found.chosen_kv_bytes)} ({signed_bytes(found.difference, minus='-')} to change)"
+            f"vLLM chose {human_bytes(found.chosen_kv_bytes)} ({signed_bytes(found.difference, plus='+', minus='-')} to change)"
         )
     if found.gpu_memory_utilization is not None:
         words.append(f"or {UTILIZATION_FLAG}={found.gpu_memory_utilization:.4f}")
@@ -238,7 +243,7 @@ def estimate_text(found: Prescription) -> str:
     """Where vLLM's start-up estimate was off, in words (empty when nothing is known)."""
     words = []
     if found.activation_off is not None:
-        words.append(f"activation peak measured {signed_bytes(found.activation_off, minus='-')} against vLLM's profile")
+        words.append(f"activation peak measured {signed_bytes(found.activation_off, plus='+', minus='-')} against vLLM's profile")
     if found.non_torch_off is not None:
-        words.append(f"memory outside torch {signed_bytes(found.non_torch_off, minus='-')} since start-up")
+        words.append(f"memory outside torch {signed_bytes(found.non_torch_off, plus='+', minus='-')} since start-up")
     return "; ".join(words)

@@ -13,7 +13,7 @@ from modelkv_exporter.contract.thresholds import PRESCRIPTION_MARGIN_RATIO
 from modelkv_exporter.sidecar.capacity import Demand
 from modelkv_exporter.sidecar.http.engines_document import engines_document
 from modelkv_exporter.sidecar.http.landing import render_landing
-from modelkv_exporter.sidecar.prescription import prescription
+from modelkv_exporter.sidecar.prescription import FLAG, prescription
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import classify
 from modelkv_testbed.snapshots import make_snapshot
@@ -84,7 +84,9 @@ def test_the_golden_vllm_034_engine_is_prescribed_from_its_own_figures() -> None
     assert found.kv_cache_bytes == want
     assert found.difference == want - s.paged_kv_bytes  # type: ignore[operator]
     assert found.headroom_bytes == s.torch_headroom_bytes + s.paged_kv_bytes - want  # type: ignore[operator]
-    assert found.gpu_memory_utilization == (budget - s.paged_kv_bytes + want) / budget  # type: ignore[operator]
+    equivalent = (budget - s.paged_kv_bytes + want) / budget  # type: ignore[operator]
+    assert equivalent > 1 and found.gpu_memory_utilization is None, "vLLM 0.34 sized to 1.0 already"
+    assert found.utilization_reason == f"above 1 ({equivalent:.4f}): no share of the device gives it; use {FLAG}"
 
 
 def test_an_owner_two_methods_found_is_counted_once_at_its_larger_peak() -> None:

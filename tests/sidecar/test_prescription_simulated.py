@@ -96,13 +96,24 @@ def test_every_simulated_engine_is_prescribed_what_its_physics_says_fits() -> No
 
 
 def test_the_difference_and_the_equivalent_utilization_follow_what_vllm_chose() -> None:
-    story, engine, sample, minute = next(m for m in ENGINE_MINUTES if m[1].extensible is None and m[1].caches)
-    found = prescription(snapshot(engine, sample, minute))
-    want = physics_answer(engine, sample)
-    assert found.difference == want - engine.paged_kv, story
-    assert engine.device is not None
-    budget = math.floor(engine.device.total * SHARE)
-    assert found.gpu_memory_utilization == pytest.approx(SHARE * (budget - engine.paged_kv + want) / budget)
+    """The equivalent share where it is one (at most 1), else none and why: both kinds occur in the simulation."""
+    kinds = set()
+    for story, engine, sample, minute in ENGINE_MINUTES:
+        if engine.extensible is not None:
+            continue
+        found = prescription(snapshot(engine, sample, minute))
+        want = physics_answer(engine, sample)
+        assert found.difference == want - engine.paged_kv, story
+        assert engine.device is not None
+        budget = math.floor(engine.device.total * SHARE)
+        equivalent = SHARE * (budget - engine.paged_kv + want) / budget
+        if equivalent <= 1:
+            assert found.gpu_memory_utilization == pytest.approx(equivalent), story
+        else:
+            assert found.gpu_memory_utilization is None and found.utilization_reason is not None, story
+            assert found.utilization_reason.startswith(f"above 1 ({equivalent:.4f})"), story
+        kinds.add(equivalent <= 1)
+    assert kinds == {True, False}
 
 
 def test_an_extensible_kv_cache_is_told_the_headroom_to_keep_free() -> None:
