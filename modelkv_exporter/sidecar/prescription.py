@@ -243,7 +243,9 @@ def estimate_text(found: Prescription) -> str:
     """Where vLLM's start-up estimate was off, in words (empty when nothing is known)."""
     words = []
     if found.activation_off is not None:
-        words.append(f"activation peak measured {signed_bytes(found.activation_off, plus='+', minus='-')} against vLLM's profile")
+        words.append(
+            f"activation peak measured {signed_bytes(found.activation_off, plus='+', minus='-')} against vLLM's profile"
+        )
     if found.non_torch_off is not None:
         words.append(f"memory outside torch {signed_bytes(found.non_torch_off, plus='+', minus='-')} since start-up")
     return "; ".join(words)
