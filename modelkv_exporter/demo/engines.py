@@ -98,6 +98,10 @@ UNDECLARED = "minicpm-o-streaming-s0-r0"
 """The demo engine with a module that holds a cache it does not declare."""
 
 
+REQUESTED_MEMORY = 2 * 1024**3
+"""The memory each demo engine sizes itself to, as vLLM's ``requested_memory`` (``settings.requested_memory_bytes``):
+what ``plan`` prescribes its KV cache from."""
+
 EMBEDDING = (2048, 1024)
 """The demo models' token embedding (rows, width): 8 MiB of float32 weights, so each bar has weights as an engine's has."""
 
@@ -151,6 +155,7 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
         device="cpu",
         weights_bytes=model_weight_bytes(model, "cpu"),
         runtime_bytes=runtime,
+        requested_memory_bytes=REQUESTED_MEMORY,
     )
     config = HookConfig.from_environ({**os.environ, "MODELKV_SPOOL_DIR": spool_dir})
     assert config is not None

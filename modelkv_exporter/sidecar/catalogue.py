@@ -163,6 +163,24 @@ _METRICS: list[Metric] = [
         _E,
     ),
     Metric(
+        "modelkv_engine_prescribed_kv_cache_bytes",
+        "gauge",
+        "The KV cache memory to give vLLM (--kv-cache-memory-bytes) so that the engine fits its requested memory: the "
+        "budget less every measured part, the activation budget and the model-local caches at max_num_seqs, less a "
+        "2 % margin (docs/prescription.md); negative when even no KV cache fits, absent when a figure is unknown.",
+        ENGINE,
+        _E,
+    ),
+    Metric(
+        "modelkv_engine_prescribed_torch_headroom_bytes",
+        "gauge",
+        "The bytes vLLM 0.34 should keep free beside its extensible KV cache: what it keeps "
+        "(modelkv_engine_torch_headroom_bytes) plus what the cache must give up for the prescription; absent for "
+        "other engines.",
+        ENGINE,
+        _E,
+    ),
+    Metric(
         "modelkv_engine_sleep_level",
         "gauge",
         "vLLM's sleep level: 0 awake, 1 asleep with its weights offloaded to host memory, 2 asleep with its weights "

@@ -18,6 +18,7 @@ from modelkv_exporter.sidecar.discovered import (
     layout_text,
 )
 from modelkv_exporter.sidecar.labels import engine_labels, label
+from modelkv_exporter.sidecar.prescription import prescription
 from modelkv_exporter.sidecar.reader.decode import RejectReason
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER, Refusal
@@ -66,6 +67,7 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info, max_di
         return
 
     settings = snapshot.settings
+    prescribed = prescription(snapshot)
     add("modelkv_engine_declarations", engine, len(snapshot.declarations))
     add("modelkv_engine_declared_per_sequence_bytes", engine, snapshot.per_sequence_bytes)
     optional = (
@@ -77,6 +79,8 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info, max_di
         ("modelkv_engine_paged_kv_reserved_blocks", settings.paged_kv_reserved_blocks),
         ("modelkv_engine_torch_headroom_bytes", settings.torch_headroom_bytes),
         ("modelkv_engine_sleep_level", None if snapshot.sleep is None else snapshot.sleep.level),
+        ("modelkv_engine_prescribed_kv_cache_bytes", prescribed.kv_cache_bytes),
+        ("modelkv_engine_prescribed_torch_headroom_bytes", prescribed.headroom_bytes),
     )
     for name, value in optional:
         if value is not None:

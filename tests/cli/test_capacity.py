@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.cli.capacity import Correction, Demand
 from modelkv_exporter.contract.sizes import parse_bytes
 from modelkv_exporter.contract.snapshot import DroppedDeclaration, Observation
 from modelkv_exporter.contract.spool import write_snapshot
+from modelkv_exporter.sidecar.capacity import Correction, Demand
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from modelkv_exporter.cli.capacity import Demand
 from modelkv_exporter.cli.command_line import cli_command
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.demo.engines import DEMO_ENGINES, UNDECLARED, UNDER_DECLARING, run_engine
+from modelkv_exporter.sidecar.capacity import Demand
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_testbed.polling import eventually
 from tests.cli.test_reports import pasted

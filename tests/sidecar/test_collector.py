@@ -70,6 +70,21 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
         discovery=discovery_status(budget_exhausted="objects"),
     )
     write_snapshot(spool, full)
+    gib = 1024**3
+    host = {"process_resident": 3 * gib, "paged_kv_committed": gib}
+    prescribed = replace(
+        make_snapshot("prescribed", declarations=(), measured=host, baseline=host),
+        settings=EngineSettings(
+            8,
+            paged_kv_bytes=gib,
+            paged_kv_reserved_bytes=2 * gib,
+            runtime_bytes=gib // 4,
+            weights_bytes=gib // 4,
+            torch_headroom_bytes=64,
+            requested_memory_bytes=8 * gib,
+        ),
+    )  # awake, every part measured, a budget and an extensible KV cache: both prescribed figures
+    write_snapshot(spool, prescribed)
     (spool / "broken.json").write_text("{")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpoolCollector(SpoolSource(SpoolReader(spool)), refusals={}))

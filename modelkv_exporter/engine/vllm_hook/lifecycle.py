@@ -60,7 +60,7 @@ from modelkv_exporter.engine.vllm_hook.extensible_kv import (
     extensible_cache,
     figures_of,
 )
-from modelkv_exporter.engine.vllm_hook.identity import claim_engine_id, engine_id_for, facts_of
+from modelkv_exporter.engine.vllm_hook.identity import claim_engine_id, engine_id_for, facts_of, requested_memory
 from modelkv_exporter.engine.vllm_hook.memory_parts import (
     GraphPools,
     activation_peak_bytes,
@@ -128,6 +128,7 @@ def after_load_model(worker: Any, config: HookConfig) -> None:
         **facts.identity,
         "weights_bytes": weights_bytes(worker, facts.model),
         "runtime_bytes": None if runtime is None else runtime.runtime_bytes,
+        "requested_memory_bytes": requested_memory(worker),
     }
     snapshot = build_snapshot(facts.model, max_num_seqs=facts.max_num_seqs, engine_id=engine_id, **identity)
     if callable(getattr(type(worker), "sleep", None)):

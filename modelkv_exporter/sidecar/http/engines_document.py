@@ -8,6 +8,7 @@ from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.discovered import discovery_running, exported_discovery
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
+from modelkv_exporter.sidecar.prescription import Prescription, prescription
 from modelkv_exporter.sidecar.reader.state import Classified, EngineState, SpoolView
 
 
@@ -17,7 +18,8 @@ def entry_document(item: Classified, max_discovered: int) -> dict[str, Any]:
     The snapshot is the whole of it, every discovered owner included; where the engine runs discovery,
     ``discovered_owners_omitted`` says how many of them /metrics leaves out (past ``max_discovered``, the
     smallest first); where its latest sample has a process figure, ``memory_breakdown`` holds the parts
-    ``modelkv_memory_breakdown_bytes`` exports, the figure they split and its name. File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
+    ``modelkv_memory_breakdown_bytes`` exports, the figure they split and its name; ``prescription`` the KV cache
+    memory to give vLLM (``sidecar.prescription``), each figure null with its reason where it cannot be computed. File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
     """
     entry = item.entry
     file = visible(entry.file_name)
@@ -30,7 +32,29 @@ def entry_document(item: Classified, max_discovered: int) -> dict[str, Any]:
     parts = breakdown(item.snapshot)
     if parts is not None:
         document["memory_breakdown"] = {"of": parts.total_source, "bytes": parts.total, "parts": dict(parts.parts)}
+    document["prescription"] = prescription_document(prescription(item.snapshot))
     return document
+
+
+def prescription_document(found: Prescription) -> dict[str, Any]:
+    """An engine's prescription as JSON: every figure, null with its reason where it cannot be computed."""
+    return {
+        "kv_cache_memory_bytes": found.kv_cache_bytes,
+        "flag": found.flag,
+        "reason": found.reason,
+        "budget_bytes": found.budget.bytes,
+        "budget_source": found.budget.source,
+        "needs": dict(found.needs),
+        "margin_bytes": found.margin,
+        "chosen_kv_cache_bytes": found.chosen_kv_bytes,
+        "difference_bytes": found.difference,
+        "gpu_memory_utilization": found.gpu_memory_utilization,
+        "gpu_memory_utilization_reason": found.utilization_reason,
+        "torch_headroom_bytes": found.headroom_bytes,
+        "kept_torch_headroom_bytes": found.kept_headroom_bytes,
+        "activation_peak_off_bytes": found.activation_off,
+        "non_torch_off_bytes": found.non_torch_off,
+    }
 
 
 def document_fields(view: SpoolView, spool_name: str) -> dict[str, Any]:

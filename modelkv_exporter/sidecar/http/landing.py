@@ -39,6 +39,7 @@ from modelkv_exporter.sidecar.discovered import discovery_facts, exported_discov
 from modelkv_exporter.sidecar.growth import growth
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.parts_chart import parts_chart
+from modelkv_exporter.sidecar.http.prescription_section import prescription_section
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
@@ -301,6 +302,7 @@ def _engine_section(snapshot: Snapshot, max_discovered: int) -> str:
         line += "</p><p><strong>Dropped declarations:</strong> " + "; ".join(dropped)
     observed = (
         parts_chart(snapshot, escape)
+        + prescription_section(snapshot, escape)
         + owner_chart(snapshot, escape, max_discovered)
         + observed
         + _discovered(snapshot, max_discovered)

@@ -9,7 +9,8 @@ declaration under-reports; scaling both parts by it assumes the missing bytes gr
 ones do (a left-out copy of a declared cache does). An owner that declares nothing but was observed
 holding bytes adds them to the fixed part: how they grow with max_num_seqs is unknown. So does every
 owner the engine discovered (``Snapshot.discovered``: a module holding cache memory it does not
-declare, or more than its declared caches hold): its peak is added to the fixed part, never left out.
+declare, or more than its declared caches hold): its peak is added to the fixed part, never left out; an owner two
+methods found (``cache_layer`` and ``census``) once, at the larger peak: both see the same memory.
 """
 
 from __future__ import annotations
@@ -92,7 +93,10 @@ class Demand:
     def _of(cls, snapshot: Snapshot, found: tuple[Correction, ...], discovered: tuple[DiscoveredOwner, ...]) -> Demand:
         scale = {c.owner: c.ratio for c in found if c.ratio is not None}
         fixed = Fraction(sum(c.observed_bytes for c in found if c.ratio is None))
-        fixed += sum(d.peak_bytes for d in discovered)
+        most: dict[str, int] = {}
+        for found_owner in discovered:
+            most[found_owner.owner] = max(most.get(found_owner.owner, 0), found_owner.peak_bytes)
+        fixed += sum(most.values())
         per_sequence = Fraction(0)
         for d in snapshot.declarations:
             factor = scale.get(d.owner, Fraction(1))
