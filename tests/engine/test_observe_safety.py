@@ -281,7 +281,7 @@ def test_a_transformers_that_fails_the_probe_is_not_hooked_and_every_figure_is_a
 def test_a_self_test_that_disagrees_removes_the_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe is a real check: break the weighing and the observer refuses to report."""
     before = hook_sites()
-    monkeypatch.setattr(hooks, "fresh_bytes", lambda keys, values: 1)
+    monkeypatch.setattr(hooks, "pair_bytes", lambda keys, values: 1)
     observer = install([("o", Owner())], enabled=True)
     try:
         assert "where the caches held" in (observer.unavailable or "")

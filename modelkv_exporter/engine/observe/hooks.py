@@ -35,7 +35,6 @@ import torch
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe.layers import (
     Unweighable,
-    fresh_bytes,
     measure,
     pair_bytes,
     plan_for,
@@ -89,6 +88,8 @@ _graph_depth = 0
 _logged_sites: set[str] = set()
 _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 _get = dict.get
+_Tensor = torch.Tensor
+_modes_on = torch._C._is_torch_function_mode_enabled
 discover: Callable[[object], tuple[OwnerState, int] | None] | None = None
 """Set by discovery: the owner of a layer first seen while no declaring owner runs, and the ``id`` of the
 cache it belongs to (0: unknown); None: leave the layer alone."""
@@ -341,6 +342,18 @@ def touch(layer: Any) -> None:
     try:
         if record.twin is not None:
             size = measure(layer, plan, shared(record))
+        elif plan.fresh:  # tensors the update just made, or window views into them: ``fresh_bytes``, inlined
+            state = plan.state(layer)
+            keys = _get(state, "keys")
+            values = _get(state, "values")
+            if type(keys) is _Tensor and type(values) is _Tensor and not _modes_on():
+                base = keys._base
+                size = 0 if keys.is_meta else (keys if base is None else base).nbytes
+                if values is not keys:
+                    base = values._base
+                    size += 0 if values.is_meta else (values if base is None else base).nbytes
+            else:
+                size = pair_bytes(keys, values)
         elif plan.static:
             state = plan.state(layer)
             keys = _get(state, "keys")
@@ -350,15 +363,16 @@ def touch(layer: Any) -> None:
                 return
             size = pair_bytes(keys, values)
             record.key_ref, record.value_ref = same_tensors(keys, values)
-        elif plan.fresh:  # tensors the update just made, or window views into them: their (base's) own size
-            state = plan.state(layer)
-            size = fresh_bytes(_get(state, "keys"), _get(state, "values"))
         else:
             size = measure(layer, plan)
     except Unweighable as problem:
         record.owner.unknown = str(problem)
         return
-    hand_over(record, size)
+    if size != record.reported:  # ``hand_over``, inlined
+        record.reported = size
+        changes.append((record, size))
+        if record.owner.on_change is not None or len(changes) > BACKLOG:
+            _try_drain()
     if record.copies:
         remeasure(record.copies)
 
@@ -385,7 +399,7 @@ def wrap_layer_method(function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
         global _active, _late
-        result = function(self, *args, **kwargs)
+        result = function(self, *args, **kwargs) if kwargs else function(self, *args)
         if _active:
             try:
                 if not _is_compiling():
