@@ -75,6 +75,11 @@ _on_dead: Callable[[LayerRecord], None] = changes.append
 recursion limit in a frame of ours, and a signal or asynchronous exception pending when the layer dies is raised in
 the model's code afterwards, where a Python callback would have run it and CPython dropped it as unraisable (the
 record lost with it)."""
+CHANGED = -2
+"""``LayerRecord.reported`` of a layer whose tensors may have changed at the same size (new tensor objects of a static
+layer, any other layer's update): its measure is handed over even when equal, so a sample re-weighs its storages."""
+touched: dict[int, LayerRecord] = {}
+"""The records whose changes ``drain`` applied since the last ``take_touched`` (by ``id``): what a sample re-weighs."""
 BACKLOG = 50_000
 """Changes waiting for a ``drain`` (a few MB) beyond which a model thread drains some itself, if ``lock`` is free."""
 STEP = 64
@@ -134,6 +139,7 @@ def reset() -> None:
     states.clear()
     owners.clear()
     changes.clear()
+    touched.clear()
     _logged_sites.clear()
 
 
@@ -173,6 +179,7 @@ def drain(most: int | None = None) -> None:
             counted = record.bytes
             if counted == GONE:
                 continue
+            touched[id(record)] = record
             if size == GONE:
                 record.bytes = GONE
                 record.owner.live -= counted
@@ -184,6 +191,14 @@ def drain(most: int | None = None) -> None:
                 record.owner.add(size - counted)
     finally:
         _draining = False
+
+
+def take_touched() -> dict[int, LayerRecord]:
+    """The records ``drain`` changed since the last call (holding ``lock``); starts a new set."""
+    global touched
+    taken = touched
+    touched = {}
+    return taken
 
 
 def _try_drain() -> None:
@@ -342,6 +357,7 @@ def touch(layer: Any) -> None:
     try:
         if record.twin is not None:
             size = measure(layer, plan, shared(record))
+            record.reported = CHANGED
         elif plan.fresh:  # tensors the update just made, or window views into them: ``fresh_bytes``, inlined
             state = plan.state(layer)
             keys = _get(state, "keys")
@@ -363,8 +379,10 @@ def touch(layer: Any) -> None:
                 return
             size = pair_bytes(keys, values)
             record.key_ref, record.value_ref = same_tensors(keys, values)
+            record.reported = CHANGED
         else:
             size = measure(layer, plan)
+            record.reported = CHANGED
     except Unweighable as problem:
         record.owner.unknown = str(problem)
         return
