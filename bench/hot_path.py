@@ -31,7 +31,6 @@ from bench.regions import load_helper, region_totals
 from modelkv_exporter.engine.config import DiscoverySettings
 from modelkv_exporter.engine.discover.discovery import Discovery
 from modelkv_exporter.engine.observe import hooks, install
-from modelkv_exporter.engine.observe import observer as observer_module
 
 torch.set_num_threads(1)
 ONE = torch.zeros(1, 2, 1, 8)
@@ -185,6 +184,14 @@ def waits(layers: int, seconds: float = 2.0) -> dict[str, float]:
     lock = WaitingLock(hooks.lock)
     hooks.lock = lock  # type: ignore[assignment]
     durations: list[float] = []
+    samples = [0]
+    sample_once = observer.sample
+
+    def counted() -> Any:
+        samples[0] += 1
+        return sample_once()
+
+    observer.sample = counted  # type: ignore[method-assign]
     stop = sampling(observer)
     deadline = time.perf_counter() + seconds
 
@@ -205,7 +212,7 @@ def waits(layers: int, seconds: float = 2.0) -> dict[str, float]:
     durations.sort()
     return {
         "sample s": sample,
-        "samples": lock.taken.get("heartbeat", 0) / max(1, -(-layers // observer_module.CHUNK)),
+        "samples": samples[0],
         "updates": len(durations),
         "lock waits": len(model_waits),
         "longest lock wait s": max(model_waits, default=0.0),

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import Observer, hooks, install
-from modelkv_exporter.engine.observe import observer as observer_module
+from modelkv_exporter.engine.observe import tally as tally_module
 from modelkv_testbed.snapshots import make_snapshot
 from tests.engine.observing import Owner, add, engine_log_handler, figures, kv
 
@@ -258,8 +258,8 @@ def test_the_heartbeat_logs_holding_no_lock(observer: Observer, tmp_path: Any, m
     def explode(*args: object) -> None:
         raise OSError("cannot read")
 
-    monkeypatch.setattr(observer_module, "storages", explode)
-    monkeypatch.setattr(observer, "_recount", lambda state, records, observing: explode())
+    monkeypatch.setattr(tally_module, "storages", explode)
+    monkeypatch.setattr(observer, "_recount", lambda state, observing: explode())
     watch = Watch()
     logging.getLogger("vllm.modelkv_exporter").addHandler(watch)
     try:

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.engine.observe import Observer, hooks
-from modelkv_exporter.engine.observe import observer as observer_module
 from modelkv_testbed import hot_path_scenes
 from modelkv_testbed.hot_path_scenes import WaitingLock, keep_layers, updating
 
@@ -69,7 +68,7 @@ def model_waits(observer: Observer, layers: int, seconds: float = 2.0) -> tuple[
         time.sleep(0.2)
     finally:
         hooks.lock = lock.inner
-    assert lock.taken.get("heartbeat", 0) > layers // observer_module.CHUNK, "the heartbeat sampled"
+    assert lock.taken.get("heartbeat", 0) > 20, "the heartbeat sampled (a sample holds the lock a few times)"
     return updates[0], lock.waits.get("model", [])
 
 

@@ -9,7 +9,7 @@ import pytest
 from transformers import DynamicCache
 
 from modelkv_exporter.engine.observe import Observer, hooks
-from modelkv_exporter.engine.observe import observer as observer_module
+from modelkv_exporter.engine.observe import tally as tally_module
 from tests.engine.observing import Owner, add, figures, kv, storage_bytes
 
 LAYERS = 2000
@@ -60,14 +60,14 @@ def test_a_sample_weighs_a_bounded_number_of_layers_per_hold_of_the_lock(
 
     owner(run)
     lock = CountingLock()
-    real_storages = observer_module.storages
+    real_storages = tally_module.storages
 
     def counted(*args: Any) -> Any:
         lock.weighed += 1
         return real_storages(*args)
 
     monkeypatch.setattr(hooks, "lock", lock)
-    monkeypatch.setattr(observer_module, "storages", counted)
+    monkeypatch.setattr(tally_module, "storages", counted)
     f = figures(observer, owner)
     assert f.live_bytes == storage_bytes(owner.kept["cache"]) == LAYERS * 2 * kv(1, 1).nbytes
     assert 0 < lock.most <= MOST_PER_HOLD, f"{lock.most} layers weighed in one hold of the lock"

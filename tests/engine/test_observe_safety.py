@@ -14,7 +14,7 @@ from transformers import DynamicCache, StaticCache, cache_utils
 
 from modelkv_exporter.engine.log import flush
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed, probe
-from modelkv_exporter.engine.observe import observer as observer_module
+from modelkv_exporter.engine.observe import tally as tally_module
 from modelkv_exporter.engine.observe.layers import HOOKED_METHODS
 from modelkv_exporter.engine.observe.observer import NO_CALL, OFF
 from tests.engine.observing import Owner, add, figures, full_config, kv, storage_bytes
@@ -281,7 +281,7 @@ def test_a_transformers_that_fails_the_probe_is_not_hooked_and_every_figure_is_a
 def test_a_self_test_that_disagrees_removes_the_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe is a real check: break the weighing and the observer refuses to report."""
     before = hook_sites()
-    monkeypatch.setattr(hooks, "fresh_bytes", lambda keys, values: 1)
+    monkeypatch.setattr(hooks, "pair_bytes", lambda keys, values: 1)
     observer = install([("o", Owner())], enabled=True)
     try:
         assert "where the caches held" in (observer.unavailable or "")
@@ -351,7 +351,7 @@ def test_a_sample_on_the_heartbeat_thread_never_corrupts_the_counts(
     cache = DynamicCache()
     owner(lambda self: cache.update(kv(1, 4), kv(1, 4), 0))
     read, resume = threading.Event(), threading.Event()
-    real_storages = observer_module.storages
+    real_storages = tally_module.storages
 
     def pausing_storages(layer: object, *args: Any) -> Any:
         found = real_storages(layer, *args)
@@ -360,7 +360,7 @@ def test_a_sample_on_the_heartbeat_thread_never_corrupts_the_counts(
             resume.wait(10)
         return found
 
-    monkeypatch.setattr(observer_module, "storages", pausing_storages)
+    monkeypatch.setattr(tally_module, "storages", pausing_storages)
     sampler = threading.Thread(target=observer.sample, name="sampler")
     model = threading.Thread(target=lambda: owner(lambda self: cache.update(kv(1, 4), kv(1, 4), 0)), name="model")
     sampler.start()

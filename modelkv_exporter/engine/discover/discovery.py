@@ -382,6 +382,7 @@ class Discovery:
                         owner.live -= size
                         record.owner = state
                         state.add(size)
+                        hooks.touched[id(record)] = record
 
     def _paged_storages(self) -> set[int]:
         weighed: dict[StorageKey, int] = {}

@@ -35,7 +35,6 @@ import torch
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe.layers import (
     Unweighable,
-    fresh_bytes,
     measure,
     pair_bytes,
     plan_for,
@@ -76,6 +75,11 @@ _on_dead: Callable[[LayerRecord], None] = changes.append
 recursion limit in a frame of ours, and a signal or asynchronous exception pending when the layer dies is raised in
 the model's code afterwards, where a Python callback would have run it and CPython dropped it as unraisable (the
 record lost with it)."""
+CHANGED = -2
+"""``LayerRecord.reported`` of a layer whose tensors may have changed at the same size (new tensor objects of a static
+layer, any other layer's update): its measure is handed over even when equal, so a sample re-weighs its storages."""
+touched: dict[int, LayerRecord] = {}
+"""The records whose changes ``drain`` applied since the last ``take_touched`` (by ``id``): what a sample re-weighs."""
 BACKLOG = 50_000
 """Changes waiting for a ``drain`` (a few MB) beyond which a model thread drains some itself, if ``lock`` is free."""
 STEP = 64
@@ -89,6 +93,8 @@ _graph_depth = 0
 _logged_sites: set[str] = set()
 _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 _get = dict.get
+_Tensor = torch.Tensor
+_modes_on = torch._C._is_torch_function_mode_enabled
 discover: Callable[[object], tuple[OwnerState, int] | None] | None = None
 """Set by discovery: the owner of a layer first seen while no declaring owner runs, and the ``id`` of the
 cache it belongs to (0: unknown); None: leave the layer alone."""
@@ -133,6 +139,7 @@ def reset() -> None:
     states.clear()
     owners.clear()
     changes.clear()
+    touched.clear()
     _logged_sites.clear()
 
 
@@ -172,6 +179,7 @@ def drain(most: int | None = None) -> None:
             counted = record.bytes
             if counted == GONE:
                 continue
+            touched[id(record)] = record
             if size == GONE:
                 record.bytes = GONE
                 record.owner.live -= counted
@@ -183,6 +191,14 @@ def drain(most: int | None = None) -> None:
                 record.owner.add(size - counted)
     finally:
         _draining = False
+
+
+def take_touched() -> dict[int, LayerRecord]:
+    """The records ``drain`` changed since the last call (holding ``lock``); starts a new set."""
+    global touched
+    taken = touched
+    touched = {}
+    return taken
 
 
 def _try_drain() -> None:
@@ -341,6 +357,19 @@ def touch(layer: Any) -> None:
     try:
         if record.twin is not None:
             size = measure(layer, plan, shared(record))
+            record.reported = CHANGED
+        elif plan.fresh:  # tensors the update just made, or window views into them: ``fresh_bytes``, inlined
+            state = plan.state(layer)
+            keys = _get(state, "keys")
+            values = _get(state, "values")
+            if type(keys) is _Tensor and type(values) is _Tensor and not _modes_on():
+                base = keys._base
+                size = 0 if keys.is_meta else (keys if base is None else base).nbytes
+                if values is not keys:
+                    base = values._base
+                    size += 0 if values.is_meta else (values if base is None else base).nbytes
+            else:
+                size = pair_bytes(keys, values)
         elif plan.static:
             state = plan.state(layer)
             keys = _get(state, "keys")
@@ -350,15 +379,18 @@ def touch(layer: Any) -> None:
                 return
             size = pair_bytes(keys, values)
             record.key_ref, record.value_ref = same_tensors(keys, values)
-        elif plan.fresh:  # tensors the update just made, or window views into them: their (base's) own size
-            state = plan.state(layer)
-            size = fresh_bytes(_get(state, "keys"), _get(state, "values"))
+            record.reported = CHANGED
         else:
             size = measure(layer, plan)
+            record.reported = CHANGED
     except Unweighable as problem:
         record.owner.unknown = str(problem)
         return
-    hand_over(record, size)
+    if size != record.reported:  # ``hand_over``, inlined
+        record.reported = size
+        changes.append((record, size))
+        if record.owner.on_change is not None or len(changes) > BACKLOG:
+            _try_drain()
     if record.copies:
         remeasure(record.copies)
 
@@ -385,7 +417,7 @@ def wrap_layer_method(function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
         global _active, _late
-        result = function(self, *args, **kwargs)
+        result = function(self, *args, **kwargs) if kwargs else function(self, *args)
         if _active:
             try:
                 if not _is_compiling():

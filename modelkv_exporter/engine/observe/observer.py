@@ -10,7 +10,8 @@ last view removes the hooks.
 A sample runs on the heartbeat thread beside the model: it holds ``hooks.lock``, which no cache update waits for
 (``hooks`` hands the model's changes over without a lock), and lets the model's threads have the interpreter
 between every ``CHUNK`` layers it re-weighs, so a model thread waiting for the GIL waits one chunk, not the
-switch interval.
+switch interval. It re-weighs only the layers that changed since the last sample, and a few more in turn
+(``tally``); ``recount`` re-weighs every layer given (discovery's owners).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Iterable
 from modelkv_exporter.contract.snapshot import Observation
 from modelkv_exporter.engine.config import observation_enabled
 from modelkv_exporter.engine.log import flush, report
-from modelkv_exporter.engine.observe import hooks, probe
+from modelkv_exporter.engine.observe import hooks, probe, tally
 from modelkv_exporter.engine.observe.layers import (
     StorageKey,
     Unweighable,
@@ -34,12 +35,11 @@ from modelkv_exporter.engine.observe.layers import (
 )
 from modelkv_exporter.engine.observe.patches import ClassPatches
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
+from modelkv_exporter.engine.observe.tally import CHUNK
 
 OFF = "observation is turned off (MODELKV_OBSERVE=0)"
 NO_CALL = "no call of this owner has been observed yet"
 MOVED = "another model in this process observes this module now"
-CHUNK = 64
-"""Layers a sample re-weighs per hold of ``hooks.lock`` and of the GIL (a few microseconds each)."""
 
 _installed: Installation | None = None
 _lock = threading.Lock()
@@ -67,6 +67,7 @@ class Installation:
         hooks.deactivate()
         self.patches.remove()
         hooks.reset()
+        tally.reset()
         forget_plans()
         for view in self.views:
             view.forget()
@@ -135,8 +136,8 @@ class Observer:
         return Observation(state.path, state.class_name, False, reason or "observation is not active", calls=calls)
 
     def _sample(self) -> tuple[Observation, ...]:
-        by_owner = records_by_owner()
         observing = hooks.active()
+        tally.refresh(observing)
         out = []
         for key, state in list(self._owners.items()):
             if state.owner_ref() is None:  # the model was released (a reload): its owners are gone
@@ -144,7 +145,7 @@ class Observer:
                 if hooks.owners.get(key) is state:
                     del hooks.owners[key]
                 continue
-            live, failure = self._recount(state, by_owner.get(id(state), []), observing)
+            live, failure = self._recount(state, observing)
             with hooks.lock:
                 reason = (
                     self.unavailable
@@ -175,8 +176,8 @@ class Observer:
                 next_interval(state, live, observing)
         return tuple(out)
 
-    def _recount(self, state: OwnerState, records: list[LayerRecord], observing: bool) -> tuple[int, str | None]:
-        return recount(state, records, observing)
+    def _recount(self, state: OwnerState, observing: bool) -> tuple[int, str | None]:
+        return tally.figures(state, observing)
 
     def forget(self) -> None:
         """Stop observing this observer's owners (the hooks stay in place for other models)."""
@@ -265,17 +266,6 @@ def _reweigh(state: OwnerState, record: LayerRecord, found: dict[StorageKey, int
 def next_interval(state: OwnerState, live: int, observing: bool) -> None:
     """Start the owner's next sample interval (holding ``hooks.lock``): its high-water starts at what is live now."""
     state.interval_high_water = max(live, state.live) if observing else live
-
-
-def records_by_owner() -> dict[int, list[LayerRecord]]:
-    """Every live layer record, by the ``id`` of its owner's state (a copy of the index taken under ``hooks.lock``)."""
-    with hooks.lock:
-        hooks.drain()
-        everything = list(hooks.records.values())
-    by_owner: dict[int, list[LayerRecord]] = {}
-    for record in everything:
-        by_owner.setdefault(id(record.owner), []).append(record)
-    return by_owner
 
 
 def _forked() -> None:

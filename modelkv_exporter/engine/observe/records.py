@@ -6,7 +6,60 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from modelkv_exporter.engine.observe.layers import Plan
+from modelkv_exporter.engine.observe.layers import Plan, StorageKey
+
+
+class Tally:
+    """An owner's distinct storages as its layers were last weighed (``observe.tally``): per storage its bytes and how
+    many layers hold it, their sum, the devices, and the layers that could not be read."""
+
+    __slots__ = ("sizes", "holders", "live", "devices", "failures")
+
+    def __init__(self) -> None:
+        self.sizes: dict[StorageKey, int] = {}
+        self.holders: dict[StorageKey, int] = {}
+        self.live = 0
+        """Bytes of the distinct storages."""
+        self.devices: dict[str, int] = {}
+        """Storages by device."""
+        self.failures: dict[int, str] = {}
+        """Why a layer could not be read, by ``id`` of its record."""
+
+    def add(self, found: dict[StorageKey, int]) -> None:
+        """One layer's storages (``layers.storages``) join."""
+        holders = self.holders
+        for key, size in found.items():
+            held = holders.get(key, 0)
+            holders[key] = held + 1
+            if not held:
+                self.sizes[key] = size
+                self.live += size
+                self.devices[key[0]] = self.devices.get(key[0], 0) + 1
+
+    def remove(self, record: int, found: dict[StorageKey, int]) -> None:
+        """One layer's storages, as ``add`` was given them, leave (and its failure, by ``id`` of its record)."""
+        self.failures.pop(record, None)
+        holders = self.holders
+        for key in found:
+            held = holders[key] - 1
+            if held:
+                holders[key] = held
+                continue
+            del holders[key]
+            self.live -= self.sizes.pop(key)
+            left = self.devices[key[0]] - 1
+            if left:
+                self.devices[key[0]] = left
+            else:
+                del self.devices[key[0]]
+
+    def failure(self) -> str | None:
+        """Why the figure cannot be trusted: a layer that could not be read, or storages on several devices."""
+        for text in self.failures.values():
+            return text
+        if len(self.devices) > 1:
+            return f"cache tensors on several devices {sorted(self.devices)}: offloaded caches are not observed"
+        return None
 
 
 class OwnerState:
@@ -28,6 +81,7 @@ class OwnerState:
         "graph",
         "on_change",
         "wrote_held",
+        "tally",
     )
 
     def __init__(self, path: str, owner: object) -> None:
@@ -53,6 +107,8 @@ class OwnerState:
         self.wrote_held: OwnerState | None = None
         """The owner holding a cache layer this owner updated while running (a cache counts once, for the owner
         that holds it: the one its layer was first seen with); None: it updated only its own."""
+        self.tally = Tally()
+        """The distinct storages of its live layers as last weighed (``observe.tally``)."""
         self.on_change: Callable[[OwnerState], None] | None = None
         """Called after the live bytes changed (by ``hooks.drain``, holding ``hooks.lock``: on the model's thread
         right after its change where that lock is free); None in an engine. For ``modelkv_exporter.testing``, which

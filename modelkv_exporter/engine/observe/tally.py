@@ -1,0 +1,117 @@
+"""A sample's figures kept between samples: each owner's distinct storages, re-weighed only where layers changed.
+
+An owner's live bytes are the bytes of the distinct storages behind its live layers (a storage two layers share counts
+once). ``Tally`` keeps them: per storage, its bytes and how many of the owner's layers hold it, and their sum. What
+each layer added is remembered (``entries``), so a layer is taken out and weighed again alone: a sample (``refresh``)
+re-weighs the layers whose changes ``hooks.drain`` applied since the last one (``hooks.touched``: updates, new
+layers, deaths) and ``ROLL`` more in turn, which finds what changed outside the hooked methods (a ``crop``, an
+attribute set by hand) within ``live layers / ROLL`` samples. Its work grows with the changes, not the live layers.
+"""
+
+from __future__ import annotations
+
+import time
+
+from modelkv_exporter.engine.observe import hooks
+from modelkv_exporter.engine.observe.layers import StorageKey, Unweighable, measure, storages, structure_problem
+from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState, Tally
+
+ROLL = 256
+"""Layers a sample re-weighs beyond those that changed, in turn through every live layer."""
+CHUNK = 64
+"""Layers re-weighed per hold of ``hooks.lock`` and of the GIL (a few microseconds each)."""
+
+entries: dict[int, tuple[LayerRecord, OwnerState, dict[StorageKey, int]]] = {}
+"""By ``id`` of a layer's record: the record, the owner whose tally counts its storages, and those storages."""
+_roll: list[LayerRecord] = []
+_cursor = 0
+
+
+def reset() -> None:
+    """Forget every layer's storages (when the observer is removed)."""
+    global _cursor
+    entries.clear()
+    _roll.clear()
+    _cursor = 0
+
+
+def _rolling() -> list[LayerRecord]:
+    """The next ``ROLL`` live layers' records, in turn (the list of every record is taken again once gone through)."""
+    global _roll, _cursor
+    if _cursor >= len(_roll):
+        with hooks.lock:
+            _roll = list(hooks.records.values())
+        _cursor = 0
+    part = _roll[_cursor : _cursor + ROLL]
+    _cursor += ROLL
+    return part
+
+
+def refresh(observing: bool) -> None:
+    """Bring every owner's tally up to date: re-weigh the layers that changed since the last call and ``ROLL`` more.
+
+    Takes ``hooks.lock`` for ``CHUNK`` layers at a time and hands the GIL over between chunks; each layer's correction
+    is applied after the changes handed over before it (as ``observer.recount`` does)."""
+    with hooks.lock:
+        hooks.drain()
+        changed = hooks.take_touched()
+    for record in _rolling():
+        changed.setdefault(id(record), record)
+    batch = list(changed.values())
+    for start in range(0, len(batch), CHUNK):
+        if start:
+            time.sleep(0)
+        with hooks.lock:
+            hooks.drain()
+            for record in batch[start : start + CHUNK]:
+                reweigh(record, observing)
+
+
+def reweigh(record: LayerRecord, observing: bool) -> None:
+    """Take ``record``'s layer out of the tally it was counted in and weigh it into its owner's now (holding
+    ``hooks.lock``); correct its counted bytes where they drifted. A dead layer is only taken out."""
+    key = id(record)
+    entry = entries.pop(key, None)
+    if entry is not None:
+        entry[1].tally.remove(key, entry[2])
+    layer = record()
+    if layer is None or record.bytes == hooks.GONE:
+        return
+    state = record.owner
+    plan = record.plan
+    if plan.unknown is not None:
+        state.unknown = plan.unknown
+        return
+    try:
+        problem = None if plan.vetted else structure_problem(layer, plan)
+        if problem is not None:
+            plan.unknown = state.unknown = problem
+            return
+        mine = storages(layer, plan)
+    except Unweighable as error:
+        state.unknown = str(error)
+        return
+    except Exception as error:
+        entries[key] = (record, state, {})
+        state.tally.failures[key] = f"a cache layer could not be read: {type(error).__name__}: {error}"
+        return
+    entries[key] = (record, state, mine)
+    state.tally.add(mine)
+    size = sum(mine.values()) if record.twin is None else measure(layer, plan, hooks.shared(record))
+    delta = size - record.bytes
+    if observing and delta:
+        record.bytes = record.reported = size
+        state.add(delta)
+
+
+def figures(state: OwnerState, observing: bool) -> tuple[int, str | None]:
+    """An owner's live bytes now (its distinct storages) and why they cannot be trusted, if they cannot; raises its
+    high-waters to them (``refresh`` first)."""
+    tally: Tally = state.tally
+    live = tally.live
+    failure = tally.failure()
+    if observing:
+        with hooks.lock:
+            state.high_water = max(state.high_water, live)
+            state.interval_high_water = max(state.interval_high_water, live)
+    return live, failure
