@@ -33,6 +33,7 @@ from modelkv_exporter.contract.spool import (
     write_snapshot,
 )
 from modelkv_exporter.contract.vocabulary import EndReason
+from modelkv_exporter.engine.ending import end_reason, error_line
 from modelkv_exporter.engine.log import flush, get_logger, pending, report
 from modelkv_exporter.engine.plain_tensors import attribute_plain
 from modelkv_exporter.engine.samplers import Sampler
@@ -293,21 +294,22 @@ class SnapshotPublisher:
                 return
             logging.join(timeout=5)
 
-    def end(self, reason: EndReason = EndReason.SHUTDOWN, error: str = "") -> Path:
-        """Stop beating and write the ending (``reason``, ``error``: see ``died``), so the sidecar stops exporting
-        the engine. Idempotent: a snapshot that ended already stays as it ended."""
+    def end(self) -> Path:
+        """Stop beating and write the ending (``shutdown``), so the sidecar stops exporting the engine. Idempotent: a
+        snapshot that ended already stays as it ended (a shutdown after an out-of-memory leaves the out-of-memory)."""
         self._stop_beating()
-        return self._end(reason, error)
+        return self._end(EndReason.SHUTDOWN)
 
-    def died(self, reason: EndReason, error: str) -> Path:
-        """The engine is ending with ``error`` (an exception's type and first line, ``engine.ending.error_line``):
-        write the ending now, on the caller's thread, with the memory as the exception left it.
+    def died(self, error: BaseException) -> Path:
+        """``error`` is ending the engine (raised by its step, not yet handled): write the ending now, on the caller's
+        thread, with the memory as the exception left it, and why (``engine.ending``: ``out_of_memory`` or ``error``,
+        and the exception's type and first line). Keeps nothing of ``error``.
 
         The heartbeat is told to stop, not waited for (the caller is the model's thread): a beat under way finds the
         snapshot ended and leaves it. Idempotent like ``end``.
         """
         self._stop.set()
-        return self._end(reason, error)
+        return self._end(end_reason(error), error_line(error))
 
     def _end(self, reason: EndReason, error: str = "") -> Path:
         """The ending write: a last sample, the observations now, why the engine ended; then let go of liveness."""

@@ -52,7 +52,6 @@ from modelkv_exporter.contract.snapshot import MemorySample, SleepState, Snapsho
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.discover import Discovery, discover
-from modelkv_exporter.engine.ending import end_reason, error_line
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher, with_baseline
 from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.observe import Observer, install
@@ -371,9 +370,10 @@ def ended_by(worker: Any, config: HookConfig, error: BaseException) -> None:
     if hook is None or hook.publisher.snapshot.ended:
         return
     _live.discard(hook.publisher)
-    reason = end_reason(error)
-    line = error_line(error)
-    logger.warning("modelkv: %s ended (%s): %s", hook.publisher.died(reason, line), reason.value, line)
+    path = hook.publisher.died(error)
+    end = hook.publisher.snapshot.end
+    if end is not None:
+        logger.warning("modelkv: %s ended (%s): %s", path, end.reason, end.error)
 
 
 def before_shutdown(worker: Any, config: HookConfig) -> None:
