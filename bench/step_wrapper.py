@@ -95,7 +95,8 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, 1 torch thread")
     print("\nCPU TIME per step (min over repetitions)")
     for name, (off, on) in workers().items():
-        t_off, t_on = cpu_seconds(lambda: off.execute_model(None)), cpu_seconds(lambda: on.execute_model(None))
+        t_off = cpu_seconds(lambda worker=off: worker.execute_model(None))
+        t_on = cpu_seconds(lambda worker=on: worker.execute_model(None))
         print(f"  {name:14s} off {t_off * 1e9:8.0f} ns   on {t_on * 1e9:8.0f} ns   + {(t_on - t_off) * 1e9:6.0f} ns")
     if args.no_callgrind:
         return

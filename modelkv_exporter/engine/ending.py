@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Any
 
 from modelkv_exporter.contract.vocabulary import EndReason
 
@@ -22,8 +23,12 @@ mapping of its extensible KV cache (``GPU driver error 2: out of memory``: ``CUD
 ``hipErrorOutOfMemory`` are both 2)."""
 
 
+_ARGS: Any = BaseException.__dict__["args"]
+"""``BaseException``'s own ``args`` slot, read past whatever a subclass defines under that name."""
+
+
 def _first_argument(error: BaseException) -> str:
-    args = BaseException.args.__get__(error, BaseException)
+    args = _ARGS.__get__(error, BaseException)
     first = args[0] if args else None
     return first if type(first) is str else ""
 

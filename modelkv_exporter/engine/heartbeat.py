@@ -331,12 +331,9 @@ class SnapshotPublisher:
         segments = _guarded(largest) if callable(largest) else None
         values = sample.values if sample is not None else {}
         reserved, allocated = values.get("torch_reserved"), values.get("torch_allocated")
+        free = max(reserved - allocated, 0) if reserved is not None and allocated is not None else None
         state = EndState(
-            reason=reason.value,
-            at=time.time(),
-            error=error,
-            reserved_free_bytes=max(reserved - allocated, 0) if reserved is not None and allocated is not None else None,
-            largest_segments=segments,
+            reason=reason.value, at=time.time(), error=error, reserved_free_bytes=free, largest_segments=segments
         )
         snapshot = _with_figures(self._snapshot, sample, observations, discovered)
         return replace(snapshot, ended=True, end=state, heartbeat_at=time.time())

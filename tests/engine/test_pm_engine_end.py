@@ -111,7 +111,9 @@ class Engine:
         raise AssertionError("the step raised nothing")
 
     def written(self) -> Snapshot:
-        return read_snapshot_file(self.spool / snapshot_file_name(self.hook.publisher.snapshot.engine.engine_id), 1 << 24)
+        return read_snapshot_file(
+            self.spool / snapshot_file_name(self.hook.publisher.snapshot.engine.engine_id), 1 << 24
+        )
 
     def alive(self) -> bool | None:
         return writer_alive(self.spool / alive_file_name(self.hook.publisher.snapshot.engine.engine_id))
@@ -288,3 +290,17 @@ def test_a_step_that_raises_a_base_exception_ends_nothing(make: Any) -> None:
     error = KeyboardInterrupt()
     assert engine.step_raising(error) is error
     assert not engine.written().ended
+
+
+def test_the_largest_segments_are_bounded_largest_first_and_of_this_device_only() -> None:
+    class Segments:
+        def memory_snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+            mine = [{"device": 0, "total_size": (i + 1) * MIB, "allocated_size": i * MIB} for i in range(20)]
+            return [*mine, {"device": 1, "total_size": 999 * MIB, "allocated_size": 0}]
+
+    segments = CudaSampler(Segments(), SimpleNamespace(index=0)).largest_segments()
+    assert segments is not None and len(segments) == LARGEST_SEGMENTS
+    assert [(s.total_bytes, s.allocated_bytes) for s in segments] == [
+        ((i + 1) * MIB, i * MIB) for i in range(19, 11, -1)
+    ]
+    assert CudaSampler(object(), SimpleNamespace(index=0)).largest_segments() is None, "torch cannot say: absent"

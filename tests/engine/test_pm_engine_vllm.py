@@ -38,7 +38,13 @@ def start(model_dir: Path, spool: Path) -> Iterator[object]:
 
     def engine() -> Engine:
         started.append(
-            Engine(model_dir, spool, script="run_dying_engine.py", arguments=(), env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+            Engine(
+                model_dir,
+                spool,
+                script="run_dying_engine.py",
+                arguments=(),
+                env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            )
         )
         return started[-1]
 
@@ -58,7 +64,12 @@ def alive(spool: Path) -> bool | None:
 @pytest.mark.parametrize(
     ("kind", "reason", "error", "raised"),
     [
-        ("oom", "out_of_memory", "torch.OutOfMemoryError: out of memory: the model's leak reached", "torch.OutOfMemoryError"),
+        (
+            "oom",
+            "out_of_memory",
+            "torch.OutOfMemoryError: out of memory: the model's leak reached",
+            "torch.OutOfMemoryError",
+        ),
         ("error", "error", "ValueError: the model failed on purpose", "builtins.ValueError"),
     ],
 )
@@ -73,12 +84,16 @@ def test_a_model_that_raises_at_a_chosen_step_leaves_its_post_mortem(
     engine.process.stdin.write(f"{kind} {STEPS} {GROW}\n".encode())
     engine.process.stdin.flush()
     line = engine.wait_for("RAISED")
-    assert line.split() == ["RAISED", raised, "True", "True", "True"], "the model's own exception reached vLLM unchanged"
+    assert line.split() == ["RAISED", raised, "True", "True", "True"], (
+        "the model's own exception reached vLLM unchanged"
+    )
 
     after = written(spool)
     assert after.ended and after.end is not None
     assert after.end.reason == reason and after.end.error.startswith(error), after.end
-    assert after.end.reserved_free_bytes is None and after.end.largest_segments is None, "a CPU engine: torch keeps none"
+    assert after.end.reserved_free_bytes is None and after.end.largest_segments is None, (
+        "a CPU engine: torch keeps none"
+    )
     current, baseline = after.measured.current, after.measured.baseline
     assert current is not None and baseline is not None
     grown = current.values["process_resident"] - baseline.values["process_resident"]
