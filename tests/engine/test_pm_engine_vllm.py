@@ -99,7 +99,7 @@ def test_a_model_that_raises_at_a_chosen_step_leaves_its_post_mortem(
     grown = current.values["process_resident"] - baseline.values["process_resident"]
     assert grown >= STEPS * GROW * 0.9, f"the leak shows in the ending sample: {grown} bytes"
     assert current.sampled_at > before.measured.current.sampled_at  # type: ignore[union-attr]
-    assert alive(spool) is False, "the ended engine let go of its liveness lock"
+    eventually(lambda: alive(spool) is False, "the ended engine to let go of its liveness lock", timeout=10)
 
 
 def test_a_clean_stop_ends_as_shutdown(start: object, spool: Path) -> None:
@@ -109,4 +109,4 @@ def test_a_clean_stop_ends_as_shutdown(start: object, spool: Path) -> None:
     engine.stop()
     end = eventually(lambda: written(spool).end, "the ending write")
     assert end.reason == "shutdown" and end.error == ""
-    assert alive(spool) is False
+    eventually(lambda: alive(spool) is False, "the ended engine to let go of its liveness lock", timeout=10)
