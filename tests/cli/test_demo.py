@@ -145,16 +145,17 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
     assert process.returncode == 0, output
     assert "Serving on" in output and "engines stopped" in output
     for step in ("declarations published", "memory measured"):
-        lines = [re.match(rf"  (\S+): {step} \((\d) of 7, \d+\.\ds\)$", line) for line in output.splitlines()]
-        assert [int(m[2]) for m in lines if m] == [1, 2, 3, 4, 5, 6, 7], output
-        assert {m[1] for m in lines if m} == up.keys(), output
-        assert output.index(f"{step} (7 of 7, ") < output.index("Serving on"), (
+        lines = [re.match(rf"  (\S+): {step} \((\d) of 8, \d+\.\ds\)$", line) for line in output.splitlines()]
+        assert [int(m[2]) for m in lines if m] == [1, 2, 3, 4, 5, 6, 7, 8], output
+        assert {m[1] for m in lines if m} == up.keys() | {DYING_ENGINE.engine_id}, output
+        assert output.index(f"{step} (8 of 8, ") < output.index("Serving on"), (
             "each engine is named as it takes each step"
         )
     assert f"their ended snapshots stay in {spool}" in output
     assert "holds 1.50× its declaration" in output and output.count("within its declaration") == 4
-    summary = pasted(output[output.index("summary: 7 engines") : output.index("Serving on")])
-    assert summary.startswith("summary: 7 engines, 2 with problems:"), "both problem engines, and only they"
+    summary = pasted(output[output.index("summary: 8 engines") : output.index("Serving on")])
+    assert summary.startswith("summary: 8 engines, 3 with problems:"), "the three problem engines, and only they"
+    assert f"{DYING_ENGINE.engine_id} (minicpm-o-leaking, thinker" in summary
     assert (
         f"{UNDER_DECLARING} (qwen3-tts-eager, code2wav, exported): under-reports: tokenizer.decoder holds 1.50× its "
         "declaration"
@@ -175,6 +176,8 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
     assert inspected.returncode == 0 and all(engine in inspected.stdout for engine in up), inspected.stdout
     assert inspected.stdout.count("ended") >= 7, inspected.stdout
     discovered = {s["engine"]["engine_id"]: s.get("discovered", []) for s in snapshots}
+    leaking = discovered.pop(DYING_ENGINE.engine_id)
+    assert [(d["owner"], d["found_by"]) for d in leaking] == [("apm.streaming_kv", "census")], leaking
     streaming = StreamingAudioKVCache.LAYERS * 2 * 750 * StreamingAudioKVCache.EMBED_DIM * 2
     assert streaming > 64 << 20, "above ModelKVUndeclaredCache's threshold"
     assert {
