@@ -64,6 +64,8 @@ def assert_breakdown_explains(
         assert by_component["model_local_caches"] == held, engine
         assert weights <= by_component["weights"] < weights + 2**20, "the embedding, and the owners' few small tensors"
         assert 0 < by_component["runtime"] < rss[engine], engine
+        if engine == DYING_ENGINE.engine_id:
+            continue  # its leak grows between censuses: unexplained until the next census names it, as on purpose
         assert abs(by_component["unexplained"]) <= 0.1 * rss[engine], (engine, by_component, rss[engine])
 
 
@@ -164,7 +166,7 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
         f"{UNDECLARED} (minicpm-o-streaming, thinker, exported): undeclared cache: apm.streaming_kv "
         "(StreamingAudioKVCache) holds 70.3 MiB it does not declare"
     ) in summary
-    assert summary.count(f"check {spool} (each owner's verdict") == 2
+    assert summary.count(f"check {spool} (each owner's verdict") == 3
     assert "runbook: ModelKVUndeclaredCache" in summary and "runbook: ModelKVDeclarationUnderReports" in summary
     checked = run_printed(output, "check", spool)
     assert "apm.streaming_kv" in checked.stdout and "tokenizer.decoder" in checked.stdout, checked.stdout
