@@ -138,6 +138,8 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
         assert rss["minicpm-o-s0-r0"] - base["minicpm-o-s0-r0"] >= 0.9 * whisper, "the allocated caches show in RSS"
         assert_breakdown_explains(families, rss, observed)
         eventually(lambda: "Press Ctrl-C" in log.read_text(), "the demo's serving text", timeout=10)
+        dying = spool / f"{DYING_ENGINE.engine_id}.json"
+        eventually(lambda: json.loads(dying.read_text()).get("end"), "the dying engine's out-of-memory", timeout=120)
         planned = run_printed(log.read_text(), "plan", spool)
         assert planned.returncode == 0 and all(engine in planned.stdout for engine in up), planned.stdout
     finally:
