@@ -153,7 +153,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     if server.probe is not None and not bind_probe_port("demo", server.probe, port):
         return 2
     try:
-        from modelkv_exporter.demo.engines import DEMO_ENGINES, start_engines
+        from modelkv_exporter.demo.engines import DEMO_ENGINES, DYING_ENGINE, start_engines
     except ImportError as error:
         print(
             f"modelkv-exporter demo: the demo needs torch and transformers: pip install '.[torch]' in a checkout ({error})",
@@ -161,17 +161,18 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
         )
         return 2
     spool_dir.mkdir(parents=True, exist_ok=True)
-    for engine in DEMO_ENGINES:
+    engines = (*DEMO_ENGINES, DYING_ENGINE)
+    for engine in engines:
         (spool_dir / snapshot_file_name(engine.engine_id)).unlink(missing_ok=True)
     print(
-        f"modelkv-exporter demo: starting {len(DEMO_ENGINES)} engine processes publishing into {spool_dir}\n"
+        f"modelkv-exporter demo: starting {len(engines)} engine processes publishing into {spool_dir}\n"
         "  each imports torch and transformers, builds its model, publishes its declarations, allocates its caches\n"
         "  and measures its memory: seconds on a quiet machine, a minute or more on a small busy one",
         flush=True,
     )
-    processes, stop = start_engines(str(spool_dir), settings.heartbeat_interval)
+    processes, stop = start_engines(str(spool_dir), settings.heartbeat_interval, engines)
     try:
-        reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in DEMO_ENGINES], processes)
+        reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in engines], processes)
         print("\n" + _summary(reader), flush=True)
         print("\n" + _observed_summary(reader), flush=True)
         print("\n" + _attention(reader, config, cli), flush=True)

@@ -8,6 +8,12 @@ memory baseline, allocates the caches through each owner, then beats with its me
 resident memory, what its caches were observed to hold and the owners discovery found,
 until told to stop, when it marks its snapshot ended. One engine's owner declares less than it
 holds, on purpose; another engine's module holds a cache it does not declare at all.
+
+``DYING_ENGINE``, started beside them by the ``demo`` command, steps its model at every heartbeat; its model's
+streaming cache leaks a page a step until its model raises a real ``torch.OutOfMemoryError``. The engine records
+its end as the vLLM hook records a worker's (``SnapshotPublisher.died``: why, and its memory at that moment) and,
+as vLLM's engine core does with a fatal error, logs it; its process stays until the demo stops, its snapshot ended
+``out_of_memory``: the post-mortem the sidecar shows.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import multiprocessing.context
 import multiprocessing.synchronize
 import os
 import signal
+import sys
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from modelkv_exporter.demo import owners
@@ -46,6 +54,8 @@ class DemoEngine:
     owners: tuple[tuple[str, str], ...]
     undeclared: tuple[tuple[str, str], ...] = ()
     """Modules that hold caches and declare nothing: ``(path, class name)``."""
+    dies: bool = False
+    """Whether its model steps at every heartbeat until it runs out of memory (``DYING_ENGINE``)."""
 
 
 DEMO_ENGINES: tuple[DemoEngine, ...] = (
@@ -92,6 +102,18 @@ DEMO_ENGINES: tuple[DemoEngine, ...] = (
         (("apm.streaming_kv", "StreamingAudioKVCache"),),
     ),
 )
+DYING_ENGINE = DemoEngine(
+    "minicpm-o-leaking-s0-r0",
+    "minicpm-o-leaking",
+    "MiniCPMO",
+    0,
+    "thinker",
+    4,
+    (),
+    (("apm.streaming_kv", "LeakingStreamingKVCache"),),
+    dies=True,
+)
+"""The demo engine that dies of out-of-memory mid-run; not in ``DEMO_ENGINES`` (whose engines serve until stopped)."""
 UNDER_DECLARING = "qwen3-tts-eager-s1-r0"
 """The demo engine whose owner deliberately declares less than it holds."""
 UNDECLARED = "minicpm-o-streaming-s0-r0"
@@ -174,19 +196,45 @@ def run_engine(engine: DemoEngine, spool_dir: str, interval: float, stop: multip
     discovery.census()
     observations = observer.sample()
     publisher.beat(sample_host_memory(), observations, discovery.sample(observations))
+    if engine.dies:
+        step_until_out_of_memory(engine, model, publisher, interval, stop)
     stop.wait()
     publisher.end()
 
 
+def step_until_out_of_memory(
+    engine: DemoEngine,
+    model: nn.Module,
+    publisher: SnapshotPublisher,
+    interval: float,
+    stop: multiprocessing.synchronize.Event,
+) -> None:
+    """Step the model's leaking cache every ``interval`` seconds until its model raises ``torch.OutOfMemoryError``
+    (or ``stop`` is set). The step's exception ends the snapshot (``publisher.died``) and goes on unchanged; here, where
+    an engine core handles a fatal error, it is logged in one line."""
+    leaking = [module for module in model.modules() if isinstance(module, owners.LeakingStreamingKVCache)]
+    try:
+        while not stop.wait(max(interval, 0.05)):
+            try:
+                for module in leaking:
+                    module.step()
+            except Exception as error:
+                publisher.died(error)
+                raise
+    except torch.OutOfMemoryError as error:
+        print(f"demo engine {engine.engine_id} died of out-of-memory, on purpose: {error}", file=sys.stderr, flush=True)
+
+
 def start_engines(
-    spool_dir: str, interval: float
+    spool_dir: str, interval: float, engines: tuple[DemoEngine, ...] = DEMO_ENGINES
 ) -> tuple[list[multiprocessing.context.SpawnProcess], multiprocessing.synchronize.Event]:
-    """Start every demo engine in its own spawned process; returns them and their stop event."""
+    """Start each of ``engines`` (every demo engine by default) in its own spawned process; returns them and their
+    stop event."""
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
     processes = [
         context.Process(target=run_engine, args=(engine, spool_dir, interval, stop), name=engine.engine_id, daemon=True)
-        for engine in DEMO_ENGINES
+        for engine in engines
     ]
     for process in processes:
         process.start()

@@ -337,3 +337,26 @@ class StreamingAudioKVCache(nn.Module):
     def held_bytes(self) -> int:
         """Bytes of the tensor it keeps."""
         return 0 if self.kv is None else self.kv.untyped_storage().nbytes()
+
+
+class LeakingStreamingKVCache(StreamingAudioKVCache):
+    """The streaming encoder's cache in a model with a leak: every step streams one more page and none is ever trimmed.
+
+    ``step`` grows it by a page (about 24 MiB of live tensors) until the next page would pass ``BUDGET_PAGES``: then
+    it raises a real ``torch.OutOfMemoryError``, as torch's allocator does on a full device (the demo runs on CPU,
+    where memory would run out much later). The demo's dying engine holds one.
+    """
+
+    BUDGET_PAGES = 7
+
+    def step(self) -> None:
+        """Stream one more page of positions, or raise ``torch.OutOfMemoryError`` when the budget is spent."""
+        needed = self.length + self.PAGE
+        if -(-needed // self.PAGE) > self.BUDGET_PAGES:
+            page = self.LAYERS * 2 * self.PAGE * self.EMBED_DIM * torch.bfloat16.itemsize
+            held = self.held_bytes()
+            raise torch.OutOfMemoryError(
+                f"Tried to allocate {page / 2**20:.2f} MiB: the demo engine's {self.BUDGET_PAGES * page / 2**20:.2f} "
+                f"MiB are spent ({held / 2**20:.2f} MiB held by its streaming cache, which never trims)"
+            )
+        self.append(self.PAGE)

@@ -1,6 +1,7 @@
 """``SnapshotPublisher``: keeps one live engine's snapshot current in the spool.
 
-Heartbeats, measurements, observations, the end mark. Stdlib only, so any engine (not only vLLM) can use it. Plain
+Heartbeats, measurements, observations, the ending write (why the engine ended, and its memory then), the liveness
+lock beside the snapshot. Stdlib only, so any engine (not only vLLM) can use it. Plain
 tensors the census finds on a declaring owner are published in its observation (``plain_tensors``).
 """
 
@@ -13,17 +14,26 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from modelkv_exporter.contract.snapshot import (
     DiscoveredOwner,
     DiscoveryStatus,
+    EndState,
     Measured,
     MemorySample,
     Observation,
     Snapshot,
 )
-from modelkv_exporter.contract.spool import remove_orphaned_temp_files, snapshot_file_name, write_snapshot
+from modelkv_exporter.contract.spool import (
+    hold_alive,
+    let_go_alive,
+    remove_orphaned_temp_files,
+    snapshot_file_name,
+    write_snapshot,
+)
+from modelkv_exporter.contract.vocabulary import EndReason
+from modelkv_exporter.engine.ending import end_reason, error_line
 from modelkv_exporter.engine.log import flush, get_logger, pending, report
 from modelkv_exporter.engine.plain_tensors import attribute_plain
 from modelkv_exporter.engine.samplers import Sampler
@@ -79,6 +89,13 @@ class SnapshotPublisher:
     beat is logged at the end of each beat, holding no lock. A logging handler that raises there,
     even ``SystemExit``, loses its line and never the heartbeat (``handler_failure`` says what it raised).
     An engine ``watch``ed and dropped without ``end`` has its snapshot ended at the next beat.
+
+    The first write takes the engine's liveness lock (``contract.spool.hold_alive``, without waiting); the ending
+    write lets go of it, as does ``stop``. A lock that cannot be taken is logged once and the snapshot is written
+    without it (its reader then cannot tell a killed engine from a hung one). The ending write (``end``, or
+    ``died`` while an exception that ends the engine propagates) takes a last memory sample, the observations and
+    torch's largest segments through what ``start_heartbeat`` was given, and records why the engine ended; the first
+    ending wins (a shutdown after an out-of-memory leaves the out-of-memory).
     """
 
     def __init__(self, spool_dir: str | os.PathLike[str], snapshot: Snapshot) -> None:
@@ -94,6 +111,11 @@ class SnapshotPublisher:
         """What a logging handler raised on a thread of ours beyond an ``Exception`` (its line was lost), if one did."""
         self.stopped: str | None = None
         """Why the heartbeat thread stopped by itself (its engine dropped, something raised into it), if it did."""
+        self._alive: int | None = None
+        self._alive_asked = False
+        self._sampler: Sampler | None = None
+        self._observe: Observe | None = None
+        self._discovery: DiscoverySource | None = None
         remove_orphaned_temp_files(self.spool_dir, snapshot.engine.engine_id)
 
     @property
@@ -101,16 +123,45 @@ class SnapshotPublisher:
         """The snapshot as last published (or about to be)."""
         return self._snapshot
 
+    @property
+    def holds_alive(self) -> bool:
+        """Whether this publisher holds its engine's liveness lock now."""
+        return self._alive is not None
+
     def write(self) -> Path:
         """Write the current snapshot now; raises ``OSError`` when the spool refuses."""
         with self._lock:
-            return write_snapshot(self.spool_dir, self._snapshot)
+            return self._write()
 
     def update(self, change: Callable[[Snapshot], Snapshot]) -> Path:
         """Apply ``change`` to the snapshot, stamp a heartbeat, and write it."""
         with self._lock:
             self._snapshot = replace(change(self._snapshot), heartbeat_at=time.time())
-            return write_snapshot(self.spool_dir, self._snapshot)
+            return self._write()
+
+    def _write(self) -> Path:
+        """Write the snapshot (under the lock), taking the liveness lock first, once, unless it has ended."""
+        if not self._alive_asked and not self._snapshot.ended:
+            self._alive_asked = True
+            try:
+                self._alive = hold_alive(self.spool_dir, self._snapshot.engine.engine_id)
+            except OSError as error:
+                report(
+                    logger,
+                    "modelkv: cannot take the liveness lock of %s in %s; a kill will read as stale",
+                    self._snapshot.engine.engine_id,
+                    self.spool_dir,
+                    error=error,
+                )
+        return write_snapshot(self.spool_dir, self._snapshot)
+
+    def _let_go(self) -> None:
+        alive, self._alive = self._alive, None
+        if alive is not None:
+            try:
+                let_go_alive(alive)
+            except OSError:
+                pass
 
     def beat(
         self,
@@ -147,6 +198,7 @@ class SnapshotPublisher:
         if self._thread is not None:
             return
         self._snapshot = replace(self._snapshot, heartbeat_interval_seconds=interval)
+        self._sampler, self._observe, self._discovery = sampler, observe, discovery
         self._thread = threading.Thread(
             target=self._run, args=(interval, sampler, observe, discovery), name="modelkv-heartbeat", daemon=True
         )
@@ -169,6 +221,8 @@ class SnapshotPublisher:
         def change(snapshot: Snapshot) -> Snapshot:
             # Sampled under the publisher's lock, so a beat from another thread never lands between
             # this sample and its write and then gets overwritten by older figures.
+            if snapshot.ended:
+                return snapshot
             observations = observe() if observe else None
             discovered = discovery.sample(observations or ()) if discovery else None
             return _with_figures(snapshot, sampler() if sampler else None, observations, discovered)
@@ -195,7 +249,7 @@ class SnapshotPublisher:
         self._stop.set()
         self.stopped = "the engine was dropped without shutdown"
         try:
-            self.update(lambda s: s if s.ended else replace(s, ended=True))
+            self._end(EndReason.SHUTDOWN)
         except Exception as error:
             report(
                 logger, "modelkv: cannot mark the dropped engine's snapshot ended in %s", self.spool_dir, error=error
@@ -217,11 +271,17 @@ class SnapshotPublisher:
             self.handler_failure = f"a logging handler raised {escaped}; its line was lost"
 
     def stop(self) -> None:
-        """Stop the heartbeat thread (the file stays as last written), and log what was not logged yet.
+        """Stop the heartbeat thread (the file stays as last written), let go of the liveness lock, and log what was
+        not logged yet.
 
         The lines are logged on a thread of ours (a short one), so that a logging handler's exception, even
         ``SystemExit``, never reaches the caller; an asynchronous exception of the caller's passes.
         """
+        self._stop_beating()
+        with self._lock:
+            self._let_go()
+
+    def _stop_beating(self) -> None:
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
@@ -235,9 +295,55 @@ class SnapshotPublisher:
             logging.join(timeout=5)
 
     def end(self) -> Path:
-        """Stop beating and mark the snapshot ended, so the sidecar stops exporting it. Idempotent."""
-        self.stop()
-        if self._snapshot.ended:
-            return self.spool_dir / snapshot_file_name(self._snapshot.engine.engine_id)
+        """Stop beating and write the ending (``shutdown``), so the sidecar stops exporting the engine. Idempotent: a
+        snapshot that ended already stays as it ended (a shutdown after an out-of-memory leaves the out-of-memory)."""
+        self._stop_beating()
+        return self._end(EndReason.SHUTDOWN)
 
-        return self.update(lambda s: replace(s, ended=True))
+    def died(self, error: BaseException) -> Path:
+        """``error`` is ending the engine (raised by its step, not yet handled): write the ending now, on the caller's
+        thread, with the memory as the exception left it, and why (``engine.ending``: ``out_of_memory`` or ``error``,
+        and the exception's type and first line). Keeps nothing of ``error``.
+
+        The heartbeat is told to stop, not waited for (the caller is the model's thread): a beat under way finds the
+        snapshot ended and leaves it. Idempotent like ``end``.
+        """
+        self._stop.set()
+        return self._end(end_reason(error), error_line(error))
+
+    def _end(self, reason: EndReason, error: str = "") -> Path:
+        """The ending write: a last sample, the observations now, why the engine ended; then let go of liveness."""
+        with self._lock:
+            try:
+                if not self._snapshot.ended:
+                    self._snapshot = self._ending(reason, error)
+                    return self._write()
+                return self.spool_dir / snapshot_file_name(self._snapshot.engine.engine_id)
+            finally:
+                self._let_go()
+
+    def _ending(self, reason: EndReason, error: str) -> Snapshot:
+        sample = _guarded(self._sampler)
+        observations = _guarded(self._observe)
+        discovery = self._discovery
+        discovered = _guarded(lambda: discovery.sample(observations or ())) if discovery is not None else None
+        largest = getattr(self._sampler, "largest_segments", None)
+        segments = _guarded(largest) if callable(largest) else None
+        values = sample.values if sample is not None else {}
+        reserved, allocated = values.get("torch_reserved"), values.get("torch_allocated")
+        free = max(reserved - allocated, 0) if reserved is not None and allocated is not None else None
+        state = EndState(
+            reason=reason.value, at=time.time(), error=error, reserved_free_bytes=free, largest_segments=segments
+        )
+        snapshot = _with_figures(self._snapshot, sample, observations, discovered)
+        return replace(snapshot, ended=True, end=state, heartbeat_at=time.time())
+
+
+def _guarded(read: Callable[[], Any] | None) -> Any:
+    """``read()``, or None where there is nothing to read or it fails (the figure keeps its last value)."""
+    if read is None:
+        return None
+    try:
+        return read()
+    except Exception:
+        return None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from modelkv_exporter.contract.snapshot import MemorySample
+from modelkv_exporter.contract.snapshot import MemorySample, TorchSegment
 from modelkv_exporter.engine.log import get_logger
 
 logger = get_logger("samplers")
@@ -90,6 +90,9 @@ class PrivatePools:
         return self.total - self.allocated
 
 
+LARGEST_SEGMENTS = 8
+"""How many of torch's segments an engine's ending write names (``EndState.largest_segments``), largest first."""
+
 HIGH_WATER_SECONDS = 120.0
 """How far back ``torch_allocated_high_water`` reaches: two scrapes at the common one-minute interval."""
 
@@ -110,6 +113,10 @@ class MemorySampler:
 
     def private_pools(self) -> PrivatePools | None:
         """What torch's caching allocator holds in private pools (CUDA graph pools); None where it keeps none."""
+        return None
+
+    def largest_segments(self) -> tuple[TorchSegment, ...] | None:
+        """Torch's largest segments on the device now, largest first; None where torch keeps none (a CPU engine)."""
         return None
 
 
@@ -182,12 +189,8 @@ class CudaSampler(MemorySampler):
 
         Not for an engine step: it lists every segment. The capture wrapper reads it before and after a capture.
         """
-        try:
-            try:
-                segments = self.cuda.memory_snapshot(include_traces=False)
-            except TypeError:  # a torch before 2.10 records no traces unless asked to
-                segments = self.cuda.memory_snapshot()
-        except Exception:
+        segments = self._segments()
+        if segments is None:
             return None
         index = getattr(self.device, "index", None)
         index = index if isinstance(index, int) else None
@@ -202,6 +205,37 @@ class CudaSampler(MemorySampler):
         except Exception:
             return None
         return PrivatePools(total, allocated)
+
+    def largest_segments(self) -> tuple[TorchSegment, ...] | None:
+        """The ``LARGEST_SEGMENTS`` largest segments torch's caching allocator holds on this device, from its own books
+        (``memory_snapshot``), largest first: their sizes and the bytes live tensors use of them; None when torch
+        cannot say. For an engine's ending write only: it lists every segment."""
+        segments = self._segments()
+        if segments is None:
+            return None
+        index = getattr(self.device, "index", None)
+        index = index if isinstance(index, int) else None
+        try:
+            found = sorted(
+                (
+                    (int(segment["total_size"]), int(segment["allocated_size"]))
+                    for segment in segments
+                    if index is None or segment.get("device", index) == index
+                ),
+                reverse=True,
+            )
+        except Exception:
+            return None
+        return tuple(TorchSegment(total, allocated) for total, allocated in found[:LARGEST_SEGMENTS])
+
+    def _segments(self) -> Any | None:
+        try:
+            try:
+                return self.cuda.memory_snapshot(include_traces=False)
+            except TypeError:  # a torch before 2.10 records no traces unless asked to
+                return self.cuda.memory_snapshot()
+        except Exception:
+            return None
 
     def hold_resets(self) -> Callable[[], None]:
         """Stop resetting torch's peak until the returned function is called (once per hold).

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from modelkv_exporter.cli import demo
-from modelkv_exporter.demo.engines import EMBEDDING, UNDECLARED, UNDER_DECLARING
+from modelkv_exporter.demo.engines import DYING_ENGINE, EMBEDDING, UNDECLARED, UNDER_DECLARING
 from modelkv_exporter.demo.owners import StreamingAudioKVCache
 from modelkv_testbed import VENV_BIN
 from modelkv_testbed.exposition import Exposition
@@ -64,6 +64,8 @@ def assert_breakdown_explains(
         assert by_component["model_local_caches"] == held, engine
         assert weights <= by_component["weights"] < weights + 2**20, "the embedding, and the owners' few small tensors"
         assert 0 < by_component["runtime"] < rss[engine], engine
+        if engine == DYING_ENGINE.engine_id:
+            continue  # its leak grows between censuses: unexplained until the next census names it, as on purpose
         assert abs(by_component["unexplained"]) <= 0.1 * rss[engine], (engine, by_component, rss[engine])
 
 
@@ -105,6 +107,7 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
         }
         assert peaks == EXPECTED_PEAKS
         up = {s.labels["engine"]: s.value for s in families["modelkv_engine_up"].samples}
+        up.pop(DYING_ENGINE.engine_id, None)  # exported until its model runs out of memory, a few beats in
         assert up == {
             e: 1.0
             for e in (
@@ -135,6 +138,8 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
         assert rss["minicpm-o-s0-r0"] - base["minicpm-o-s0-r0"] >= 0.9 * whisper, "the allocated caches show in RSS"
         assert_breakdown_explains(families, rss, observed)
         eventually(lambda: "Press Ctrl-C" in log.read_text(), "the demo's serving text", timeout=10)
+        dying = spool / f"{DYING_ENGINE.engine_id}.json"
+        eventually(lambda: json.loads(dying.read_text()).get("end"), "the dying engine's out-of-memory", timeout=120)
         planned = run_printed(log.read_text(), "plan", spool)
         assert planned.returncode == 0 and all(engine in planned.stdout for engine in up), planned.stdout
     finally:
@@ -144,16 +149,17 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
     assert process.returncode == 0, output
     assert "Serving on" in output and "engines stopped" in output
     for step in ("declarations published", "memory measured"):
-        lines = [re.match(rf"  (\S+): {step} \((\d) of 7, \d+\.\ds\)$", line) for line in output.splitlines()]
-        assert [int(m[2]) for m in lines if m] == [1, 2, 3, 4, 5, 6, 7], output
-        assert {m[1] for m in lines if m} == up.keys(), output
-        assert output.index(f"{step} (7 of 7, ") < output.index("Serving on"), (
+        lines = [re.match(rf"  (\S+): {step} \((\d) of 8, \d+\.\ds\)$", line) for line in output.splitlines()]
+        assert [int(m[2]) for m in lines if m] == [1, 2, 3, 4, 5, 6, 7, 8], output
+        assert {m[1] for m in lines if m} == up.keys() | {DYING_ENGINE.engine_id}, output
+        assert output.index(f"{step} (8 of 8, ") < output.index("Serving on"), (
             "each engine is named as it takes each step"
         )
     assert f"their ended snapshots stay in {spool}" in output
     assert "holds 1.50× its declaration" in output and output.count("within its declaration") == 4
-    summary = pasted(output[output.index("summary: 7 engines") : output.index("Serving on")])
-    assert summary.startswith("summary: 7 engines, 2 with problems:"), "both problem engines, and only they"
+    summary = pasted(output[output.index("summary: 8 engines") : output.index("Serving on")])
+    assert summary.startswith("summary: 8 engines, 3 with problems:"), "the three problem engines, and only they"
+    assert f"{DYING_ENGINE.engine_id} (minicpm-o-leaking, thinker" in summary
     assert (
         f"{UNDER_DECLARING} (qwen3-tts-eager, code2wav, exported): under-reports: tokenizer.decoder holds 1.50× its "
         "declaration"
@@ -162,16 +168,20 @@ def test_demo_serves_every_engine_and_keeps_their_ended_snapshots_for_the_cli(tm
         f"{UNDECLARED} (minicpm-o-streaming, thinker, exported): undeclared cache: apm.streaming_kv "
         "(StreamingAudioKVCache) holds 70.3 MiB it does not declare"
     ) in summary
-    assert summary.count(f"check {spool} (each owner's verdict") == 2
+    assert summary.count(f"check {spool} (each owner's verdict") == 3
     assert "runbook: ModelKVUndeclaredCache" in summary and "runbook: ModelKVDeclarationUnderReports" in summary
     checked = run_printed(output, "check", spool)
     assert "apm.streaming_kv" in checked.stdout and "tokenizer.decoder" in checked.stdout, checked.stdout
     snapshots = [json.loads(p.read_text()) for p in spool.glob("*.json")]
-    assert len(snapshots) == 7 and all(s["ended"] for s in snapshots)
+    assert len(snapshots) == 8 and all(s["ended"] for s in snapshots)
+    ends = {s["engine"]["engine_id"]: s["end"]["reason"] for s in snapshots}
+    assert ends == {**{engine: "shutdown" for engine in up}, DYING_ENGINE.engine_id: "out_of_memory"}
     inspected = run_printed(output, "inspect", spool)
     assert inspected.returncode == 0 and all(engine in inspected.stdout for engine in up), inspected.stdout
     assert inspected.stdout.count("ended") >= 7, inspected.stdout
     discovered = {s["engine"]["engine_id"]: s.get("discovered", []) for s in snapshots}
+    leaking = discovered.pop(DYING_ENGINE.engine_id)
+    assert [(d["owner"], d["found_by"]) for d in leaking] == [("apm.streaming_kv", "census")], leaking
     streaming = StreamingAudioKVCache.LAYERS * 2 * 750 * StreamingAudioKVCache.EMBED_DIM * 2
     assert streaming > 64 << 20, "above ModelKVUndeclaredCache's threshold"
     assert {

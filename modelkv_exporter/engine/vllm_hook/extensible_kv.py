@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from modelkv_exporter.contract.snapshot import MemorySample
+from modelkv_exporter.contract.snapshot import MemorySample, TorchSegment
 from modelkv_exporter.engine.samplers import MemorySampler, PrivatePools
 
 SOURCE = "paged_kv_committed"
@@ -123,6 +123,9 @@ class WithExtensibleKV(MemorySampler):
 
     def private_pools(self) -> PrivatePools | None:
         return self.inner.private_pools()
+
+    def largest_segments(self) -> tuple[TorchSegment, ...] | None:
+        return self.inner.largest_segments()
 
     def hold_resets(self) -> Callable[[], None] | None:
         """The inner sampler's ``hold_resets``, where it has one (a CUDA sampler)."""

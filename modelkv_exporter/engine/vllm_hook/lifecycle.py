@@ -21,7 +21,12 @@
   resets, so that the profile reads the whole peak;
 - after ``sleep``, ``wake_up`` and vLLM 0.34's ``discard``: publish the sleep level and what vLLM's sleep
   allocator holds off the device, by tag (``sleep.py``);
-- before ``shutdown`` (and at exit): mark the snapshot ended; before ``shutdown``, stop observing and
+- when the worker's step (``execute_model``, ``sample_tokens``) or its memory set-up (the profile, the KV cache's
+  allocation, the warm-up, ``extend_kv_cache``) raises: end the snapshot with why (``out_of_memory`` or ``error``,
+  ``engine.ending``) and the memory as the exception left it, before any of it is freed; the exception goes on
+  unchanged, and nothing keeps it (its traceback holds the model's frames and their tensors);
+- before ``shutdown`` (and at exit): mark the snapshot ended (``shutdown``; an engine that ended by an error stays
+  ended as it did); before ``shutdown``, stop observing and
   discovering the worker's model (another model in the process keeps its own), even when the spool refuses the
   last write;
 - a worker dropped without ``shutdown`` (an RL loop that makes and drops engines): the heartbeat notices at its next
@@ -356,6 +361,20 @@ def publish_sleep(worker: Any, slept_at: int | None) -> None:
         return replace(snapshot, sleep=SleepState(level=level, released=books))
 
     hook.publisher.update(record)
+
+
+def ended_by(worker: Any, config: HookConfig, error: BaseException) -> None:
+    """``error`` is ending the worker's engine: write the snapshot's ending now, with why and the memory as the error
+    left it (the error's frames still hold what they allocated). Keeps nothing of ``error`` but its type and first
+    line; a later shutdown leaves this ending as it is."""
+    hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
+    if hook is None or hook.publisher.snapshot.ended:
+        return
+    _live.discard(hook.publisher)
+    path = hook.publisher.died(error)
+    end = hook.publisher.snapshot.end
+    if end is not None:
+        logger.warning("modelkv: %s ended (%s): %s", path, end.reason, end.error)
 
 
 def before_shutdown(worker: Any, config: HookConfig) -> None:

@@ -17,7 +17,12 @@ the very call that is about to build the worker: then the class that call resolv
 at once (``in_flight_worker_class``).
 
 A step runs before or after its method, or around it: a step ``around`` runs before and
-returns what to run after, even when the method raises.
+returns what to run after, even when the method raises. A method that may end the engine by raising (the worker's
+step, ``execute_model`` and ``sample_tokens``, and its memory set-up: the profile, the KV cache's allocation, the
+warm-up, vLLM 0.34's ``extend_kv_cache``) has a step ``on_raise``: when the method raises an ``Exception``, it is
+told (``lifecycle.ended_by``: the snapshot records why the engine ended) and the same exception is raised again
+with a bare ``raise``, neither replaced, chained nor swallowed. The worker's step is wrapped by nothing else: its
+wrapper adds one frame and a ``try`` to the hot path, nothing more.
 
 Each wrapper calls the original and forwards every argument; whatever our part raises is
 logged once and swallowed, so the engine loads and serves as if we were not there. A wrapper
@@ -57,14 +62,17 @@ class Method(NamedTuple):
     """A lifecycle method of a worker class and the step that runs ``when`` it is called.
 
     ``when`` is ``"before"``, ``"after"`` or ``"around"`` (the step runs before the method and
-    returns a function, or None, to run after it). A step ``with_arguments`` is called as
-    ``step(worker, config, *args, **kwargs)`` with the method's arguments as its caller gave them.
+    returns a function, or None, to run after it), or ``"raising"`` (only ``on_raise``: the worker's step).
+    A step ``with_arguments`` is called as ``step(worker, config, *args, **kwargs)`` with the method's arguments
+    as its caller gave them. ``on_raise`` is called as ``on_raise(worker, config, error)`` when the method raises
+    an ``Exception``, which is then raised again unchanged.
     """
 
     name: str
     when: str
-    step: Step
+    step: Step | None
     with_arguments: bool = False
+    on_raise: Step | None = None
 
 
 Plan = tuple[Method, ...]
@@ -74,13 +82,16 @@ def worker_plan() -> Plan:
     """The lifecycle of a vLLM worker (``WorkerBase``'s methods)."""
     from modelkv_exporter.engine.vllm_hook import lifecycle
 
+    ended = lifecycle.ended_by
     return (
         Method("init_device", "after", lifecycle.after_init_device),
         Method("load_model", "after", lifecycle.after_load_model),
-        Method("initialize_from_config", "after", lifecycle.after_kv_init, with_arguments=True),
-        Method("compile_or_warm_up_model", "after", lifecycle.after_warm_up),
-        Method("extend_kv_cache", "after", lifecycle.after_extend),
-        Method("determine_available_memory", "around", lifecycle.hold_peak_resets),
+        Method("initialize_from_config", "after", lifecycle.after_kv_init, with_arguments=True, on_raise=ended),
+        Method("compile_or_warm_up_model", "after", lifecycle.after_warm_up, on_raise=ended),
+        Method("extend_kv_cache", "after", lifecycle.after_extend, on_raise=ended),
+        Method("determine_available_memory", "around", lifecycle.hold_peak_resets, on_raise=ended),
+        Method("execute_model", "raising", None, on_raise=ended),
+        Method("sample_tokens", "raising", None, on_raise=ended),
         *sleep_steps(),
         Method("shutdown", "before", lifecycle.before_shutdown),
     )
@@ -177,7 +188,31 @@ class Registration:
             self.patch_subclass(type(worker), plan)
         if not method.with_arguments:
             args, kwargs = (), None
+        if method.step is None:
+            return None
         return self.guarded(method.step.__name__, method.step, worker, self.config, *args, **(kwargs or {}))
+
+    def ended_by(self, method: Method, worker: Any, plan: Plan, error: BaseException) -> None:
+        """``method`` of ``worker`` raised ``error``: run its ``on_raise`` step, guarded (it keeps no reference)."""
+        if type(worker) not in self.hooked:
+            self.patch_subclass(type(worker), plan)
+        if method.on_raise is not None:
+            self.guarded(method.on_raise.__name__, method.on_raise, worker, self.config, error)
+
+    def _wrap_raising(self, original: Callable[..., Any], method: Method, plan: Plan) -> Callable[..., Any]:
+        """``original`` as it is, but for telling ``ended_by`` what it raised before raising it again unchanged."""
+        ended_by = self.ended_by
+
+        @functools.wraps(original)
+        def raising(worker: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(worker, *args, **kwargs)
+            except Exception as error:
+                ended_by(method, worker, plan, error)
+                raise
+
+        setattr(raising, MARKER, True)
+        return raising
 
     def _active(self) -> set[tuple[int, str]]:
         active: set[tuple[int, str]] | None = getattr(self._calls, "active", None)
@@ -186,6 +221,12 @@ class Registration:
         return active
 
     def _wrap(self, original: Callable[..., Any], method: Method, plan: Plan) -> Callable[..., Any]:
+        if method.on_raise is not None:
+            raising = self._wrap_raising(original, method, plan)
+            if method.when == "raising":
+                return raising
+            original = raising
+
         @functools.wraps(original)
         def wrapper(worker: Any, *args: Any, **kwargs: Any) -> Any:
             key = (id(worker), method.name)
@@ -199,7 +240,7 @@ class Registration:
                     try:
                         return original(worker, *args, **kwargs)
                     finally:
-                        if callable(undo):
+                        if callable(undo) and method.step is not None:
                             self.guarded(method.step.__name__, undo)
                 if method.when == "before":
                     self.run_step(method, worker, plan, args, kwargs)
