@@ -22,7 +22,7 @@ TRANSFORMERS_ENDS := lowest newest
 TRANSFORMERS_TESTS := tests/engine/test_transformers_version.py \
 	$(addprefix tests/engine/test_,discovery.py discovery_computed_weights.py examples.py hostile_copies.py hostile_discovery.py \
 		hostile_failures.py hostile_lifetimes.py hostile_owners.py hostile_reading.py hostile_stalls.py hostile_tensors.py \
-		observe_bytes.py observe_safety.py real_caches.py two_models.py) \
+		observe_bytes.py observe_safety.py real_caches.py sample_tally.py two_models.py) \
 	$(addprefix tests/testing/test_,check.py patterns.py pytest_plugin.py same_verdict_from_a_spool.py)
 # Every environment here installs the sidecar extra (`.[sidecar]`; the base install brings no library) with the
 # image's pins as constraints, so the tests run what the image runs.

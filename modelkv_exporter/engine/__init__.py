@@ -7,7 +7,8 @@ the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (`
 - ``modules``: the one walk over a model's module tree;
 - ``resolve``: specs, ours or vLLM-Omni's, resolved at ``max_num_seqs`` into snapshot records;
 - ``publish``: ``build_snapshot`` and the one-shot ``publish``;
-- ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current;
+- ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current and ends it;
+- ``ending``: why an engine ended, told from the exception that ended it;
 - ``samplers``: measured memory (CUDA allocator, device, NVML, host RSS); ``weights``: the bytes of a
   model's weights as its tensors hold them;
 - ``tensors``: the one tensor weigher (by storage, running no tensor subclass's code), used by weights,

@@ -10,6 +10,7 @@ process (``Installation``); each model gets an ``Observer`` of its own, which sa
 
 - ``layers``: which layer classes are understood, and how one layer is weighed;
 - ``records``: the per-owner counters and per-layer weak records;
+- ``tally``: each owner's distinct storages kept between samples, re-weighed only where layers changed;
 - ``hooks``: the hot path (what runs inside the model's calls) and the failure switch;
 - ``patches``: installing and removing the class and owner wrappers;
 - ``wrappers``: an owner method's wrapper, of the method's own kind (generator, coroutine);
