@@ -253,8 +253,8 @@ _METRICS: list[Metric] = [
         "modelkv_engine_ended_timestamp_seconds",
         "gauge",
         "Unix time an engine died, with why (reason: out_of_memory, error, or vanished: stale and its process gone "
-        "without ending its snapshot, the time its last heartbeat); absent for a clean shutdown and once the "
-        "exporter forgets the engine (--forget-after).",
+        "without ending its snapshot, at its last heartbeat); absent for a clean shutdown and once the exporter "
+        "forgets the engine (--forget-after).",
         (*ENGINE, "reason"),
         _N,
     ),
