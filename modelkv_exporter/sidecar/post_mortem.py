@@ -11,13 +11,14 @@ is ``sidecar.growth``'s (``grown_parts``), by part of the process ``sidecar.brea
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.snapshot import Snapshot, TorchSegment
 from modelkv_exporter.contract.vocabulary import EndReason
-from modelkv_exporter.sidecar.breakdown import Breakdown, breakdown
+from modelkv_exporter.sidecar.breakdown import Breakdown, breakdown, parts_text
 from modelkv_exporter.sidecar.growth import grown_parts, growth
 from modelkv_exporter.sidecar.reader.state import EngineState, died
 
@@ -58,14 +59,26 @@ class PostMortem:
         return self.reason == EndReason.OUT_OF_MEMORY.value
 
     def headline(self) -> str:
-        """One line: why it ended and what grew most, e.g. ``ended out_of_memory: live_tensors grew 6.0 GiB``."""
-        words = "vanished (its process is gone without ending its snapshot)" if self.reason == "vanished" else (
-            f"ended {self.reason}"
-        )
+        """One line: why it ended and what grew most, e.g. ``ended out_of_memory (torch.OutOfMemoryError: ...):
+        live_tensors grew 6.0 GiB since baseline``."""
+        words = "killed without ending its snapshot" if self.reason == "vanished" else f"ended {self.reason}"
         grown = self.largest_grown
         what = f"{grown[0]} grew {human_bytes(grown[1])} since baseline" if grown else "growth since baseline unknown"
         error = f" ({self.error})" if self.error else ""
         return f"{words}{error}: {what}"
+
+
+    def document(self) -> dict[str, object]:
+        """The post-mortem as ``/api/v1/engines`` gives it (the snapshot's ``end`` is beside it, as written)."""
+        grown = self.largest_grown
+        return {
+            "reason": self.reason,
+            "at": self.at,
+            "error": self.error,
+            "grew_most": None if grown is None else {"part": grown[0], "bytes": grown[1]},
+            "growth_by_part": dict(self.grown),
+            "reserved_free_bytes": self.reserved_free_bytes,
+        }
 
 
 def post_mortem(snapshot: Snapshot, state: EngineState) -> PostMortem | None:
@@ -88,3 +101,35 @@ def post_mortem(snapshot: Snapshot, state: EngineState) -> PostMortem | None:
         reserved_free_bytes=free,
         largest_segments=segments,
     )
+
+
+def utc_time(at: float) -> str:
+    """A Unix time as the page and ``inspect`` write it: ``2026-12-06 22:04:46 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+def post_mortem_lines(dead: PostMortem) -> list[tuple[str, str]]:
+    """The post-mortem as (heading, plain text) pairs, in the order the page and ``inspect`` print them."""
+    reason = "vanished: its process is gone without ending its snapshot" if dead.reason == "vanished" else dead.reason
+    when = ("last heartbeat " if dead.reason == "vanished" else "") + utc_time(dead.at)
+    lines = [("reason", reason), ("when", when)]
+    if dead.error:
+        lines.append(("error", dead.error))
+    grown = dead.largest_grown
+    if grown is not None:
+        lines.append(("grew most", f"{grown[0]} +{human_bytes(grown[1])} since baseline"))
+    if dead.grown:
+        ordered = sorted(dead.grown.items(), key=lambda item: -item[1])
+        lines.append(("growth by part", ", ".join(f"{part} +{human_bytes(value)}" for part, value in ordered)))
+    else:
+        lines.append(("growth by part", "not measured (no baseline or no sample)"))
+    if dead.parts is not None:
+        lines.append(("memory then", parts_text(dead.parts)))
+    if dead.reserved_free_bytes is not None:
+        lines.append(("torch reserved, free", human_bytes(dead.reserved_free_bytes)))
+    if dead.largest_segments:
+        shown = dead.largest_segments[:SEGMENTS_SHOWN]
+        segments = ", ".join(f"{human_bytes(s.total_bytes)} ({human_bytes(s.allocated_bytes)} in use)" for s in shown)
+        more = len(dead.largest_segments) - len(shown)
+        lines.append(("largest segments", segments + (f"; and {more} more" if more else "")))
+    return lines

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelkv_exporter.contract.snapshot import Snapshot
-from modelkv_exporter.contract.spool import alive_file_name, writer_alive
 from modelkv_exporter.sidecar.budget import Admission, Budget
 from modelkv_exporter.sidecar.log import get_logger
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits, SpoolReader, SpoolScan
-from modelkv_exporter.sidecar.reader.state import Classified, SpoolView, Staleness, classify
+from modelkv_exporter.sidecar.reader.state import Classified, SpoolView, Staleness, classify, spool_liveness
 
 LOG = get_logger("spool")
 
@@ -72,12 +71,13 @@ class SpoolSource:
         now = self.clock()
         last = self._last
         read: dict[str, bool | None] = {}
+        ask = spool_liveness(self.reader.directory)
 
         def alive(snapshot: Snapshot) -> bool | None:
-            name = alive_file_name(snapshot.engine.engine_id)
-            if name not in read:
-                read[name] = writer_alive(self.reader.directory / name)
-            return read[name]
+            engine_id = snapshot.engine.engine_id
+            if engine_id not in read:
+                read[engine_id] = ask(snapshot)
+            return read[engine_id]
 
         if (
             last is not None

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.sidecar import source as source_module
+from modelkv_exporter.sidecar.reader import state as state_module
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.growth import grown_parts, growth
@@ -150,13 +150,13 @@ def test_a_killed_engine_is_vanished_a_hung_one_stale_and_asking_costs_one_flock
     spool: Path, holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[Path] = []
-    real = source_module.writer_alive
+    real = state_module.writer_alive
 
     def counting(path: Path) -> bool | None:
         asked.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(source_module, "writer_alive", counting)
+    monkeypatch.setattr(state_module, "writer_alive", counting)
     write_snapshot(spool, leaking("v", heartbeat_at=NOW - 100))
     write_snapshot(spool, leaking("older", heartbeat_at=NOW - 100))
     write_snapshot(spool, leaking("fresh"))

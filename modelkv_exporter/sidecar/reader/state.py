@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
@@ -15,6 +16,7 @@ from functools import cached_property
 from modelkv_exporter.contract.setting_values import non_negative_float
 from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.spool import alive_file_name, writer_alive
 from modelkv_exporter.contract.vocabulary import EndReason
 from modelkv_exporter.sidecar.reader.scan import SpoolEntry, SpoolScan
 
@@ -62,9 +64,10 @@ class Staleness:
         'only counted (modelkv_exporter_spool_files{state="forgotten"}); 0 never forgets.',
     )
 
-    def classify(self, scan: SpoolScan, now: float) -> SpoolView:
-        """Every entry of ``scan`` with its state at ``now`` (``classify`` with these thresholds)."""
-        return classify(scan, now, self.stale_after, self.forget_after)
+    def classify(self, scan: SpoolScan, now: float, alive: Liveness | None = None) -> SpoolView:
+        """Every entry of ``scan`` with its state at ``now`` (``classify`` with these thresholds); ``alive`` tells
+        vanished engines from stale ones (``spool_liveness``)."""
+        return classify(scan, now, self.stale_after, self.forget_after, alive)
 
 
 def stale_at(snapshot: Snapshot, stale_after: float) -> float:
@@ -100,6 +103,16 @@ def forget_at(snapshot: Snapshot, forget_after: float) -> float:
 Liveness = Callable[[Snapshot], bool | None]
 """Whether a stale snapshot's writer still holds its liveness lock (``contract.spool.writer_alive``): True, False
 (gone), None (cannot tell)."""
+
+
+def spool_liveness(directory: Path) -> Liveness:
+    """Whether a snapshot's writer in the spool ``directory`` holds its liveness lock (``<engine>.alive``): one open
+    and one non-blocking flock each time it is asked."""
+
+    def alive(snapshot: Snapshot) -> bool | None:
+        return writer_alive(directory / alive_file_name(snapshot.engine.engine_id))
+
+    return alive
 
 
 def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_after: float) -> EngineState:
