@@ -10,6 +10,7 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
 - ``attention``: what about an engine needs a person's attention, in one wording;
 - ``growth``: an engine's growth since its baseline by part, judged as the leak rule judges it;
 - ``breakdown``: where an engine's memory goes, part by part, from its snapshot's figures;
+- ``post_mortem``: why an engine died (ended with a reason, or vanished) and its memory then, in one definition;
 - ``discovered``: which discovered owners are exported, and how a discovered layout is written;
 - ``labels`` and ``samples``: an engine's snapshot as label values and samples;
 - ``collector``: a prometheus_client collector over the spool (the reference rendering);

@@ -67,7 +67,6 @@ class PostMortem:
         error = f" ({self.error})" if self.error else ""
         return f"{words}{error}: {what}"
 
-
     def document(self) -> dict[str, object]:
         """The post-mortem as ``/api/v1/engines`` gives it (the snapshot's ``end`` is beside it, as written)."""
         grown = self.largest_grown

@@ -70,7 +70,9 @@ def test_the_died_and_the_vanished_engines_lead_with_their_post_mortem(spool: Pa
     report = inspect_report(view, 120, "SPOOL")
     summary = report[: report.index("\n\n")]
     assert summary.index("killed (m, vanished): vanished") < summary.index("oom (m, ended): died")
-    assert summary.index("oom (m, ended)") < summary.index("alive (m, exported)"), "died first, though 'alive' sorts first"
+    assert summary.index("oom (m, ended)") < summary.index("alive (m, exported)"), (
+        "died first, though 'alive' sorts first"
+    )
     section = report[report.index("engine oom [ended]") :]
     assert section.splitlines()[1] == "post-mortem:"
     assert "  grew most: live_tensors +6.0 GiB since baseline" in section

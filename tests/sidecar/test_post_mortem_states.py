@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.sidecar.reader import state as state_module
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.growth import grown_parts, growth
 from modelkv_exporter.sidecar.post_mortem import post_mortem
+from modelkv_exporter.sidecar.reader import state as state_module
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.source import SpoolSource

@@ -38,11 +38,11 @@ from modelkv_exporter.sidecar.attention import (
 )
 from modelkv_exporter.sidecar.discovered import discovery_facts, exported_discovery
 from modelkv_exporter.sidecar.growth import growth
-from modelkv_exporter.sidecar.post_mortem import post_mortem
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.parts_chart import parts_chart
 from modelkv_exporter.sidecar.http.post_mortem_section import post_mortem_html
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
+from modelkv_exporter.sidecar.post_mortem import post_mortem
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView, died
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
 
@@ -399,7 +399,8 @@ def _attention(
     nobody = _no_engine(view, guidance, up_for)
     if nobody is not None:
         return nobody
-    engines, items = [], []
+    engines: list[str] = []
+    items: list[str] = []
     if view.scan.error:
         items.append(f"<li><strong>spool not readable</strong>: {escape(SPOOL_UNREADABLE)}</li>")
     ok = 0

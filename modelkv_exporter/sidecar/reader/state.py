@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
+from pathlib import Path
 
 from modelkv_exporter.contract.setting_values import non_negative_float
 from modelkv_exporter.contract.settings import setting

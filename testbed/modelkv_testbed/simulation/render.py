@@ -26,10 +26,10 @@ from modelkv_exporter.contract.snapshot import (
     SleepState,
     Snapshot,
 )
+from modelkv_exporter.contract.vocabulary import EndReason
 from modelkv_exporter.sidecar.budget import Budget
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_exporter.sidecar.labels import engine_labels
-from modelkv_exporter.contract.vocabulary import EndReason
 from modelkv_exporter.sidecar.reader.state import LIVE_STATES, EngineState
 from modelkv_exporter.sidecar.samples import exporter_samples, refusal_samples, shown_samples
 from modelkv_testbed.simulation.physics import (

@@ -23,7 +23,7 @@ GROWN_WORDS = f"{(DIED_AT - 2) * LEAK_PER_MINUTE / GIB:.4g}GiB"
 tensors at the last sample reads it (the lowest of the engine's last two minutes), by humanize1024."""
 
 
-def annotations(engine: Engine) -> dict[str, str]:
+def oom_annotations(engine: Engine) -> dict[str, str]:
     """ModelKVEngineOutOfMemory's annotations for ``engine``, whose live tensors grew ``GROWN_WORDS``."""
     return {
         "summary": "An engine died of out-of-memory; the part that grew is its part label.",
@@ -71,7 +71,7 @@ def _engines_that_die() -> Story:
         """,
         [
             Episode(
-                f"""
+                """
                 The operator expects one critical page per engine that ran out of memory, from the minute its end
                 is exported, naming the part that grew (live tensors) and by how much: it stays for the hour the
                 sidecar keeps the end and an hour after (after the restart, an hour after the new engine replaced
@@ -89,7 +89,7 @@ def _engines_that_die() -> Story:
                         OUT_OF_MEMORY,
                         DIED_AT + 1,
                         tuple(
-                            (engine_labels(engine, **CRITICAL, **GROWN), annotations(engine))
+                            (engine_labels(engine, **CRITICAL, **GROWN), oom_annotations(engine))
                             for engine in (leaky, restarted)
                         ),
                     ),
