@@ -489,6 +489,31 @@ LAYOUT: list[Row] = [
 """Rows and their panels in order: (id, builder, width, height). An id is never reused or renumbered."""
 
 
+def engine_ends_annotation() -> dash.AnnotationQuery:
+    """A mark on every time panel where an engine died, from ``modelkv_engine_ended_timestamp_seconds`` (reason:
+    out_of_memory, error, vanished), at the time it died (the series' value), for the engines the variables
+    select."""
+    return (
+        dash.AnnotationQuery()
+        .name("Engine ends")
+        .datasource(DATASOURCE)
+        .enable(True)
+        .icon_color("red")
+        .expr(f"modelkv_engine_ended_timestamp_seconds{{{ENGINE_SELECTOR}}}")
+    )
+
+
+ENGINE_ENDS_OPTIONS = {
+    "useValueForTime": True,
+    "titleFormat": "{{engine}} ended: {{reason}}",
+    "textFormat": "{{namespace}}/{{pod}}, model {{model}}, stage {{stage}}",
+    "tagKeys": "reason",
+}
+"""The Prometheus data source's annotation options, which the SDK has no builder for: the mark at the series' value
+(the time the engine died, not at every sample of the hour it is exported), titled with the engine and why. The
+query goes in ``target`` (with its refId and a 1-minute interval), where Grafana's Prometheus data source keeps it."""
+
+
 def overview_from_sdk() -> dict[str, Any]:
     """The overview dashboard as the SDK writes it, before ``without_legacy_fields``."""
     builder = (
@@ -515,11 +540,15 @@ def overview_from_sdk() -> dict[str, Any]:
             label_variable("device", "Device", f"modelkv_engine:device:info{{{ENGINE_SELECTOR}}}", "device_key")
         )
     )
+    builder = builder.annotation(engine_ends_annotation())
     for row_id, row_title, panels in LAYOUT:
         builder = builder.with_row(dash.Row(row_title).id(row_id))
         for panel_id, make, width, height in panels:
             builder = builder.with_panel(make().id(panel_id).span(width).height(height))
     document: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    for annotation in document["annotations"]["list"]:
+        annotation["target"] = {"expr": annotation.pop("expr"), "refId": "Anno", "interval": "1m"}
+        annotation.update(ENGINE_ENDS_OPTIONS)
     return document
 
 

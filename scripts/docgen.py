@@ -70,6 +70,22 @@ SECTION_NOTES: dict[str, tuple[str, ...]] = {
         'the largest by peak, and counts the rest in `modelkv_discovery_owners_omitted{reason="exporter_budget"}`.',
         "",
     ),
+    "Engine ends": (
+        "An engine that died, not one that shut down: its snapshot ended with `end.reason` `out_of_memory` or "
+        "`error` (the engine's hook recorded it while the error propagated), or it went stale and no process holds "
+        "its liveness lock (`<engine>.alive` beside its snapshot): killed by SIGKILL or the kernel's OOM killer, "
+        '`reason="vanished"`, the sidecar\'s word (a stale engine whose lock is held, or that has no lock file, stays '
+        "`stale`: hung, or an older writer). Such an engine exports these families, and nothing else of it, until the "
+        "exporter forgets it (`--forget-after`); a vanished one also keeps a stale engine's identity and "
+        "`modelkv_engine_up 0`. Its figures are its last sample: for an engine that ended itself, taken as it died. "
+        "The `part` values of `modelkv_engine_end_growth_bytes` do not overlap: `model_local_caches` is what the "
+        "model-local caches explain of the growth (at most all of it), and of the rest `non_torch` is memory outside "
+        "torch's caching allocator and `live_tensors` torch's live tensors on a device engine, `resident` resident "
+        "memory on a host engine; the largest is the part that grew, which `ModelKVEngineOutOfMemory` names. Every "
+        "family here is new (issue 49); no existing series changed, and `modelkv_exporter_spool_files` gained the "
+        '`state="vanished"` value.',
+        "",
+    ),
 }
 """A paragraph under a group's heading, where the table alone does not say enough."""
 

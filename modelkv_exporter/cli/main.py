@@ -109,13 +109,13 @@ def inspect(args: argparse.Namespace) -> int:
 
     from modelkv_exporter.cli.command_line import cli_command
     from modelkv_exporter.cli.reports import inspect_report, report_width
-    from modelkv_exporter.sidecar.reader.state import Staleness
+    from modelkv_exporter.sidecar.reader.state import Staleness, spool_liveness
 
     directory = _spool_of(args)
     scan = _spool_scan(args, directory)
     if not scan.ok:
         return _unreadable(args, scan.error)
-    view = build(Staleness, vars(args)).classify(scan, time.time())
+    view = build(Staleness, vars(args)).classify(scan, time.time(), spool_liveness(Path(directory)))
     sys.stdout.write(inspect_report(view, report_width(), str(directory), cli_command()))
     return 0
 
@@ -127,7 +127,7 @@ def plan(args: argparse.Namespace) -> int:
     from modelkv_exporter.cli.command_line import cli_command
     from modelkv_exporter.cli.reports import plan_report, report_width
     from modelkv_exporter.cli.settings import PlanSettings
-    from modelkv_exporter.sidecar.reader.state import Staleness
+    from modelkv_exporter.sidecar.reader.state import Staleness, spool_liveness
 
     wanted = build(PlanSettings, vars(args))
     if wanted.max_num_seqs is None and wanted.budget is None:
@@ -139,7 +139,7 @@ def plan(args: argparse.Namespace) -> int:
     scan = _spool_scan(args, directory)
     if not scan.ok:
         return _unreadable(args, scan.error)
-    view = build(Staleness, vars(args)).classify(scan, time.time())
+    view = build(Staleness, vars(args)).classify(scan, time.time(), spool_liveness(Path(directory)))
     report = plan_report(view, wanted.max_num_seqs, wanted.budget, report_width(), str(directory), cli_command())
     sys.stdout.write(report)
     return 0

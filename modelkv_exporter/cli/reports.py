@@ -22,6 +22,7 @@ from modelkv_exporter.sidecar.breakdown import breakdown, headroom_words, whole_
 from modelkv_exporter.sidecar.capacity import Correction, Demand
 from modelkv_exporter.sidecar.discovered import discovery_facts, discovery_running, reports_discovery
 from modelkv_exporter.sidecar.http.public import visible
+from modelkv_exporter.sidecar.post_mortem import post_mortem, post_mortem_lines
 from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription, prescription_text
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
@@ -297,6 +298,7 @@ def attention_summary(view: SpoolView, spool: str, cli: str = CLI, width: int = 
     finished run is worth reading)."""
     judged = [(item, findings(item.snapshot, item.state, view.now, ended_too=True)) for item in view.usable]
     troubled = [(item, found) for item, found in judged if found]
+    troubled.sort(key=lambda pair: post_mortem(pair[0].snapshot, pair[0].state) is None)
     nobody = no_engine(view)
     if nobody is not None:
         return [
@@ -337,6 +339,10 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH, spool: str = "DIR", 
     for item in view.usable:
         snapshot = item.snapshot
         parts.append(_wrapped(_engine_heading(snapshot, item.state), width))
+        dead = post_mortem(snapshot, item.state)
+        if dead is not None:
+            parts.append("post-mortem:")
+            parts += [_wrapped(f"{heading}: {text}", width, "  ") for heading, text in post_mortem_lines(dead)]
         rows = [
             [
                 d.owner or ROOT_OWNER, d.name, d.scope, d.rows, str(d.row_count), d.dtype,
@@ -409,7 +415,8 @@ def _undeclared_note(engine_id: str, found: DiscoveredOwner) -> str:
 
 STATE_NOTES = {
     EngineState.STALE: "stale: the engine missed its heartbeats; planned from its last snapshot",
-    EngineState.ENDED: "ended: the engine shut down; planned from the snapshot it left",
+    EngineState.VANISHED: "vanished: the engine was killed without ending its snapshot; planned from its last one",
+    EngineState.ENDED: "ended: the engine shut down or died; planned from the snapshot it left",
     EngineState.FORGOTTEN: "forgotten: stale or ended long ago (--forget-after); planned from the snapshot it left",
 }
 """What ``plan`` says under its table about engines that are not running now."""

@@ -14,8 +14,10 @@ memory it does not declare (``ModelKVUndeclaredCache``), declarations the engine
 (``ModelKVDeclaredCacheUnused``, over the engine's lifetime rather than 30 minutes), growth since the
 baseline that neither the memory profile nor the caches explain (``ModelKVUndeclaredMemoryGrowth``,
 judged by ``sidecar.growth`` as the rule judges it, without its 15 minutes), and a stale heartbeat
-(``ModelKVSnapshotStale``, without its 5 minutes); about the spool rather than an engine, no engine
-publishing into it at all (``ModelKVNoEnginePublishing``, ``no_engine``). Texts are plain; a page
+(``ModelKVSnapshotStale``, without its 5 minutes); before all of them, an engine that died
+(``sidecar.post_mortem``: ended ``out_of_memory``, ``ModelKVEngineOutOfMemory``, or ``error``) or vanished (killed
+without ending its snapshot, ``ModelKVSnapshotStale``), until it is forgotten; about the spool rather than an engine,
+no engine publishing into it at all (``ModelKVNoEnginePublishing``, ``no_engine``). Texts are plain; a page
 escapes them.
 """
 
@@ -36,7 +38,8 @@ from modelkv_exporter.contract.thresholds import (
 from modelkv_exporter.judging.declaration_text import Figure, layout_figures, resized_figures, spec_code
 from modelkv_exporter.sidecar.discovered import discovery_running
 from modelkv_exporter.sidecar.growth import Growth, growth
-from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
+from modelkv_exporter.sidecar.post_mortem import post_mortem
+from modelkv_exporter.sidecar.reader.state import STALE_STATES, EngineState, SpoolView
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 NAMED = 3
@@ -52,6 +55,8 @@ SIDECAR_CONTAINER = "modelkv-exporter"
 class Concern(str, Enum):
     """Why an engine needs attention, in the order the page lists them."""
 
+    DIED = "died"
+    VANISHED = "vanished"
     STALE = "stale"
     UNDER_REPORTS = "under-reports"
     UNDECLARED = "undeclared cache"
@@ -66,6 +71,7 @@ class Status(str, Enum):
 
     OK = "ok"
     ATTENTION = "attention"
+    DIED = "died"
     STALE = "stale"
     ENDED = "ended"
     FORGOTTEN = "forgotten"
@@ -104,6 +110,22 @@ class NextStep:
 
 
 NEXT_STEPS: dict[Concern, NextStep] = {
+    Concern.DIED: NextStep(
+        "the engine died: fix the part that grew (declare the cache that grew, fix the leak of live tensors, find "
+        "the allocation outside torch), or size the engine for it (`plan`); keep this post-mortem before a restart "
+        "replaces its snapshot",
+        "inspect",
+        "why it died, its memory by part then, and what grew since its baseline",
+        "ModelKVEngineOutOfMemory",
+    ),
+    Concern.VANISHED: NextStep(
+        "the engine's process was killed without ending its snapshot (SIGKILL, the kernel's OOM killer, the "
+        "container's memory limit: `kubectl describe pod` says OOMKilled); its last figures are kept: compare what "
+        "grew with the container's memory limit and the device's memory",
+        "inspect",
+        "its last snapshot, its memory by part and what grew since its baseline",
+        "ModelKVSnapshotStale",
+    ),
     Concern.STALE: NextStep(
         "the engine stopped publishing: look at its process or pod (hung, restarting, killed for memory); its last "
         "figures are kept but no longer exported",
@@ -302,29 +324,37 @@ def declaration_findings(snapshot: Snapshot) -> list[Finding]:
 
 
 def findings(snapshot: Snapshot, state: EngineState, now: float, *, ended_too: bool = False) -> list[Finding]:
-    """Everything about an exported or stale engine that needs attention; nothing for an ended or forgotten one,
-    unless ``ended_too`` (a report of a finished run judges what its engines left)."""
-    if state not in (EngineState.EXPORTED, EngineState.STALE) and not ended_too:
-        return []
+    """Everything about an exported, stale or vanished engine that needs attention, and first why an engine died
+    (``post_mortem``); nothing else for an ended or forgotten one, unless ``ended_too`` (a report of a finished run
+    judges what its engines left)."""
     found: list[Finding] = []
+    dead = post_mortem(snapshot, state)
+    if dead is not None:
+        concern = Concern.VANISHED if state is EngineState.VANISHED else Concern.DIED
+        found.append(Finding(concern, (Problem(None, "", dead.headline()),)))
+    if state not in (EngineState.EXPORTED, *STALE_STATES) and not ended_too:
+        return found
     if state is EngineState.STALE:
         age = max(now - snapshot.heartbeat_at, 0)
         stale = Problem(None, "", f"no heartbeat for {age:.0f} s; its figures are no longer exported")
         found.append(Finding(Concern.STALE, (stale,)))
     found += declaration_findings(snapshot)
-    judged = growth(snapshot) if state is not EngineState.STALE else None
+    judged = growth(snapshot) if state not in STALE_STATES else None
     if judged is not None and judged.over_threshold:
         found.append(Finding(Concern.GROWTH, (Problem(None, "", growth_text(judged)),)))
     return found
 
 
 def status(state: EngineState, found: Sequence[Finding]) -> Status:
-    """One word for the engines table: stale before attention, attention before ok."""
+    """One word for the engines table: died (or vanished) before all, then stale before attention, attention before
+    ok."""
+    if any(f.concern in (Concern.DIED, Concern.VANISHED) for f in found):
+        return Status.DIED
     if state is EngineState.ENDED:
         return Status.ENDED
     if state is EngineState.FORGOTTEN:
         return Status.FORGOTTEN
-    if state is EngineState.STALE:
+    if state in STALE_STATES:
         return Status.STALE
     return Status.ATTENTION if found else Status.OK
 

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
 from modelkv_exporter.sidecar.breakdown import COMPONENT_NAMES
+from modelkv_exporter.sidecar.growth import GROWN_PARTS
 from modelkv_exporter.sidecar.reader.state import EngineState
 
 Kind = Literal["gauge", "counter", "info"]
@@ -61,6 +62,7 @@ class Metric:
 
 _D, _E, _M, _X = "Declarations", "Engines", "Measured memory", "Exporter health"
 _O = "Observed caches"
+_N = "Engine ends"
 _U = "Discovered caches"
 
 _METRICS: list[Metric] = [
@@ -264,6 +266,32 @@ _METRICS: list[Metric] = [
         "that cannot be known is absent, and unexplained only present when the parts add up to the process figure.",
         (*ENGINE, "component"),
         _M,
+    ),
+    Metric(
+        "modelkv_engine_ended_timestamp_seconds",
+        "gauge",
+        "Unix time an engine died, with why (reason: out_of_memory, error, or vanished: stale and its process gone "
+        "without ending its snapshot, at its last heartbeat); absent for a clean shutdown and once the exporter "
+        "forgets the engine (--forget-after).",
+        (*ENGINE, "reason"),
+        _N,
+    ),
+    Metric(
+        "modelkv_engine_end_growth_bytes",
+        "gauge",
+        "What grew since the baseline in an engine that died, by part that does not overlap another (part: "
+        + ", ".join(GROWN_PARTS)
+        + "; they add up to its unbudgeted growth): its last sample, taken as it died; absent where not measured.",
+        (*ENGINE, "part"),
+        _N,
+    ),
+    Metric(
+        "modelkv_engine_end_torch_reserved_free_bytes",
+        "gauge",
+        "Bytes torch's caching allocator held reserved but in no live tensor when the engine died (fragmentation "
+        "where it is large beside the allocation that failed); absent where torch could not say.",
+        ENGINE,
+        _N,
     ),
     Metric(
         "modelkv_exporter_build_info",

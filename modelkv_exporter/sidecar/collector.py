@@ -5,8 +5,9 @@ once per spool change; this collector is the reference the tests compare it with
 to register in another process's prometheus_client registry.
 
 A bad file never fails the collect: it is skipped and counted. An engine whose snapshot is
-marked ended disappears; one whose heartbeat is stale keeps only its identity and
-``modelkv_engine_up 0`` (its memory is gone with it).
+marked ended disappears, but for its end where it died (``sidecar.post_mortem``); one whose heartbeat
+is stale keeps only its identity and ``modelkv_engine_up 0`` (its memory is gone with it), and its end
+too where it vanished.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from prometheus_client.metrics_core import Metric as Family
 
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_exporter.sidecar.labels import engine_labels
-from modelkv_exporter.sidecar.reader.state import EngineState, snapshot_age
-from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
+from modelkv_exporter.sidecar.reader.state import LIVE_STATES, snapshot_age
+from modelkv_exporter.sidecar.samples import exporter_samples, refusal_samples, shown_samples
 from modelkv_exporter.sidecar.source import SpoolSource
 
 
@@ -49,13 +50,14 @@ class SpoolCollector:
 
         view = self.source.view()
         limit = self.source.budget.sidecar_max_discovered_owners
-        for item in view.exported:
-            engine_samples(item.snapshot, item.state is EngineState.STALE, add, info, limit)
-            add(
-                "modelkv_engine_snapshot_age_seconds",
-                engine_labels(item.snapshot),
-                snapshot_age(item.snapshot, view.now),
-            )
+        for item in view.shown:
+            shown_samples(item.snapshot, item.state, add, info, limit)
+            if item.state in LIVE_STATES:
+                add(
+                    "modelkv_engine_snapshot_age_seconds",
+                    engine_labels(item.snapshot),
+                    snapshot_age(item.snapshot, view.now),
+                )
         exporter_samples(view.scan.ok, view.counts, self.source.reader.rejections, add, info)
         add("modelkv_exporter_collect_duration_seconds", [], time.perf_counter() - started)
         if self.refusals is not None:

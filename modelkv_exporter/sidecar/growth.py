@@ -21,6 +21,10 @@ group (deploy/prometheus/modelkv-rules.yaml) for one snapshot:
   ever held.
 - unexplained (``modelkv_engine:undeclared_memory_bytes``): unbudgeted less explained, from 0.
 
+What grew, as parts that do not overlap and add up to the unbudgeted growth (``grown_parts``; an ended
+engine's ``modelkv_engine_end_growth_bytes``): first what the model-local caches explain, then, of the
+rest, memory outside torch and live tensors (a device engine) or resident memory (a host engine).
+
 ``ModelKVUndeclaredMemoryGrowth`` fires once unexplained growth stays above
 ``UNDECLARED_GROWTH_BYTES`` for 15 minutes (a CPU engine's only while it keeps rising).
 """
@@ -70,6 +74,29 @@ class Growth:
     def over_threshold(self) -> bool:
         """Whether the unexplained growth is above the alert's threshold now."""
         return (self.unexplained or 0) > UNDECLARED_GROWTH_BYTES
+
+
+GROWN_PARTS = ("model_local_caches", "live_tensors", "non_torch", "resident")
+"""The parts ``grown_parts`` splits growth into (the ``part`` label of ``modelkv_engine_end_growth_bytes``)."""
+
+
+def grown_parts(judged: Growth) -> dict[str, int]:
+    """The unbudgeted growth split into parts that do not overlap and add up to it: what the model-local caches
+    explain (at most the whole), then of the rest memory outside torch (at most the rest) and live tensors (a
+    device engine), or resident memory (a host engine). Empty where no growth is measured."""
+    unbudgeted = judged.unbudgeted
+    if unbudgeted is None:
+        return {}
+    whole = max(unbudgeted, 0)
+    caches = min(judged.explained, whole)
+    rest = whole - caches
+    if judged.live_tensors is None:
+        return {"model_local_caches": caches, "resident": rest}
+    non_torch = min(max(judged.non_torch or 0, 0), rest)
+    parts = {"model_local_caches": caches, "live_tensors": rest - non_torch}
+    if judged.non_torch is not None:
+        parts["non_torch"] = non_torch
+    return parts
 
 
 def _difference(

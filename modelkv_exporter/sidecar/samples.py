@@ -18,9 +18,10 @@ from modelkv_exporter.sidecar.discovered import (
     layout_text,
 )
 from modelkv_exporter.sidecar.labels import engine_labels, label
+from modelkv_exporter.sidecar.post_mortem import post_mortem
 from modelkv_exporter.sidecar.prescription import prescription
 from modelkv_exporter.sidecar.reader.decode import RejectReason
-from modelkv_exporter.sidecar.reader.state import EngineState
+from modelkv_exporter.sidecar.reader.state import LIVE_STATES, EngineState
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER, Refusal
 
 Add = Callable[[str, list[str], float], None]
@@ -134,6 +135,28 @@ def engine_samples(snapshot: Snapshot, stale: bool, add: Add, info: Info, max_di
     parts = breakdown(snapshot)
     for component, value in () if parts is None else parts.parts.items():
         add("modelkv_memory_breakdown_bytes", [*engine, component], value)
+
+
+def shown_samples(snapshot: Snapshot, state: EngineState, add: Add, info: Info, max_discovered: int) -> None:
+    """Every sample of one engine in ``state`` that /metrics shows: a live engine's (``engine_samples``; a vanished one
+    as a stale one), then the end of one that died (``end_samples``)."""
+    if state in LIVE_STATES:
+        engine_samples(snapshot, state is not EngineState.EXPORTED, add, info, max_discovered)
+    end_samples(snapshot, state, add)
+
+
+def end_samples(snapshot: Snapshot, state: EngineState, add: Add) -> None:
+    """Why an engine died, when, what grew and torch's free reserved bytes then (``sidecar.post_mortem``); nothing
+    for an engine that lives or shut down."""
+    dead = post_mortem(snapshot, state)
+    if dead is None:
+        return
+    engine = engine_labels(snapshot)
+    add("modelkv_engine_ended_timestamp_seconds", [*engine, label(dead.reason)], dead.at)
+    for part, grown in dead.grown.items():
+        add("modelkv_engine_end_growth_bytes", [*engine, part], grown)
+    if dead.reserved_free_bytes is not None:
+        add("modelkv_engine_end_torch_reserved_free_bytes", engine, dead.reserved_free_bytes)
 
 
 def observation_samples(snapshot: Snapshot, engine: list[str], add: Add) -> None:

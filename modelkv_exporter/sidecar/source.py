@@ -8,10 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.budget import Admission, Budget
 from modelkv_exporter.sidecar.log import get_logger
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits, SpoolReader, SpoolScan
-from modelkv_exporter.sidecar.reader.state import SpoolView, Staleness, classify
+from modelkv_exporter.sidecar.reader.state import Classified, SpoolView, Staleness, classify, spool_liveness
 
 LOG = get_logger("spool")
 
@@ -21,9 +22,11 @@ class SpoolSource:
     """A spool reader, its admission, the staleness and forgetting thresholds and the clock: everything a view
     of the spool needs.
 
-    The last classification is reused while the reader returns the same scan and no engine's
+    The last classification is reused while the reader returns the same scan, no engine's
     deadline has passed (``SpoolView.until``: going stale, being forgotten, or a heartbeat from the
-    future coming due): a scrape of an unchanged spool classifies nothing. What HTTP clients are
+    future coming due) and every stale engine's liveness lock reads as before (one open and flock per
+    stale file per view: a process killed while its file stays unchanged shows as vanished at the next
+    view): a scrape of an unchanged spool with no stale engine classifies nothing. What HTTP clients are
     not told is logged: why the spool cannot be listed (once per change) and why each file version
     was rejected (once per version), OS errors included.
     """
@@ -67,14 +70,33 @@ class SpoolSource:
             scan = self.admission.admit(scan, self.reader)
         now = self.clock()
         last = self._last
-        if last is not None and last.scan is scan and last.now <= now <= last.until:
+        read: dict[str, bool | None] = {}
+        ask = spool_liveness(self.reader.directory)
+
+        def alive(snapshot: Snapshot) -> bool | None:
+            engine_id = snapshot.engine.engine_id
+            if engine_id not in read:
+                read[engine_id] = ask(snapshot)
+            return read[engine_id]
+
+        if (
+            last is not None
+            and last.scan is scan
+            and last.now <= now <= last.until
+            and all(alive(item.snapshot) is answer for item, answer in self._stale_liveness(last))
+        ):
             view = last.at(now)
         else:
             if last is None or last.scan is not scan:
                 self._log(scan)
-            view = classify(scan, now, self.stale_after, self.forget_after)
+            view = classify(scan, now, self.stale_after, self.forget_after, alive)
         self._last = view
         return view
+
+    @staticmethod
+    def _stale_liveness(view: SpoolView) -> list[tuple[Classified, bool | None]]:
+        answers = dict(view.liveness)
+        return [(item, answers[item.entry.file_name]) for item in view.entries if item.entry.file_name in answers]
 
     def _log(self, scan: SpoolScan) -> None:
         with self._lock:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import (
     Declaration,
+    EndState,
     EngineIdentity,
     EngineSettings,
     Measured,
     MemorySample,
     Observation,
     Snapshot,
+    TorchSegment,
 )
-from modelkv_exporter.contract.vocabulary import RowDriver
+from modelkv_exporter.contract.vocabulary import EndReason, RowDriver
 
 
 def make_declaration(
@@ -122,3 +125,29 @@ def make_snapshot(
         writer="tests",
         observations=observations,
     )
+
+
+def ended(
+    snapshot: Snapshot,
+    reason: str = EndReason.OUT_OF_MEMORY.value,
+    *,
+    error: str | None = None,
+    reserved_free_bytes: int | None = None,
+    segments: tuple[tuple[int, int], ...] | None = None,
+) -> Snapshot:
+    """``snapshot`` as its engine's ending write leaves it: ``ended``, with ``end`` (at its heartbeat) giving
+    ``reason``; ``segments`` are (total, allocated) bytes of torch's largest segments. A shutdown has no error; any
+    other reason gets a torch-like one unless ``error`` is given."""
+    if error is None:
+        error = {
+            EndReason.SHUTDOWN.value: "",
+            EndReason.OUT_OF_MEMORY.value: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        }.get(reason, "RuntimeError: boom")
+    end = EndState(
+        reason=reason,
+        at=snapshot.heartbeat_at,
+        error=error,
+        reserved_free_bytes=reserved_free_bytes,
+        largest_segments=None if segments is None else tuple(TorchSegment(t, a) for t, a in segments),
+    )
+    return replace(snapshot, ended=True, end=end)

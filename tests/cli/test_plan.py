@@ -95,7 +95,7 @@ def test_a_finished_run_is_planned_and_its_engines_said_to_have_ended(ended_spoo
     assert "no live engines" not in result.stdout
     for engine in (ACCURATE, UNDER_DECLARING):
         assert _row(result.stdout, engine)[1:3] == ["code2wav", "ended"]
-    assert "ended: the engine shut down; planned from the snapshot it left" in result.stdout
+    assert "ended: the engine shut down or died; planned from the snapshot it left" in result.stdout
 
 
 def test_a_budget_alone_answers_how_many_sequences_fit_per_engine(ended_spool: Path) -> None:

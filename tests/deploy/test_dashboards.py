@@ -216,6 +216,7 @@ def test_the_schema_check_rejects_an_unknown_field_at_each_level(package: str) -
         ]["defaults"]["custom"].update(lineWidthPx=2),
         f"$.panels[{table}].options.cellHeightPx": lambda d: d["panels"][table]["options"].update(cellHeightPx=24),
         f"$.panels[{table}].id": lambda d: d["panels"][table].update(id=d["panels"][timeseries]["id"]),
+        "$.annotations.list[0].tagKey": lambda d: d["annotations"]["list"][0].update(tagKey="reason"),
     }
     broken = []
     for mutate in cases.values():

@@ -21,7 +21,7 @@ from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.source import SpoolSource
 from modelkv_testbed.exposition import Exposition
-from modelkv_testbed.snapshots import make_declaration, make_observation, make_snapshot
+from modelkv_testbed.snapshots import ended, make_declaration, make_observation, make_snapshot
 from tests.support.discovered import discovery_status, kv_layout, make_discovered
 
 
@@ -85,6 +85,7 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
         ),
     )  # awake, every part measured, a budget and an extensible KV cache: both prescribed figures
     write_snapshot(spool, prescribed)
+    write_snapshot(spool, ended(replace(full, engine=replace(full.engine, engine_id="dead")), reserved_free_bytes=5))
     (spool / "broken.json").write_text("{")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SpoolCollector(SpoolSource(SpoolReader(spool)), refusals={}))

@@ -2,7 +2,8 @@
 
 A change to what /metrics says shows up as a diff of ``metrics.txt`` (text format) and
 ``metrics.om`` (OpenMetrics). The clock is fixed (``NOW``) and so is the collect duration.
-The snapshot files are also compatibility fixtures: every sidecar must keep reading them.
+The snapshot files are also compatibility fixtures: every sidecar must keep reading them. A `.alive` file
+beside a snapshot is its liveness file, held by no process here (its engine vanished).
 After an intended change, regenerate with ``MODELKV_UPDATE_GOLDEN=1 pytest tests/sidecar/test_golden.py``
 and review the diff.
 """
@@ -41,7 +42,7 @@ def test_a_golden_spool_renders_its_expected_exposition(
 ) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
-    for document in (GOLDEN / case).glob("*.json"):
+    for document in (*(GOLDEN / case).glob("*.json"), *(GOLDEN / case).glob("*.alive")):
         shutil.copyfile(document, spool / document.name)
     got = render(spool, openmetrics)
     expected_file = GOLDEN / case / expected_name

@@ -75,7 +75,7 @@ PANEL_TYPES: dict[str, tuple[str, str, bool]] = {
 }
 
 PRELUDE = """\
-import type { Dashboard, FieldConfig, FieldConfigSource, Panel, RowPanel } from "{package}";
+import type { AnnotationQuery, Dashboard, FieldConfig, FieldConfigSource, Panel, RowPanel } from "{package}";
 {imports}
 
 // JSON carries an enum's value, not the enum: accept each string enum's values as string
@@ -106,6 +106,17 @@ interface PanelOf<Type extends string, Options, Custom>
 }
 type NoCustom = Record<string, never>;
 type Row = Loose<RowPanel>;
+// An annotation's query is its data source's, which @grafana/schema leaves untyped for panels too
+// (Panel.targets: Array<Record<string, unknown>>); it needs a refId. The Prometheus data source reads its
+// annotation options beside the query (prepareAnnotation, processEvents): typed here, since the schema has none.
+type AnnotationQueryTarget = Record<string, unknown> & { refId: string };
+type PrometheusAnnotation = Omit<Loose<AnnotationQuery>, "target"> & {
+  target?: AnnotationQueryTarget;
+  titleFormat?: string;
+  textFormat?: string;
+  tagKeys?: string;
+  useValueForTime?: boolean;
+};
 type AnyPanel = Loose<Panel>;
 
 interface Panels {
@@ -162,6 +173,8 @@ class Writer:
     def value(self, value: Any, path: tuple[Any, ...], depth: int, head: str, tail: str, panel: bool = False) -> None:
         pad = "  " * depth
         suffix = ""
+        if len(path) == 4 and path[1:3] == ("annotations", "list") and isinstance(value, dict):
+            suffix = " satisfies PrometheusAnnotation as Loose<AnnotationQuery>"
         if panel and isinstance(value, dict):
             kind = value.get("type")
             if kind == "row":

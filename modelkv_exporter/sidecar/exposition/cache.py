@@ -7,8 +7,8 @@ move with the clock or the scan: snapshot ages, spool file states, rejection cou
 collect duration. It is rendered on every scrape.
 
 Everything cached is keyed by values, never by object identity: an engine by its file name,
-the file's version (``SpoolEntry.version``, new for every read of a changed file) and whether
-it is stale; a family's block by the keys of the engines it holds; the joined static part by
+the file's version (``SpoolEntry.version``, new for every read of a changed file) and its
+state; a family's block by the keys of the engines it holds; the joined static part by
 its blocks' keys; the exporter's own families by the scan's outcome, the state counts and the
 rejection counts.
 
@@ -38,8 +38,8 @@ from modelkv_exporter.sidecar.exposition.lines import LineSink, family_header, s
 from modelkv_exporter.sidecar.exposition.negotiation import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from modelkv_exporter.sidecar.labels import engine_labels
 from modelkv_exporter.sidecar.reader.scan import SpoolEntry
-from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView, snapshot_age
-from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
+from modelkv_exporter.sidecar.reader.state import LIVE_STATES, EngineState, SpoolView, snapshot_age
+from modelkv_exporter.sidecar.samples import exporter_samples, refusal_samples, shown_samples
 from modelkv_exporter.sidecar.source import SpoolSource
 
 DYNAMIC = (
@@ -55,8 +55,8 @@ STATIC = tuple(name for name in CATALOGUE if name not in DYNAMIC)
 JOIN_BELOW_BYTES = 256 * 1024
 """Smaller bodies go out in one piece: a copy costs less than another send."""
 
-EngineKey = tuple[str, int, bool]
-"""An engine's file name, the file's version, and whether it is stale."""
+EngineKey = tuple[str, int, EngineState]
+"""An engine's file name, the file's version, and its state (exported, stale, vanished or ended)."""
 
 
 @dataclass(frozen=True)
@@ -131,9 +131,9 @@ class ExpositionCache:
         """Engine renders so far: how often an engine's lines were built (for tests and benchmarks)."""
 
     @staticmethod
-    def _engine_key(entry: SpoolEntry, stale: bool) -> EngineKey:
+    def _engine_key(entry: SpoolEntry, state: EngineState) -> EngineKey:
         """What an engine's static lines depend on."""
-        return (entry.file_name, entry.version, stale)
+        return (entry.file_name, entry.version, state)
 
     def _exporter_key(self, view: SpoolView, openmetrics: bool) -> tuple[object, ...]:
         """What the exporter's own families depend on: format, scan outcome, file states, rejection counts."""
@@ -145,7 +145,7 @@ class ExpositionCache:
         started = self.perf_counter()
         with self._lock:
             view = self.source.view()
-            live = [(item.entry, item.state is EngineState.STALE) for item in view.exported]
+            live = [(item.entry, item.state) for item in view.shown]
             static = self._static(live, openmetrics, compress)
             tail = self._dynamic(live, view, started, openmetrics)
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
@@ -159,12 +159,12 @@ class ExpositionCache:
             return Body((static.deflated + end,), content_type, True)
         return Body((static.deflated, end), content_type, True)
 
-    def _static(self, live: list[tuple[SpoolEntry, bool]], openmetrics: bool, compress: bool) -> _Joined:
-        keys = tuple(self._engine_key(entry, stale) for entry, stale in live)
+    def _static(self, live: list[tuple[SpoolEntry, EngineState]], openmetrics: bool, compress: bool) -> _Joined:
+        keys = tuple(self._engine_key(entry, state) for entry, state in live)
         joined = self._joined.get(openmetrics)
         if joined is not None and joined.live == keys and (joined.deflated is not None or not compress):
             return joined
-        engines = {key: self._engine_lines(key, entry, stale) for key, (entry, stale) in zip(keys, live, strict=True)}
+        engines = {key: self._engine_lines(key, entry, state) for key, (entry, state) in zip(keys, live, strict=True)}
         self._engines = engines
         named = [(name, block) for name in STATIC if (block := self._block(name, engines)) is not None]
         blocks = [block for _, block in named]
@@ -181,13 +181,13 @@ class ExpositionCache:
             joined.deflated = GZIP_HEADER + b"".join(block.deflated[openmetrics] for block in blocks)
         return joined
 
-    def _engine_lines(self, key: EngineKey, entry: SpoolEntry, stale: bool) -> _EngineLines:
+    def _engine_lines(self, key: EngineKey, entry: SpoolEntry, state: EngineState) -> _EngineLines:
         cached = self._engines.get(key)
         if cached is not None:
             return cached
         assert entry.snapshot is not None
         sink = LineSink()
-        engine_samples(entry.snapshot, stale, sink.add, sink.info, self.source.budget.sidecar_max_discovered_owners)
+        shown_samples(entry.snapshot, state, sink.add, sink.info, self.source.budget.sidecar_max_discovered_owners)
         age = sample_line(CATALOGUE["modelkv_engine_snapshot_age_seconds"], engine_labels(entry.snapshot), 0.0)
         self.renders += 1
         return _EngineLines(sink.joined(), age[: age.rindex(" ") + 1])
@@ -208,12 +208,14 @@ class ExpositionCache:
         return block
 
     def _dynamic(
-        self, live: list[tuple[SpoolEntry, bool]], view: SpoolView, started: float, openmetrics: bool
+        self, live: list[tuple[SpoolEntry, EngineState]], view: SpoolView, started: float, openmetrics: bool
     ) -> bytes:
         ages = []
-        for entry, stale in live:
+        for entry, state in live:
             assert entry.snapshot is not None
-            prefix = self._engines[self._engine_key(entry, stale)].age_prefix
+            if state not in LIVE_STATES:
+                continue
+            prefix = self._engines[self._engine_key(entry, state)].age_prefix
             ages.append(f"{prefix}{floatToGoString(snapshot_age(entry.snapshot, view.now))}\n")
         headers = self._headers[openmetrics]
         text = headers["modelkv_engine_snapshot_age_seconds"] + "".join(ages) if ages else ""

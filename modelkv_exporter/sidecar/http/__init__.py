@@ -5,6 +5,7 @@
 - ``routes``: every route: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/engines``, ``/``;
 - ``landing``: the landing page; ``owner_chart``: its picture of an engine's owners; ``parts_chart``: its bar of
   an engine's memory by part; ``prescription_section``: its section on what to give vLLM;
+  ``post_mortem_section``: its post-mortem of an engine that died;
   ``engines_document``: the JSON document of the spool; ``pages``: both rendered once per spool change;
   ``public``: what clients are shown of the spool;
 - ``sending``: cached bodies sent in small pieces; ``spool_watch``: the warning while the spool is missing;

@@ -8,6 +8,7 @@ from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.discovered import discovery_running, exported_discovery
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
+from modelkv_exporter.sidecar.post_mortem import post_mortem
 from modelkv_exporter.sidecar.prescription import Prescription, prescription
 from modelkv_exporter.sidecar.reader.state import Classified, EngineState, SpoolView
 
@@ -19,7 +20,9 @@ def entry_document(item: Classified, max_discovered: int) -> dict[str, Any]:
     ``discovered_owners_omitted`` says how many of them /metrics leaves out (past ``max_discovered``, the
     smallest first); where its latest sample has a process figure, ``memory_breakdown`` holds the parts
     ``modelkv_memory_breakdown_bytes`` exports, the figure they split and its name; ``prescription`` the KV cache
-    memory to give vLLM (``sidecar.prescription``), each figure null with its reason where it cannot be computed. File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
+    memory to give vLLM (``sidecar.prescription``), each figure null with its reason where it cannot be computed; for an engine that died or
+    vanished, ``post_mortem`` holds why, when, what grew by part and the part that grew most (the snapshot's own
+    ``end`` is in ``snapshot``, as the engine wrote it). File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
     """
     entry = item.entry
     file = visible(entry.file_name)
@@ -33,6 +36,9 @@ def entry_document(item: Classified, max_discovered: int) -> dict[str, Any]:
     if parts is not None:
         document["memory_breakdown"] = {"of": parts.total_source, "bytes": parts.total, "parts": dict(parts.parts)}
     document["prescription"] = prescription_document(prescription(item.snapshot))
+    dead = post_mortem(item.snapshot, item.state)
+    if dead is not None:
+        document["post_mortem"] = dead.document()
     return document
 
 

@@ -2,7 +2,8 @@
 
 No scripts and no external assets (the app sends a Content-Security-Policy that
 forbids both), so it works through ``kubectl port-forward`` and in air-gapped
-clusters. It leads with what needs attention: per engine, each finding of
+clusters. It leads with what needs attention: an engine that died (or vanished) first, with its post-mortem
+(``post_mortem_section``) before its findings; per engine, each finding of
 ``sidecar.attention`` (under-reporting owners, undeclared caches, dropped declarations, unused
 declared caches, a stale heartbeat) in the words ``inspect``, ``plan`` and the demo use, with its
 next step: the change that fixes it, the suggested declaration where the snapshot shows enough to
@@ -39,9 +40,11 @@ from modelkv_exporter.sidecar.discovered import discovery_facts, exported_discov
 from modelkv_exporter.sidecar.growth import growth
 from modelkv_exporter.sidecar.http.owner_chart import owner_chart
 from modelkv_exporter.sidecar.http.parts_chart import parts_chart
+from modelkv_exporter.sidecar.http.post_mortem_section import post_mortem_html
 from modelkv_exporter.sidecar.http.prescription_section import prescription_section
 from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
-from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
+from modelkv_exporter.sidecar.post_mortem import post_mortem
+from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView, died
 from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES, ROOT_OWNER
 
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
@@ -56,7 +59,8 @@ GROWTH_LEGEND = (
     "growth source: the measurement it is taken from"
 )
 STATUS_LEGEND = (
-    "status: ok, attention (and why), stale, ended or forgotten, judged from each snapshot alone; "
+    "status: ok, attention (and why), died (ended of out-of-memory or an error, or vanished: killed), stale, ended "
+    "or forgotten, judged from each snapshot alone; "
     "unexplained growth above the alert's threshold is a finding here, and pages (ModelKVUndeclaredMemoryGrowth) "
     "once it lasts 15 minutes"
 )
@@ -88,7 +92,8 @@ th,td{padding:5px 10px;border-bottom:1px solid #e3e6ea;text-align:left;vertical-
 th{background:#eef0f3;font-weight:600}td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 .state{padding:1px 7px;border-radius:9px;font-size:12px}.exported{background:#d7f3df}.stale{background:#fde2c8}.forgotten{background:#e4e4e4}
 .ended{background:#e3e6ea}.rejected{background:#f9d0d0}.muted{color:#6b7280}code{font-size:12px}
-.ok{background:#d7f3df}.attention{background:#f9d0d0}
+.ok{background:#d7f3df}.attention{background:#f9d0d0}.died,.vanished{background:#f3b3b3}
+.post-mortem th{background:#fbe3e3;white-space:nowrap}
 #attention{background:#fff4e5;border-left:4px solid #d9822b;padding:4px 16px 8px;margin:12px 0 14px}
 #attention.calm{background:#eef8f1;border-color:#3b9a5b}#attention ul{margin:4px 0;padding-left:20px}
 .problem{background:#fff;box-shadow:0 1px 2px #0002;padding:6px 14px 10px;margin:10px 0}.problem h3{margin:6px 0}
@@ -396,10 +401,12 @@ def _attention(
     nobody = _no_engine(view, guidance, up_for)
     if nobody is not None:
         return nobody
-    engines, items = [], []
+    engines: list[str] = []
+    items: list[str] = []
     if view.scan.error:
         items.append(f"<li><strong>spool not readable</strong>: {escape(SPOOL_UNREADABLE)}</li>")
     ok = 0
+    died: list[str] = []
     for snapshot, state in live:
         found = findings(snapshot, state, view.now)
         if not found:
@@ -407,13 +414,16 @@ def _attention(
             continue
         engine = snapshot.engine
         who = " · ".join(v for v in (engine.model_label, engine.stage_label) if v)
-        engines.append(
+        dead = post_mortem(snapshot, state)
+        (engines if dead is None else died).append(
             f'<article class="problem" id="attention-{escape(engine.engine_id)}">'
             f'<h3><a href="#engine-{escape(engine.engine_id)}">{escape(engine.engine_id)}</a> '
             f'<span class="muted">{escape(who)}</span></h3>'
+            f"{'' if dead is None else post_mortem_html(dead, escape)}"
             f"{''.join(_finding_html(f, guidance) for f in found)}{owner_chart(snapshot, escape, max_discovered)}"
             "</article>"
         )
+    engines = died + engines
     if view.rejected:
         names = [f"{entry.file_name} ({entry.error.reason.value})" for entry in view.rejected if entry.error]
         more = f"; and {len(names) - NAMED} more" if len(names) > NAMED else ""
@@ -471,7 +481,7 @@ def render_landing(
     sections = "".join(
         _engine_section(s, max_discovered)
         for s, state in live
-        if state not in (EngineState.ENDED, EngineState.FORGOTTEN)
+        if state is not EngineState.FORGOTTEN and (state is not EngineState.ENDED or died(s))
     )
     rejected_html = _table(["file", "reason", "detail"], rejected) if rejected else '<p class="muted">None.</p>'
     return (

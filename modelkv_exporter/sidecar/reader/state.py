@@ -7,14 +7,17 @@ Metrics, the JSON API, the landing page and ``inspect`` all classify a scan with
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
+from pathlib import Path
 
 from modelkv_exporter.contract.setting_values import non_negative_float
 from modelkv_exporter.contract.settings import setting
 from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.spool import alive_file_name, writer_alive
+from modelkv_exporter.contract.vocabulary import EndReason
 from modelkv_exporter.sidecar.reader.scan import SpoolEntry, SpoolScan
 
 CLOCK_SKEW_SECONDS = 10.0
@@ -30,8 +33,13 @@ class EngineState(str, Enum):
     STALE = "stale"
     """Missed its heartbeats: only its identity and ``modelkv_engine_up 0`` are exported."""
 
+    VANISHED = "vanished"
+    """Stale, and no process holds its liveness lock: killed without ending (SIGKILL, the kernel's OOM killer).
+    Exported as a stale engine, with its end (``reason="vanished"``) and its last figures as a post-mortem."""
+
     ENDED = "ended"
-    """Marked ended by its engine at shutdown: nothing is exported."""
+    """Marked ended by its engine: nothing of it is exported as a live engine. One that ended for a reason other
+    than ``shutdown`` (``end.reason``) exports its end and its memory then (a post-mortem) until forgotten."""
 
     REJECTED = "rejected"
     """The file could not be used (see its reason): nothing is exported."""
@@ -56,9 +64,10 @@ class Staleness:
         'only counted (modelkv_exporter_spool_files{state="forgotten"}); 0 never forgets.',
     )
 
-    def classify(self, scan: SpoolScan, now: float) -> SpoolView:
-        """Every entry of ``scan`` with its state at ``now`` (``classify`` with these thresholds)."""
-        return classify(scan, now, self.stale_after, self.forget_after)
+    def classify(self, scan: SpoolScan, now: float, alive: Liveness | None = None) -> SpoolView:
+        """Every entry of ``scan`` with its state at ``now`` (``classify`` with these thresholds); ``alive`` tells
+        vanished engines from stale ones (``spool_liveness``)."""
+        return classify(scan, now, self.stale_after, self.forget_after, alive)
 
 
 def stale_at(snapshot: Snapshot, stale_after: float) -> float:
@@ -91,8 +100,24 @@ def forget_at(snapshot: Snapshot, forget_after: float) -> float:
     return snapshot.heartbeat_at + forget_after if forget_after > 0 else math.inf
 
 
+Liveness = Callable[[Snapshot], bool | None]
+"""Whether a stale snapshot's writer still holds its liveness lock (``contract.spool.writer_alive``): True, False
+(gone), None (cannot tell)."""
+
+
+def spool_liveness(directory: Path) -> Liveness:
+    """Whether a snapshot's writer in the spool ``directory`` holds its liveness lock (``<engine>.alive``): one open
+    and one non-blocking flock each time it is asked."""
+
+    def alive(snapshot: Snapshot) -> bool | None:
+        return writer_alive(directory / alive_file_name(snapshot.engine.engine_id))
+
+    return alive
+
+
 def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_after: float) -> EngineState:
-    """``ENDED``, ``STALE``, ``EXPORTED`` or ``FORGOTTEN`` for a usable snapshot.
+    """``ENDED``, ``STALE``, ``EXPORTED`` or ``FORGOTTEN`` for a usable snapshot (``classify`` tells ``VANISHED``
+    from ``STALE``).
 
     An ended or stale snapshot whose heartbeat is older than ``forget_after`` seconds (0: never) is
     forgotten. A fresh one never is, however long ``forget_after``: a one-shot snapshot is never stale.
@@ -104,6 +129,12 @@ def engine_state(snapshot: Snapshot, now: float, stale_after: float, forget_afte
     else:
         return EngineState.EXPORTED
     return EngineState.FORGOTTEN if now > forget_at(snapshot, forget_after) else state
+
+
+def died(snapshot: Snapshot) -> bool:
+    """Whether an ended snapshot ended for a reason other than ``shutdown`` (``end.reason``); an older writer's end,
+    which gives none, is a shutdown."""
+    return snapshot.end is not None and snapshot.end.reason != EndReason.SHUTDOWN.value
 
 
 def snapshot_age(snapshot: Snapshot, now: float) -> float:
@@ -138,6 +169,9 @@ class SpoolView:
     now: float
     entries: tuple[Classified, ...]
     until: float = math.inf
+    liveness: tuple[tuple[str, bool | None], ...] = ()
+    """What the liveness of each stale (or vanished) file read, by file name: the classification holds only while
+    they read the same."""
 
     def at(self, now: float) -> SpoolView:
         """The same classification at a later instant before ``until`` (what was derived from it kept)."""
@@ -156,8 +190,18 @@ class SpoolView:
 
     @cached_property
     def exported(self) -> list[Classified]:
-        """Engines whose figures are exported: fresh and stale ones (stale ones show only identity)."""
-        return [item for item in self.entries if item.state in (EngineState.EXPORTED, EngineState.STALE)]
+        """Engines whose figures are exported: fresh and stale ones (stale and vanished ones show only identity)."""
+        return [item for item in self.entries if item.state in LIVE_STATES]
+
+    @cached_property
+    def shown(self) -> list[Classified]:
+        """Engines /metrics shows anything of: the exported ones, and the ended ones that died (``died``), not yet
+        forgotten, whose end alone it shows."""
+        return [
+            item
+            for item in self.entries
+            if item.state in LIVE_STATES or (item.state is EngineState.ENDED and died(item.snapshot))
+        ]
 
     @property
     def usable(self) -> list[Classified]:
@@ -170,16 +214,31 @@ class SpoolView:
         return [item.entry for item in self.entries if item.state is EngineState.REJECTED]
 
 
-def classify(scan: SpoolScan, now: float, stale_after: float, forget_after: float) -> SpoolView:
-    """Every entry of ``scan`` with its state at ``now``; ``forget_after`` 0 never forgets."""
+LIVE_STATES = (EngineState.EXPORTED, EngineState.STALE, EngineState.VANISHED)
+"""States of an engine exported as a live one (fresh, or stale with its identity only)."""
+STALE_STATES = (EngineState.STALE, EngineState.VANISHED)
+"""States of an engine that missed its heartbeats and is not forgotten."""
+
+
+def classify(
+    scan: SpoolScan, now: float, stale_after: float, forget_after: float, alive: Liveness | None = None
+) -> SpoolView:
+    """Every entry of ``scan`` with its state at ``now``; ``forget_after`` 0 never forgets. ``alive`` is asked once
+    per stale file (one open and flock of its liveness file) to tell a vanished engine from a hung one."""
     entries = []
     until = math.inf
+    liveness: list[tuple[str, bool | None]] = []
     for entry in scan.entries:
         snapshot = entry.snapshot
         if snapshot is None:
             entries.append(Classified(entry, EngineState.REJECTED))
             continue
         state = engine_state(snapshot, now, stale_after, forget_after)
+        if state is EngineState.STALE and alive is not None:
+            answer = alive(snapshot)
+            liveness.append((entry.file_name, answer))
+            if answer is False:
+                state = EngineState.VANISHED
         if state is EngineState.EXPORTED:
             until = min(until, stale_at(snapshot, stale_after))
         elif state is not EngineState.FORGOTTEN:
@@ -187,4 +246,4 @@ def classify(scan: SpoolScan, now: float, stale_after: float, forget_after: floa
             if now < trusted_from(snapshot):
                 until = min(until, trusted_from(snapshot))
         entries.append(Classified(entry, state))
-    return SpoolView(scan, now, tuple(entries), until)
+    return SpoolView(scan, now, tuple(entries), until, tuple(liveness))

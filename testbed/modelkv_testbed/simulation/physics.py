@@ -217,6 +217,11 @@ class Engine:
     """Minute a new process replaces it (after a hang: the hung one is killed)."""
     ended_at: int | None = None
     """Minute the process shuts down cleanly (marks its snapshot ended, frees its memory)."""
+    died_at: int | None = None
+    """Minute the process dies of ``died_of`` (frees its memory; a ``restarted_at`` after it starts a new one)."""
+    died_of: str = "out_of_memory"
+    """Why: ``out_of_memory`` or ``error`` (the hook ends its snapshot with that reason and its memory then), or
+    ``vanished`` (killed: its snapshot stays as it was, and its liveness lock is let go)."""
     emptied_at: tuple[int, ...] = ()
     """Minutes at which vLLM empties torch's cache (``torch.cuda.empty_cache``)."""
     max_num_seqs: int = 8
@@ -488,6 +493,8 @@ def _processes(engine: Engine, t: int) -> tuple[int | None, bool]:
         return None, False
     if engine.restarted_at is not None and t >= engine.restarted_at:
         return engine.restarted_at, True
+    if engine.died_at is not None and t >= engine.died_at:
+        return None, False
     return engine.started, engine.hung_at is None or t < engine.hung_at
 
 

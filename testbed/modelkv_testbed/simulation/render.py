@@ -1,6 +1,6 @@
 """The series a real sidecar exports for a simulated timeline, minute by minute, as promtool input.
 
-Each engine's state becomes a real ``Snapshot``, and the sidecar's own ``engine_samples``,
+Each engine's state becomes a real ``Snapshot``, and the sidecar's own ``shown_samples``,
 ``exporter_samples`` and ``refusal_samples`` say which series exist and with which labels; the
 scrape adds ``job``, ``instance``, ``namespace`` and ``pod``, and Prometheus its ``up`` and
 ``scrape_duration_seconds``. A series that disappears gets a staleness marker, as a scrape that
@@ -10,12 +10,13 @@ no longer returns it writes one.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from modelkv_exporter.contract.snapshot import (
     Declaration,
     DiscoveredOwner,
     DiscoveryStatus,
+    EndState,
     EngineIdentity,
     EngineSettings,
     KVLayout,
@@ -25,11 +26,12 @@ from modelkv_exporter.contract.snapshot import (
     SleepState,
     Snapshot,
 )
+from modelkv_exporter.contract.vocabulary import EndReason
 from modelkv_exporter.sidecar.budget import Budget
 from modelkv_exporter.sidecar.catalogue import CATALOGUE
 from modelkv_exporter.sidecar.labels import engine_labels
-from modelkv_exporter.sidecar.reader.state import EngineState
-from modelkv_exporter.sidecar.samples import engine_samples, exporter_samples, refusal_samples
+from modelkv_exporter.sidecar.reader.state import LIVE_STATES, EngineState
+from modelkv_exporter.sidecar.samples import exporter_samples, refusal_samples, shown_samples
 from modelkv_testbed.simulation.physics import (
     DISCOVERY_FLOOR,
     FORGET_AFTER_S,
@@ -197,11 +199,33 @@ def _state(engine: Engine, sample: Sample | None, beat: int | None, t: int) -> E
     return EngineState.STALE if age <= FORGET_AFTER_S else EngineState.FORGOTTEN
 
 
+def _dead_state(engine: Engine, beat: int, t: int) -> EngineState | None:
+    """The state at minute ``t`` of the file a died engine left at minute ``beat`` (None: it has not died)."""
+    if engine.died_at is None or t < engine.died_at:
+        return None
+    age = (t - beat) * 60
+    if age > FORGET_AFTER_S:
+        return EngineState.FORGOTTEN
+    if engine.died_of != EndReason.VANISHED.value:
+        return EngineState.ENDED
+    return EngineState.EXPORTED if age <= STALE_AFTER_S else EngineState.VANISHED
+
+
+def _ended(engine: Engine, snap: Snapshot, sample: Sample) -> Snapshot:
+    """The ending write of an engine that died of ``died_of`` (not vanished): its last sample, and why."""
+    if engine.died_of == EndReason.VANISHED.value:
+        return snap
+    free = sample.values["torch_reserved"] - sample.values["torch_allocated"] if engine.device is not None else None
+    error = "torch.OutOfMemoryError: CUDA out of memory" if engine.died_of == "out_of_memory" else "RuntimeError"
+    return replace(snap, ended=True, end=EndState(engine.died_of, snap.heartbeat_at, error, free))
+
+
 def scrapes(
     engines: list[Engine], timeline: Timeline, minutes: int, gaps: Sequence[ScrapeGap] = ()
 ) -> Iterator[dict[tuple[str, Labels], float]]:
     """Every minute's scrape of every exporter instance: the samples Prometheus stores."""
     pods = {engine.instance: engine.pod for engine in engines}
+    last: dict[tuple[str, str], tuple[Sample, int]] = {}
     for t in range(minutes + 1):
         scrape: dict[tuple[str, Labels], float] = {}
         counts = {instance: dict.fromkeys(EngineState, 0) for instance in pods}
@@ -218,13 +242,21 @@ def scrapes(
             for engine in (e for e in engines if e.instance == instance):
                 sample, beat = timeline.samples[engine.key][t], timeline.heartbeats[engine.key][t]
                 state = _state(engine, sample, beat, t)
+                if sample is not None and beat is not None:
+                    last[engine.key] = (sample, beat)
+                elif engine.key in last:
+                    sample, beat = last[engine.key]
+                    state = _dead_state(engine, beat, t) or state
                 if state is not None:
                     counts[instance][state] += 1
-                if state not in (EngineState.EXPORTED, EngineState.STALE) or sample is None or beat is None:
+                if state in (None, EngineState.FORGOTTEN) or sample is None or beat is None:
                     continue
                 snap = snapshot(engine, sample, beat)
-                engine_samples(snap, state is EngineState.STALE, add, add.info, Budget().sidecar_max_discovered_owners)
-                add("modelkv_engine_snapshot_age_seconds", engine_labels(snap), (t - beat) * 60.0)
+                if engine.died_at is not None and t >= engine.died_at and state is not EngineState.EXPORTED:
+                    snap = _ended(engine, snap, sample)
+                shown_samples(snap, state, add, add.info, Budget().sidecar_max_discovered_owners)
+                if state in LIVE_STATES:
+                    add("modelkv_engine_snapshot_age_seconds", engine_labels(snap), (t - beat) * 60.0)
             exporter_samples(True, counts[instance], {}, add, add.info)
             add("modelkv_exporter_collect_duration_seconds", [], 0.004)
             refusal_samples({}, add)

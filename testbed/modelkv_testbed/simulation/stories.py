@@ -31,6 +31,7 @@ from modelkv_testbed.simulation.physics import (
 from modelkv_testbed.simulation.render import ScrapeGap, selector
 from modelkv_testbed.simulation.stories_leaks import LEAK_STORIES
 from modelkv_testbed.simulation.stories_oncall import ONCALL_STORIES
+from modelkv_testbed.simulation.stories_postmortem import POSTMORTEM_STORIES
 from modelkv_testbed.simulation.story import (
     AlertTest,
     Episode,
@@ -1081,6 +1082,7 @@ STORIES = [
     _neighbour_during_capture(),
     _restart_in_place(),
     *ONCALL_STORIES,
+    *POSTMORTEM_STORIES,
     *LEAK_STORIES,
 ]
 """Every story, in the order their files sort."""
