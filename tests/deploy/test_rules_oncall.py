@@ -12,7 +12,6 @@ import httpx
 import pytest
 import yaml
 from fastapi import FastAPI
-from prometheus_client.parser import text_string_to_metric_families
 
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.thresholds import NO_ENGINE_SECONDS
@@ -20,7 +19,7 @@ from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_testbed import ROOT
 from modelkv_testbed.processes import InThread, free_port, require_tool, serving_in_thread
 from modelkv_testbed.promql import RULES_FILE
-from modelkv_testbed.simulation.render import selector
+from modelkv_testbed.simulation.render import scraped_series, selector
 from modelkv_testbed.simulation.story import Firing, Held, Quiet
 from modelkv_testbed.snapshots import make_snapshot
 
@@ -140,17 +139,6 @@ def served(spool: Path) -> Iterator[InThread]:
         yield running
 
 
-def _scraped_for(exposition: str, minutes: int) -> list[dict[str, str]]:
-    """Every sample of one scrape as promtool input, the same at every minute, with the labels a scrape adds."""
-    target = {**TARGET, "instance": "10.21.0.1:9400", "pod": "np-0"}
-    found = [{"series": selector("up", tuple(sorted(target.items()))), "values": f"1x{minutes}"}]
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            labels = tuple(sorted({**sample.labels, **target}.items()))
-            found.append({"series": selector(sample.name, labels), "values": f"{sample.value:g}x{minutes}"})
-    return found
-
-
 def _no_engine_after(exposition: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """promtool's verdict on "ModelKVNoEnginePublishing fires after 31 minutes" over a sidecar that answers
     ``exposition`` at every scrape."""
@@ -161,7 +149,7 @@ def _no_engine_after(exposition: str, tmp_path: Path) -> subprocess.CompletedPro
         "tests": [
             {
                 "interval": "1m",
-                "input_series": _scraped_for(exposition, 45),
+                "input_series": scraped_series(exposition, 45, {**TARGET, "instance": "10.21.0.1:9400", "pod": "np-0"}),
                 "promql_expr_test": [Quiet(NO_ENGINE, 0, 29).test(), Firing(NO_ENGINE, 31, (target,)).test()],
             }
         ],

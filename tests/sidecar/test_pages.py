@@ -11,22 +11,11 @@ import pytest
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.budget import Budget
 from modelkv_exporter.sidecar.http import pages as pages_module
-from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
 from modelkv_exporter.sidecar.http.pages import Pages
-from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_exporter.sidecar.source import SpoolSource
 from modelkv_testbed.snapshots import make_declaration, make_snapshot
 from tests.support.discovered import discovery_status, make_discovered, with_discovery
-
-
-def engines_document(source: SpoolSource, spool_name: str, max_discovered: int) -> dict[str, object]:
-    """The JSON document built whole: every engine's snapshot with its state, every rejected file with its reason."""
-    view = source.view()
-    return {
-        **document_fields(view, spool_name),
-        "engines": [entry_document(i, max_discovered) for i in view.entries if i.state is not EngineState.REJECTED],
-        "rejected": [entry_document(i, max_discovered) for i in view.entries if i.state is EngineState.REJECTED],
-    }
+from tests.support.engines_document import engines_document
 
 
 def test_the_joined_document_is_the_whole_document(spool: Path) -> None:
@@ -37,7 +26,7 @@ def test_the_joined_document_is_the_whole_document(spool: Path) -> None:
     (spool / "bad.json").write_text("{")
     source = SpoolSource.budgeted(spool, budget=Budget(sidecar_max_discovered_owners=2))
     body = Pages(source).engines()
-    assert json.loads(body) == json.loads(json.dumps(engines_document(source, "spool", 2)))
+    assert json.loads(body) == json.loads(json.dumps(engines_document(source.view(), "spool", 2)))
     (discovering,) = [e for e in json.loads(body)["engines"] if e["snapshot"]["engine"]["engine_id"] == "c"]
     assert discovering["discovered_owners_omitted"] == 1
 

@@ -9,12 +9,12 @@ from pathlib import Path
 from modelkv_exporter.cli.reports import inspect_report
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.attention import Concern, Status, findings, status
-from modelkv_exporter.sidecar.http.engines_document import engines_document
 from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.source import SpoolSource
 from modelkv_testbed.snapshots import ended, make_snapshot
+from tests.support.engines_document import engines_document
 
 NOW = 1_800_000_000.0
 GIB = 1 << 30

@@ -11,12 +11,12 @@ from pathlib import Path
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, EngineSettings, Snapshot
 from modelkv_exporter.contract.thresholds import PRESCRIPTION_MARGIN_RATIO
 from modelkv_exporter.sidecar.capacity import Demand
-from modelkv_exporter.sidecar.http.engines_document import engines_document
 from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.prescription import FLAG, prescription
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import classify
 from modelkv_testbed.snapshots import make_snapshot
+from tests.support.engines_document import engines_document
 
 GOLDEN = Path(__file__).parent / "golden" / "memory-breakdown"
 GIB = 1024**3

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from modelkv_exporter.contract.snapshot import (
     Declaration,
     DiscoveredOwner,
@@ -320,3 +322,14 @@ def selector(name: str, labels: Labels) -> str:
     """``name{label="value",...}`` with the values escaped."""
     inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in labels)
     return f"{name}{{{inner}}}"
+
+
+def scraped_series(exposition: str, minutes: int, target: dict[str, str]) -> list[dict[str, str]]:
+    """Every sample of one real scrape of ``exposition`` as promtool input series, the same at every minute for
+    ``minutes``, with the labels a scrape of ``target`` adds, and its ``up`` series."""
+    found = [{"series": selector("up", tuple(sorted(target.items()))), "values": f"1x{minutes}"}]
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            labels = tuple(sorted({**sample.labels, **target}.items()))
+            found.append({"series": selector(sample.name, labels), "values": f"{sample.value:g}x{minutes}"})
+    return found
