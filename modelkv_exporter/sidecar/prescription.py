@@ -59,7 +59,7 @@ PRESCRIPTION_LEGEND = (
 
 
 @dataclass(frozen=True)
-class Budget:
+class MemoryBudget:
     """The memory the engine sizes itself to, and where that figure comes from (None: unknown, ``source`` says
     why)."""
 
@@ -71,7 +71,7 @@ class Budget:
 class Prescription:
     """One engine's prescription; each figure None when it cannot be computed (its reason then says why)."""
 
-    budget: Budget
+    budget: MemoryBudget
     needs: Mapping[str, int]
     """What the engine needs besides its paged KV cache, by breakdown part (empty when any part is unknown)."""
     margin: int | None
@@ -113,18 +113,20 @@ class Prescription:
         return f"{FLAG}={self.kv_cache_bytes}"
 
 
-def budget_of(snapshot: Snapshot) -> Budget:
+def budget_of(snapshot: Snapshot) -> MemoryBudget:
     """The engine's budget: its requested memory, else the device's total times gpu_memory_utilization."""
     settings = snapshot.settings
     if settings.requested_memory_bytes is not None:
-        return Budget(settings.requested_memory_bytes, "requested_memory_bytes")
+        return MemoryBudget(settings.requested_memory_bytes, "requested_memory_bytes")
     current = snapshot.measured.current
     total = None if current is None else current.values.get("device_total")
     if total is None:
-        return Budget(None, "no total memory: the engine reports neither its requested memory nor its device's total")
+        return MemoryBudget(
+            None, "no total memory: the engine reports neither its requested memory nor its device's total"
+        )
     if settings.gpu_memory_utilization is None:
-        return Budget(None, "no gpu_memory_utilization: the engine's share of its device is unknown")
-    return Budget(math.floor(total * settings.gpu_memory_utilization), "device_total × gpu_memory_utilization")
+        return MemoryBudget(None, "no gpu_memory_utilization: the engine's share of its device is unknown")
+    return MemoryBudget(math.floor(total * settings.gpu_memory_utilization), "device_total × gpu_memory_utilization")
 
 
 def needs_of(snapshot: Snapshot) -> tuple[dict[str, int], str | None]:
