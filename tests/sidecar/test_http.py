@@ -133,12 +133,12 @@ def test_engines_api_gives_each_engine_the_parts_metrics_exports(sidecar: Sideca
 
 def test_engines_api_lists_discovered_owners_and_what_metrics_left_out(spool: Path) -> None:
     """The whole snapshot, every discovered owner included, plus how many of them /metrics leaves out past
-    --max-discovered-owners; an engine whose writer does not report discovery has no such field."""
+    --sidecar-max-discovered-owners; an engine whose writer does not report discovery has no such field."""
     found = tuple(make_discovered(f"m.layers.{i}", found_by=CENSUS, peak_bytes=(i + 1) << 20) for i in range(5))
     snapshot = with_discovery(make_snapshot("e", stage_name="talker"), found, discovery_status())
     write_snapshot(spool, snapshot)
     write_snapshot(spool, make_snapshot("older"))
-    sidecar = start_sidecar(spool, "--max-discovered-owners", "3")
+    sidecar = start_sidecar(spool, "--sidecar-max-discovered-owners", "3")
     try:
         body = sidecar.get("/api/v1/engines").json()
         exposition = Exposition(sidecar.get("/metrics").text)
