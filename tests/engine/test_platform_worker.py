@@ -67,7 +67,7 @@ def test_a_worker_that_is_no_vllm_worker_is_hooked_through_the_wrapper(config: P
     assert "vllm.v1.worker.gpu_worker.Worker" not in mro and "vllm.v1.worker.worker_base.WorkerBase" in mro
     assert line(output, "CALLS") == LIFECYCLE, "each original ran exactly once"
     assert line(output, "HOOKED") is True
-    (path,) = tmp_path.iterdir()
+    (path,) = tmp_path.glob("*.json")
     snapshot = parse_snapshot(path.read_bytes())
     assert [d.name for d in snapshot.declarations] == ["test_static_cache"]
     assert snapshot.settings.max_num_seqs == 4 and snapshot.declarations[0].row_count == 4

@@ -35,6 +35,8 @@ EXPECTED = {
     "wake_up": "self, tags: list[str] | None=None",
     "discard": "self, tags: tuple[str, ...]",
     "shutdown": "self",
+    "execute_model": "self, scheduler_output: 'SchedulerOutput'",
+    "sample_tokens": "self, grammar_output: 'GrammarOutput | None'",
 }
 """Each method the hook wraps on vLLM's ``Worker``, with the parameters its step relies on."""
 FIGURES = ("physical_bytes", "num_committed_blocks", "size", "capacity_blocks")
