@@ -136,6 +136,10 @@ class Observer:
         return Observation(state.path, state.class_name, False, reason or "observation is not active", calls=calls)
 
     def _sample(self) -> tuple[Observation, ...]:
+        with tally.sampling:
+            return self._sample_now()
+
+    def _sample_now(self) -> tuple[Observation, ...]:
         observing = hooks.active()
         tally.refresh(observing)
         out = []

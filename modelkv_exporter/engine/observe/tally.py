@@ -6,10 +6,17 @@ each layer added is remembered (``entries``), so a layer is taken out and weighe
 re-weighs the layers whose changes ``hooks.drain`` applied since the last one (``hooks.touched``: updates, new
 layers, deaths) and ``ROLL`` more in turn, which finds what changed outside the hooked methods (a ``crop``, an
 attribute set by hand) within ``live layers / ROLL`` samples. Its work grows with the changes, not the live layers.
+
+The tallies and the changes handed over are the process's, not one model's: with two models in a process, two
+heartbeats sample, and the changes one takes over must be weighed before either reads a figure. ``sampling`` makes
+them take turns (a heartbeat's lock: no model thread ever takes it). A child forked while a sample ran rebuilds every
+tally from its live layers at its first sample.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 from modelkv_exporter.engine.observe import hooks
@@ -21,10 +28,14 @@ ROLL = 256
 CHUNK = 64
 """Layers re-weighed per hold of ``hooks.lock`` and of the GIL (a few microseconds each)."""
 
+sampling = threading.Lock()
+"""Held by a sample from ``refresh`` until its figures are read (``Observer.sample``); taken by heartbeats only."""
+
 entries: dict[int, tuple[LayerRecord, OwnerState, dict[StorageKey, int]]] = {}
 """By ``id`` of a layer's record: the record, the owner whose tally counts its storages, and those storages."""
 _roll: list[LayerRecord] = []
 _cursor = 0
+_rebuild = False
 
 
 def reset() -> None:
@@ -33,6 +44,17 @@ def reset() -> None:
     entries.clear()
     _roll.clear()
     _cursor = 0
+
+
+def _forked() -> None:
+    """In a child forked while another thread sampled: a fresh ``sampling`` lock, and every tally rebuilt at the next
+    sample (the changes that thread had taken over are lost with it)."""
+    global sampling, _rebuild
+    sampling = threading.Lock()
+    _rebuild = True
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _rolling() -> list[LayerRecord]:
@@ -52,9 +74,16 @@ def refresh(observing: bool) -> None:
 
     Takes ``hooks.lock`` for ``CHUNK`` layers at a time and hands the GIL over between chunks; each layer's correction
     is applied after the changes handed over before it (as ``observer.recount`` does)."""
+    global _rebuild
     with hooks.lock:
         hooks.drain()
         changed = hooks.take_touched()
+        if _rebuild:
+            _rebuild = False
+            reset()
+            for record in hooks.records.values():
+                record.owner.tally = Tally()
+                changed.setdefault(id(record), record)
     for record in _rolling():
         changed.setdefault(id(record), record)
     batch = list(changed.values())
