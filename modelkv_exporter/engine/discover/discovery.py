@@ -47,8 +47,9 @@ from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, held_storages, readable_storages
-from modelkv_exporter.engine.observe.observer import CHUNK, recount
+from modelkv_exporter.engine.observe.observer import recount
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
+from modelkv_exporter.engine.observe.tally import CHUNK
 from modelkv_exporter.engine.protocol import unwrap_model
 
 logger = get_logger("discover")
@@ -427,7 +428,7 @@ class Discovery:
 
     @staticmethod
     def _recount(state: OwnerState, records: list[LayerRecord]) -> tuple[int, str | None, int]:
-        """``recount`` of an owner's layers (``observer.CHUNK`` records per hold of ``hooks.lock``): the live bytes,
+        """``recount`` of an owner's layers (``tally.CHUNK`` records per hold of ``hooks.lock``): the live bytes,
         de-duplicated by storage, why they cannot be trusted, and the number of storages."""
         found: dict[StorageKey, int] = {}
         live, failure = recount(state, records, hooks.active(), found)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterable
 
 from modelkv_exporter.contract.snapshot import Observation
@@ -27,15 +26,10 @@ from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import hooks, probe, tally
 from modelkv_exporter.engine.observe.layers import (
     StorageKey,
-    Unweighable,
     forget_plans,
-    measure,
-    storages,
-    structure_problem,
 )
 from modelkv_exporter.engine.observe.patches import ClassPatches
 from modelkv_exporter.engine.observe.records import LayerRecord, OwnerState
-from modelkv_exporter.engine.observe.tally import CHUNK
 
 OFF = "observation is turned off (MODELKV_OBSERVE=0)"
 NO_CALL = "no call of this owner has been observed yet"
@@ -208,63 +202,29 @@ class Observer:
 def recount(
     state: OwnerState, records: list[LayerRecord], observing: bool, found: dict[StorageKey, int] | None = None
 ) -> tuple[int, str | None]:
-    """Re-weigh an owner's live layers exactly: storages de-duplicated, drift outside ``update`` corrected.
-
-    Takes ``hooks.lock`` for ``CHUNK`` layers at a time (reentrant: a caller may hold it already, and then
-    holds it throughout), and hands the GIL over between chunks. Each layer's correction is counted under the lock
-    after the changes the model handed over before it, so a layer the model updates meanwhile is counted once. Returns the bytes live now
-    (de-duplicated by storage) and why they cannot be trusted, if they cannot; ``found``, when given, receives
-    the storages weighed.
-    """
+    """Re-weigh an owner's live layers exactly (``tally.in_chunks``, ``tally.weigh_layer``): storages de-duplicated,
+    drift outside ``update`` corrected, each layer's correction counted after the changes the model handed over
+    before it. Returns the bytes live now and why they cannot be trusted, if they cannot; ``found``, when given,
+    receives the storages weighed."""
     found = {} if found is None else found
-    failure = None
-    for start in range(0, len(records), CHUNK):
-        if start:
-            time.sleep(0)
-        with hooks.lock:
-            hooks.drain()
-            for record in records[start : start + CHUNK]:
-                problem = _reweigh(state, record, found, observing)
-                if problem is not None:
-                    failure = failure or problem
+    failures: list[str] = []
+
+    def each(record: LayerRecord) -> None:
+        weighed = tally.weigh_layer(record, observing)
+        if isinstance(weighed, str):
+            failures.append(weighed)
+        elif weighed is not None:
+            found.update(weighed)
+
+    tally.in_chunks(records, each)
     live = sum(found.values())
     devices = sorted({device for device, _ in found})
+    failure = failures[0] if failures else None
     if len(devices) > 1:
         failure = failure or f"cache tensors on several devices {devices}: offloaded caches are not observed"
     if observing:
-        with hooks.lock:
-            state.high_water = max(state.high_water, live)
-            state.interval_high_water = max(state.interval_high_water, live)
+        tally.raise_high_waters(state, live)
     return live, failure
-
-
-def _reweigh(state: OwnerState, record: LayerRecord, found: dict[StorageKey, int], observing: bool) -> str | None:
-    """Weigh one layer into ``found`` and correct its counted bytes (holding ``hooks.lock``); a failure's text."""
-    layer = record()
-    if layer is None or record.bytes == hooks.GONE:
-        return None
-    plan = record.plan
-    if plan.unknown is not None:
-        state.unknown = plan.unknown
-        return None
-    try:
-        problem = None if plan.vetted else structure_problem(layer, plan)
-        if problem is not None:
-            plan.unknown = state.unknown = problem
-            return None
-        mine = storages(layer, plan)
-    except Unweighable as error:
-        state.unknown = str(error)
-        return None
-    except Exception as error:
-        return f"a cache layer could not be read: {type(error).__name__}: {error}"
-    found.update(mine)
-    size = sum(mine.values()) if record.twin is None else measure(layer, plan, hooks.shared(record))
-    delta = size - record.bytes
-    if observing and delta:
-        record.bytes = record.reported = size
-        state.add(delta)
-    return None
 
 
 def next_interval(state: OwnerState, live: int, observing: bool) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from modelkv_exporter.engine.observe import hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, Unweighable, measure, storages, structure_problem
@@ -69,11 +70,22 @@ def _rolling() -> list[LayerRecord]:
     return part
 
 
-def refresh(observing: bool) -> None:
-    """Bring every owner's tally up to date: re-weigh the layers that changed since the last call and ``ROLL`` more.
+def in_chunks(records: list[LayerRecord], each: Callable[[LayerRecord], None]) -> None:
+    """``each`` of ``records`` holding ``hooks.lock`` for ``CHUNK`` of them at a time, after the changes the model
+    handed over before them (``hooks.drain``), handing the GIL over between chunks (``hooks.lock`` is reentrant: a
+    caller that holds it holds it throughout)."""
+    for start in range(0, len(records), CHUNK):
+        if start:
+            time.sleep(0)
+        with hooks.lock:
+            hooks.drain()
+            for record in records[start : start + CHUNK]:
+                each(record)
 
-    Takes ``hooks.lock`` for ``CHUNK`` layers at a time and hands the GIL over between chunks; each layer's correction
-    is applied after the changes handed over before it (as ``observer.recount`` does)."""
+
+def refresh(observing: bool) -> None:
+    """Bring every owner's tally up to date: re-weigh the layers that changed since the last call and ``ROLL`` more
+    (``in_chunks``)."""
     global _rebuild
     with hooks.lock:
         hooks.drain()
@@ -86,51 +98,62 @@ def refresh(observing: bool) -> None:
                 changed.setdefault(id(record), record)
     for record in _rolling():
         changed.setdefault(id(record), record)
-    batch = list(changed.values())
-    for start in range(0, len(batch), CHUNK):
-        if start:
-            time.sleep(0)
-        with hooks.lock:
-            hooks.drain()
-            for record in batch[start : start + CHUNK]:
-                reweigh(record, observing)
+    in_chunks(list(changed.values()), lambda record: reweigh(record, observing))
 
 
 def reweigh(record: LayerRecord, observing: bool) -> None:
     """Take ``record``'s layer out of the tally it was counted in and weigh it into its owner's now (holding
-    ``hooks.lock``); correct its counted bytes where they drifted. A dead layer is only taken out."""
+    ``hooks.lock``). A dead layer is only taken out."""
     key = id(record)
     entry = entries.pop(key, None)
     if entry is not None:
         entry[1].tally.remove(key, entry[2])
+    state = record.owner
+    weighed = weigh_layer(record, observing)
+    if isinstance(weighed, str):
+        entries[key] = (record, state, {})
+        state.tally.failures[key] = weighed
+    elif weighed is not None:
+        entries[key] = (record, state, weighed)
+        state.tally.add(weighed)
+
+
+def weigh_layer(record: LayerRecord, observing: bool) -> dict[StorageKey, int] | str | None:
+    """A live layer's storages (``layers.storages``), its counted bytes corrected where they drifted outside
+    ``update`` (holding ``hooks.lock``); why it could not be read; or None: dead, or of a class whose keeping is not
+    understood (its owner's ``unknown`` then says why)."""
     layer = record()
     if layer is None or record.bytes == hooks.GONE:
-        return
+        return None
     state = record.owner
     plan = record.plan
     if plan.unknown is not None:
         state.unknown = plan.unknown
-        return
+        return None
     try:
         problem = None if plan.vetted else structure_problem(layer, plan)
         if problem is not None:
             plan.unknown = state.unknown = problem
-            return
+            return None
         mine = storages(layer, plan)
     except Unweighable as error:
         state.unknown = str(error)
-        return
+        return None
     except Exception as error:
-        entries[key] = (record, state, {})
-        state.tally.failures[key] = f"a cache layer could not be read: {type(error).__name__}: {error}"
-        return
-    entries[key] = (record, state, mine)
-    state.tally.add(mine)
+        return f"a cache layer could not be read: {type(error).__name__}: {error}"
     size = sum(mine.values()) if record.twin is None else measure(layer, plan, hooks.shared(record))
     delta = size - record.bytes
     if observing and delta:
         record.bytes = record.reported = size
         state.add(delta)
+    return mine
+
+
+def raise_high_waters(state: OwnerState, live: int) -> None:
+    """Raise the owner's high-waters to ``live`` bytes, found by a sample (taking ``hooks.lock``)."""
+    with hooks.lock:
+        state.high_water = max(state.high_water, live)
+        state.interval_high_water = max(state.interval_high_water, live)
 
 
 def figures(state: OwnerState, observing: bool) -> tuple[int, str | None]:
@@ -140,7 +163,5 @@ def figures(state: OwnerState, observing: bool) -> tuple[int, str | None]:
     live = tally.live
     failure = tally.failure()
     if observing:
-        with hooks.lock:
-            state.high_water = max(state.high_water, live)
-            state.interval_high_water = max(state.interval_high_water, live)
+        raise_high_waters(state, live)
     return live, failure
