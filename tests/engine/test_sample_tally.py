@@ -46,16 +46,17 @@ def full_recount(owner_state: Any) -> int:
     return live
 
 
+class SharingLayer(DynamicLayer):
+    """A layer class from elsewhere whose update keeps the tensors it is given (views of shared buffers)."""
+
+    def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
+        self.keys, self.values = key_states, value_states
+        self.is_initialized = True
+        return self.keys, self.values
+
+
 def run_sequence(observer: Observer, seed: int, steps: int = 120) -> list[str]:
     """The random sequence; every mismatch between the sampled figures and the full counts, described."""
-
-    class SharingLayer(DynamicLayer):
-        """A layer class from elsewhere whose update keeps the tensors it is given (views of shared buffers)."""
-
-        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
-            self.keys, self.values = key_states, value_states
-            self.is_initialized = True
-            return self.keys, self.values
 
     rng = random.Random(seed)
     owner = Owner()
@@ -117,6 +118,52 @@ def rolling_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_incremental_figures_equal_a_full_recount(observer: Observer, rolling_off: None, seed: int) -> None:
     assert run_sequence(observer, seed) == []
+
+
+@pytest.mark.parametrize("first", ["the layer that takes the address", "the layer that lets it go"])
+def test_an_address_let_go_by_one_layer_and_taken_by_another_counts_at_its_new_size(
+    observer: Observer, rolling_off: None, first: str
+) -> None:
+    """Between two samples one layer lets go of a 192-byte storage and another takes a 64-byte one at the same
+    address (as an allocator reuses freed memory; here two storages over one buffer): the figure is the 64 bytes
+    there now, whichever of the two layers the sample weighs first. The tally keeps the newest size weighed at an
+    address (``Tally.add``): a storage's first size, kept while the layer that let it go still held it, counted 192."""
+    buffer = bytearray(192)
+
+    def over_buffer(rows: int) -> torch.Tensor:
+        return torch.frombuffer(buffer, dtype=torch.float32, count=rows * 8).view(1, 1, rows, 8)
+
+    owner = Owner()
+    add(observer, owner)
+    letting_go, taking = SharingLayer(), SharingLayer()
+    owner(lambda self: letting_go.update(over_buffer(6), over_buffer(6)))
+    assert figures(observer, owner).live_bytes == 192
+    elsewhere = torch.zeros(1, 1, 2, 8)
+
+    def swap(self: Owner) -> None:
+        if first == "the layer that takes the address":
+            taking.update(over_buffer(2), over_buffer(2))
+        letting_go.update(elsewhere, elsewhere)
+        if first == "the layer that lets it go":
+            taking.update(over_buffer(2), over_buffer(2))
+
+    owner(swap)
+    assert figures(observer, owner).live_bytes == 64 + 64 == distinct_bytes([letting_go, taking])
+
+
+def test_broken_a_reused_address_keeps_its_first_size_and_the_figures_differ(
+    observer: Observer, rolling_off: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = Tally.add
+
+    def first_size_kept(self: Tally, found: dict[Any, int]) -> None:
+        real(self, {key: self.sizes.get(key, size) for key, size in found.items()})
+
+    monkeypatch.setattr(Tally, "add", first_size_kept)
+    with pytest.raises(AssertionError, match=r"assert 256 == \(64 \+ 64\)"):
+        test_an_address_let_go_by_one_layer_and_taken_by_another_counts_at_its_new_size(
+            observer, None, "the layer that takes the address"
+        )
 
 
 def test_broken_a_layers_old_storages_never_leave_and_the_figures_differ(

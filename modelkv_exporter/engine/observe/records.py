@@ -26,15 +26,21 @@ class Tally:
         """Why a layer could not be read, by ``id`` of its record."""
 
     def add(self, found: dict[StorageKey, int]) -> None:
-        """One layer's storages (``layers.storages``) join."""
+        """One layer's storages (``layers.storages``) join. A storage already held at the same address with another
+        size was freed and its address reused since a layer holding it was last weighed: the newest weighing is the
+        storage there now."""
         holders = self.holders
+        sizes = self.sizes
         for key, size in found.items():
             held = holders.get(key, 0)
             holders[key] = held + 1
             if not held:
-                self.sizes[key] = size
+                sizes[key] = size
                 self.live += size
                 self.devices[key[0]] = self.devices.get(key[0], 0) + 1
+            elif sizes[key] != size:
+                self.live += size - sizes[key]
+                sizes[key] = size
 
     def remove(self, record: int, found: dict[StorageKey, int]) -> None:
         """One layer's storages, as ``add`` was given them, leave (and its failure, by ``id`` of its record)."""
