@@ -40,6 +40,9 @@ from modelkv_exporter.engine.samplers import Sampler
 
 logger = get_logger("heartbeat")
 
+ENDING_WAIT = 5.0
+"""Seconds a model thread whose step raised waits for its ending to be written (``SnapshotPublisher.died``)."""
+
 Observe = Callable[[], Sequence[Observation]]
 """Takes one sample of what the engine's declaring owners' caches hold (``Observer.sample``)."""
 Discovered = tuple[tuple[DiscoveredOwner, ...], DiscoveryStatus]
@@ -301,15 +304,32 @@ class SnapshotPublisher:
         return self._end(EndReason.SHUTDOWN)
 
     def died(self, error: BaseException) -> Path:
-        """``error`` is ending the engine (raised by its step, not yet handled): write the ending now, on the caller's
-        thread, with the memory as the exception left it, and why (``engine.ending``: ``out_of_memory`` or ``error``,
-        and the exception's type and first line). Keeps nothing of ``error``.
+        """``error`` is ending the engine (raised by its step, not yet handled): write the ending now, with the memory
+        as the exception left it, and why (``engine.ending``: ``out_of_memory`` or ``error``, and the exception's type
+        and first line). Keeps nothing of ``error``.
 
-        The heartbeat is told to stop, not waited for (the caller is the model's thread): a beat under way finds the
-        snapshot ended and leaves it. Idempotent like ``end``.
+        The caller is the model's thread, so the ending is written on a short thread of ours, which takes the locks a
+        beat holds; the caller waits for that thread (its frames, still holding what the step allocated, are then
+        sampled), never for a lock, and at most ``ENDING_WAIT`` seconds: a beat stuck behind something the model's
+        thread holds gets the ending written when it lets go, and the engine's error goes on. Idempotent like ``end``.
         """
         self._stop.set()
-        return self._end(end_reason(error), error_line(error))
+        reason, line = end_reason(error), error_line(error)
+        ending = threading.Thread(target=self._end_quietly, args=(reason, line), name="modelkv-ending", daemon=True)
+        try:
+            ending.start()
+        except RuntimeError:  # the interpreter is shutting down: no ending
+            pass
+        else:
+            ending.join(timeout=ENDING_WAIT)
+        return self.spool_dir / snapshot_file_name(self._snapshot.engine.engine_id)
+
+    def _end_quietly(self, reason: EndReason, error: str) -> None:
+        """``_end`` on a thread of ours: a spool that refuses it is logged; anything else raised there stays there."""
+        try:
+            self._end(reason, error)
+        except Exception as failure:
+            report(logger, "modelkv: cannot write the ending in %s", self.spool_dir, error=failure)
 
     def _end(self, reason: EndReason, error: str = "") -> Path:
         """The ending write: a last sample, the observations now, why the engine ended; then let go of liveness."""

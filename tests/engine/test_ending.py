@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +20,13 @@ from typing import Any
 import pytest
 import torch
 
-from modelkv_exporter.contract.snapshot import Snapshot
+from modelkv_exporter.contract.snapshot import MemorySample, Snapshot
 from modelkv_exporter.contract.spool import alive_file_name, snapshot_file_name, writer_alive
 from modelkv_exporter.contract.vocabulary import EndReason
+from modelkv_exporter.engine import heartbeat
 from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.ending import end_reason, error_line
+from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import installed
 from modelkv_exporter.engine.samplers import LARGEST_SEGMENTS, CudaSampler
 from modelkv_exporter.engine.vllm_hook import lifecycle, sleep
@@ -37,6 +41,8 @@ from tests.engine.extensible_stand_in import (
     kv_cache_config,
     run_engine_core,
 )
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.snapshots import make_snapshot
 from tests.support import vllm_wheel
 
 STRIDES = [4096, 4096]
@@ -304,3 +310,58 @@ def test_the_largest_segments_are_bounded_largest_first_and_of_this_device_only(
         ((i + 1) * MIB, i * MIB) for i in range(19, 11, -1)
     ]
     assert CudaSampler(object(), SimpleNamespace(index=0)).largest_segments() is None, "torch cannot say: absent"
+
+
+def test_the_dying_model_thread_never_waits_for_a_beat_that_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A beat holds the publisher's lock while its observation waits for something the model's thread holds (a
+    finalizer taking the model's lock, run by the collector on the heartbeat thread). The model's step raises out of
+    memory: the thread waits for its ending at most ``ENDING_WAIT``, not for the beat, and the ending is written once
+    the beat lets go. Broken on purpose (the ending written on the model's thread, as before), the same scene hangs."""
+    monkeypatch.setattr(heartbeat, "ENDING_WAIT", 0.5)
+    models_lock_held = threading.Event()
+    models_lock_held.set()
+    beat_waiting = threading.Event()
+    sampled_on: list[threading.Thread] = []
+    model_threads: list[threading.Thread] = []
+
+    def observe() -> list[Any]:
+        sampled_on.append(threading.current_thread())
+        if models_lock_held.is_set():
+            beat_waiting.set()
+            while models_lock_held.is_set():
+                time.sleep(0.01)
+        return []
+
+    def scene(publisher: SnapshotPublisher) -> float:
+        publisher.start_heartbeat(0.05, lambda: MemorySample(time.time(), {"process_resident": 2}), observe)
+        assert beat_waiting.wait(10), "the beat reached the model's lock"
+        started = time.monotonic()
+        dying = threading.Thread(target=publisher.died, args=(torch.OutOfMemoryError("out of memory"),), daemon=True)
+        model_threads.append(dying)
+        dying.start()
+        dying.join(timeout=5)
+        waited = time.monotonic() - started if not dying.is_alive() else float("inf")
+        models_lock_held.clear()
+        return waited
+
+    publisher = SnapshotPublisher(tmp_path, make_snapshot("e"))
+    publisher.set_baseline(MemorySample(time.time(), {"process_resident": 1}))
+    waited = scene(publisher)
+    assert waited < 0.5 + 1, f"the model's thread waited {waited:.2f} s"
+    written = eventually(
+        lambda: read_snapshot_file(tmp_path / snapshot_file_name("e"), 1 << 24).end, "the ending, once the beat let go"
+    )
+    assert written.reason == "out_of_memory"
+    assert model_threads[0] not in sampled_on, "nothing of the ending ran on the model's thread"
+    publisher.stop()
+
+    models_lock_held.set()
+    beat_waiting.clear()
+    broken = SnapshotPublisher(tmp_path / "broken", make_snapshot("b"))
+    (tmp_path / "broken").mkdir()
+    broken.set_baseline(MemorySample(time.time(), {"process_resident": 1}))
+    monkeypatch.setattr(broken, "died", lambda error: broken._end(end_reason(error), error_line(error)))
+    assert scene(broken) == float("inf"), "broken: the model's thread waits for the beat that waits for it"
+    broken.stop()
