@@ -32,6 +32,8 @@ from modelkv_exporter.engine.samplers import LARGEST_SEGMENTS, CudaSampler
 from modelkv_exporter.engine.vllm_hook import lifecycle, sleep
 from modelkv_exporter.engine.vllm_hook import plugin as vllm_plugin
 from modelkv_exporter.sidecar.reader.scan import read_snapshot_file
+from modelkv_testbed.polling import eventually
+from modelkv_testbed.snapshots import make_snapshot
 from tests.engine.extensible_stand_in import (
     GIB,
     MIB,
@@ -41,8 +43,6 @@ from tests.engine.extensible_stand_in import (
     kv_cache_config,
     run_engine_core,
 )
-from modelkv_testbed.polling import eventually
-from modelkv_testbed.snapshots import make_snapshot
 from tests.support import vllm_wheel
 
 STRIDES = [4096, 4096]
