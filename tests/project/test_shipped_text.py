@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +65,12 @@ FOREIGN_FLAGS = {
     "--data-parallel-size": "vllm serve",
     "--cpu-offload-gb": "vllm serve",
     "--no-enable-extensible-kv-cache": "vllm serve",
-    # valgrind
+    "--kv-cache-memory-bytes": "vllm serve",
+    "--gpu-memory-utilization": "vllm serve",
+    # valgrind, pytest, argparse
     "--tool": "valgrind",
+    "--dist": "pytest-xdist",
+    "--help": "every command",
 }
 """Flags of other programs that the docs and manifests use, each with its program."""
 
@@ -136,12 +141,12 @@ def shipped_text(root: Path = ROOT) -> Iterator[Text]:
 
 
 def own_flags(root: Path = ROOT) -> set[str]:
-    """The flags of this repository's programs: the settings, and each flag its Python code adds to a parser or
-    looks for in ``sys.argv``."""
+    """The flags of this repository's programs: the settings, and each flag its Python code (the files git tracks,
+    not the libraries installed beside them) adds to a parser or looks for in ``sys.argv``."""
     found = {setting.flag for setting in SETTINGS}
-    for path in root.rglob("*.py"):
-        if not {".venv", "node_modules"} & set(path.relative_to(root).parts):
-            found |= {flag for pair in OWN_FLAG.findall(path.read_text()) for flag in pair if flag}
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=root, capture_output=True, text=True, check=True)
+    for name in tracked.stdout.split():
+        found |= {flag for pair in OWN_FLAG.findall((root / name).read_text()) for flag in pair if flag}
     return found
 
 
