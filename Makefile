@@ -38,14 +38,19 @@ demo: $(VENV)/.demo-installed
 TEST_ENVIRONMENTS := $(VENV)/.test-installed $(VENV_VLLM032)/.test-installed $(VENV_LOWEST)/.test-installed \
 	$(TRANSFORMERS_ENDS:%=build/transformers-%/.installed) tests/k8s/node_modules/.package-lock.json
 
+# Each run spreads its test files over two workers (pytest-xdist): most tests wait on a process (Prometheus,
+# promtool, an engine) for much of their time, so two take 33 minutes where one took 54 (docs/development.md). A file's
+# tests stay together on one worker (their module fixtures start once); the files with slow tests go first.
+PYTEST := -m pytest -q -n 2 --dist loadfile
+
 test: system-deps
 	$(MAKE) --no-print-directory -j4 $(TEST_ENVIRONMENTS)
-	$(PY) -m pytest -q
-	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python -m pytest -q tests/engine --ignore=tests/engine/test_topologies.py
-	$(VENV_LOWEST)/bin/python -m pytest -q $(HTTP_TESTS)
+	$(PY) $(PYTEST)
+	MODELKV_TEST_WITHOUT_VLLM_OMNI=1 $(VENV_VLLM032)/bin/python $(PYTEST) tests/engine --ignore=tests/engine/test_topologies.py
+	$(VENV_LOWEST)/bin/python $(PYTEST) $(HTTP_TESTS)
 	for end in $(TRANSFORMERS_ENDS); do \
 		MODELKV_TEST_TRANSFORMERS_PINS=requirements/test-transformers-$$end.txt PYTHONPATH=build/transformers-$$end \
-			$(PY) -m pytest -q $(TRANSFORMERS_TESTS) || exit 1; \
+			$(PY) $(PYTEST) $(TRANSFORMERS_TESTS) || exit 1; \
 	done
 
 docs: $(VENV)/.demo-installed

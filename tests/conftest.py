@@ -21,6 +21,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(f"transformers {found.version} ({found.locate_file('')})")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that hold a slow test first, each file's tests together and in order: ``make test`` spreads the
+    files over two workers (``-n 2 --dist loadfile``), and a long file started last would run alone at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @pytest.fixture
 def spool(tmp_path: Path) -> Path:
     """An empty spool directory."""

@@ -143,6 +143,7 @@ def test_generating_with_the_placeholder_runbook_address_warns(
     assert "https://x.invalid/r.md" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_job_selector_and_runbook_address_are_configurable(tmp_path: Path) -> None:
     """--job-selector and --runbook-url rewrite every selector and link; the rules still pass their unit tests."""
     selector, runbook = 'job="serving-modelkv"', "https://wiki.example.com/modelkv/runbook.md"

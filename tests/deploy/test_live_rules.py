@@ -38,6 +38,8 @@ from modelkv_testbed.promql import (
 from modelkv_testbed.scenario import GIB, Scenario, declared_peak, start_replica, start_scenario
 from tests.support import observed_engine
 
+pytestmark = pytest.mark.slow
+
 JOB = "modelkv-exporter"
 TIMEOUT = 120.0
 SIMULATED = {

@@ -321,6 +321,7 @@ BREAKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", BREAKS, ids=list(BREAKS))
 def test_promtool_unit_tests_catch_a_broken_rule(
     case: str, tmp_path: Path, passes_intact: Callable[[str], bool]

@@ -38,6 +38,8 @@ from modelkv_testbed.simulation.replay import Labels, Timeline, judge, parse_sel
 from modelkv_testbed.simulation.stories import STORIES
 from modelkv_testbed.simulation.story import Episode, Value
 
+pytestmark = pytest.mark.slow
+
 SHARDS = 2
 Shard = Callable[[Labels], int]
 """The shard that scrapes a series' target."""

@@ -34,6 +34,8 @@ from modelkv_testbed.simulation.stories import STORIES
 from modelkv_testbed.victoria import STALE, query, remote_write, running_victoria_metrics
 from tests.deploy.test_vmalert_stories import MISSED_WITHOUT_KEEP_FIRING_FOR, READS_A_STOPPED_RECORD
 
+pytestmark = pytest.mark.slow
+
 SHARDS = 2
 
 

@@ -36,6 +36,8 @@ from modelkv_testbed.simulation.stories import STORIES
 from modelkv_testbed.simulation.story import AlertTest, Firing, Held
 from modelkv_testbed.victoria import STALE, query, remote_write, running_victoria_metrics
 
+pytestmark = pytest.mark.slow
+
 MISSED_WITHOUT_KEEP_FIRING_FOR = {
     ("story-h-scrape-gap", 0, "Held", "ModelKVUndeclaredMemoryGrowth"),
     ("story-pm-a-engines-that-die", 0, "Held", "ModelKVEngineOutOfMemory"),
