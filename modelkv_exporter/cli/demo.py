@@ -3,8 +3,8 @@
 The caller binds the port before anything slow starts (``cli.ports``), so a taken one fails at once;
 the demo engines (``modelkv_exporter.demo``, which need torch and transformers) are imported only
 when the demo runs. Once they publish, it prints what they declare, what their caches hold, and
-their problems with what to do about each (``cli.reports.attention_summary``, in the landing
-page's words). The spool is kept when the demo ends, in a directory it prints, so that
+their problems with what to do about each (``presentation.report``'s report, as the page and ``inspect``
+show it). The spool is kept when the demo ends, in a directory it prints, so that
 ``inspect``, ``check`` and ``plan`` can be tried on what it made.
 """
 
@@ -22,15 +22,15 @@ from pathlib import Path
 
 from modelkv_exporter.cli.command_line import cli_command
 from modelkv_exporter.cli.ports import bind_probe_port
-from modelkv_exporter.cli.reports import MAX_WIDTH, attention_summary, table
+from modelkv_exporter.cli.reports import attention_summary, table_lines
 from modelkv_exporter.cli.settings import DemoSettings, ServerSettings
+from modelkv_exporter.cli.text_layout import MAX_WIDTH
 from modelkv_exporter.contract.settings import build
-from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import build_server
+from modelkv_exporter.sidecar.presentation.report import spool_report
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
-from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 STARTUP_TIMEOUT_SECONDS = 180.0
 QUIET_SECONDS = 10.0
@@ -94,47 +94,17 @@ def _wait_for_snapshots(
     raise TimeoutError(f"demo engines did not publish into {spool_dir} within {STARTUP_TIMEOUT_SECONDS:.0f}s")
 
 
-def _summary(reader: SpoolReader) -> str:
-    rows = []
-    for _, snapshot in reader.scan().snapshots:
-        who = [snapshot.engine.engine_id, snapshot.engine.stage_label]
-        if not snapshot.declarations:
-            rows.append([*who, "(no declarations)", "", "", ""])
-        rows += [
-            [*who, d.owner or ROOT_OWNER, d.name, str(d.row_count), human_bytes(d.peak_bytes)]
-            for d in snapshot.declarations
-        ]
-    return table(["engine", "stage", "owner", "cache", "rows", "declared peak"], rows)
-
-
-def _observed_summary(reader: SpoolReader) -> str:
-    """Per owner: what it declares beside what its caches were observed to hold, and every cache the engine found
-    that nobody declares."""
-    rows = []
-    for _, snapshot in reader.scan().snapshots:
-        for observation in snapshot.observations:
-            declared = snapshot.declared_peak_of(observation.owner)
-            peak = observation.peak_bytes
-            if not observation.available or peak is None:
-                verdict, observed = f"not observed: {observation.reason}", "—"
-            elif peak > declared:
-                verdict, observed = f"holds {peak / max(declared, 1):.2f}× its declaration", human_bytes(peak)
-            else:
-                verdict, observed = "within its declaration", human_bytes(peak)
-            owner = observation.owner or ROOT_OWNER
-            rows.append([snapshot.engine.engine_id, owner, human_bytes(declared), observed, verdict])
-        for found in snapshot.discovered:
-            verdict = "beyond its declared caches" if found.declares else "declares nothing"
-            rows.append(
-                [snapshot.engine.engine_id, found.owner or ROOT_OWNER, "—", human_bytes(found.peak_bytes), verdict]
-            )
-    return table(["engine", "owner", "declared peak", "observed peak", ""], rows)
-
-
-def _attention(reader: SpoolReader, config: SidecarConfig, cli: str) -> str:
-    """The problems of the demo's engines and what to do about each, in the landing page's words."""
+def _report(reader: SpoolReader, config: SidecarConfig, cli: str) -> str:
+    """Per demo engine, what its owners declare beside what their caches held, and the caches it found that nobody
+    declares; then the problems and what to do about each: the report ``inspect`` and the page show."""
     view = config.staleness.classify(reader.scan(), time.time())
-    return "\n".join(attention_summary(view, str(config.spool_dir), cli, MAX_WIDTH)).rstrip()
+    report = spool_report(view, ended_too=True)
+    lines = []
+    for engine in report.engines:
+        lines += [f"{engine.engine_id} ({engine.who}):", *table_lines(engine.owners, MAX_WIDTH)]
+        lines += [*table_lines(engine.discovered, MAX_WIDTH), ""]
+    lines += attention_summary(report, str(config.spool_dir), cli, MAX_WIDTH)
+    return "\n".join(lines).rstrip()
 
 
 def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
@@ -173,9 +143,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
     processes, stop = start_engines(str(spool_dir), settings.heartbeat_interval, engines)
     try:
         reader = _wait_for_snapshots(spool_dir, [engine.engine_id for engine in engines], processes)
-        print("\n" + _summary(reader), flush=True)
-        print("\n" + _observed_summary(reader), flush=True)
-        print("\n" + _attention(reader, config, cli), flush=True)
+        print("\n" + _report(reader, config, cli), flush=True)
         base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(
             f"\nServing on {base}\n"

@@ -108,7 +108,8 @@ def inspect(args: argparse.Namespace) -> int:
     import time
 
     from modelkv_exporter.cli.command_line import cli_command
-    from modelkv_exporter.cli.reports import inspect_report, report_width
+    from modelkv_exporter.cli.reports import inspect_report
+    from modelkv_exporter.cli.text_layout import report_width
     from modelkv_exporter.sidecar.reader.state import Staleness, spool_liveness
 
     directory = _spool_of(args)
@@ -125,8 +126,9 @@ def plan(args: argparse.Namespace) -> int:
     import time
 
     from modelkv_exporter.cli.command_line import cli_command
-    from modelkv_exporter.cli.reports import plan_report, report_width
+    from modelkv_exporter.cli.reports import plan_report
     from modelkv_exporter.cli.settings import PlanSettings
+    from modelkv_exporter.cli.text_layout import report_width
     from modelkv_exporter.sidecar.reader.state import Staleness, spool_liveness
 
     wanted = build(PlanSettings, vars(args))

@@ -11,14 +11,14 @@ unprintable characters escaped (snapshot text is untrusted).
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 
+from modelkv_exporter.cli.text_layout import wrapped
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, layout_figures, resized_figures
 from modelkv_exporter.judging.declaration_text import spec_code as code_of
 from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
-from modelkv_exporter.sidecar.http.public import visible
+from modelkv_exporter.sidecar.presentation.public import visible
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
@@ -46,10 +46,6 @@ class OwnerVerdict:
     verdict: Verdict
     figures: tuple[Figure, ...] | None
     found_by: str = ""
-
-
-def _wrapped(text: str, width: int, indent: str) -> str:
-    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent + "    ")
 
 
 def owner_verdicts(snapshot: Snapshot) -> list[OwnerVerdict]:
@@ -91,27 +87,27 @@ def _suggestion(item: OwnerVerdict, width: int) -> list[str]:
         return []
     if item.figures is None:
         return [
-            _wrapped(
+            wrapped(
                 f"no suggestion from the spool: the engine reports no geometry for it; {TESTING_HINT}", width, "    "
             )
         ]
     lines = ["    suggested declaration:"]
     lines += ["      " + line for line in code_of(item.figures).splitlines()]
     lines.append("    evidence:")
-    lines += [_wrapped(line, width, "      ") for line in evidence_lines(item.figures)]
+    lines += [wrapped(line, width, "      ") for line in evidence_lines(item.figures)]
     return lines
 
 
 def rejected_lines(scan: SpoolScan, width: int) -> list[str]:
     """Every spool file that could not be judged, with its reason, and how many were not read."""
     lines = [
-        _wrapped(f"  FAIL {entry.file_name}: rejected, {entry.error.reason.value}: {entry.error.detail}", width, "")
+        wrapped(f"  FAIL {entry.file_name}: rejected, {entry.error.reason.value}: {entry.error.detail}", width, "")
         for entry in scan.entries
         if entry.error is not None
     ]
     if scan.skipped:
         lines.append(
-            _wrapped(
+            wrapped(
                 f"  FAIL {scan.skipped} more files not read: over the spool's file or byte budget "
                 "(--max-spool-files, --max-spool-bytes)",
                 width,
@@ -128,7 +124,7 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
     was judged (no snapshot, or no owner in any).
     """
     if not scan.ok:
-        return _wrapped(f"cannot read the spool: {scan.error}", width, "") + "\n", False
+        return wrapped(f"cannot read the spool: {scan.error}", width, "") + "\n", False
     parts: list[str] = []
     passing = True
     judged = 0
@@ -146,20 +142,20 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
         if not items:
             parts.append("  no owner declares a cache or was discovered")
         elif snapshot.declarations and not snapshot.observations:
-            parts.append(_wrapped(f"  FAIL {UNOBSERVED}", width, ""))
+            parts.append(wrapped(f"  FAIL {UNOBSERVED}", width, ""))
         judged += len(items) + len(snapshot.dropped_declarations or ())
         for item in items:
             passing = passing and item.verdict.ok
             mark = "ok  " if item.verdict.ok else "FAIL"
             name = f"{item.owner or ROOT_OWNER} ({item.owner_class or '?'})"
-            parts.append(_wrapped(f"  {mark} {name}: {item.verdict.text}", width, ""))
+            parts.append(wrapped(f"  {mark} {name}: {item.verdict.text}", width, ""))
             lines = _suggestion(item, width)
             suggested = suggested or any("suggested declaration" in line for line in lines)
             parts += lines
         for dropped in snapshot.dropped_declarations or ():
             passing = False
             text = f"  FAIL {dropped.owner or ROOT_OWNER} ({dropped.owner_class}): {dropped.count} declaration(s) "
-            parts.append(_wrapped(text + f"dropped, {dropped.reason}: {dropped.error}", width, ""))
+            parts.append(wrapped(text + f"dropped, {dropped.reason}: {dropped.error}", width, ""))
         parts.append("")
     rejected = rejected_lines(scan, width)
     parts += rejected

@@ -13,11 +13,13 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
 - ``capacity``: the peak of an engine's model-local caches at any max_num_seqs, and the largest that fits a budget
   (``plan``'s arithmetic); ``prescription``: the KV cache memory to give vLLM so that the engine fits its memory;
 - ``post_mortem``: why an engine died (ended with a reason, or vanished) and its memory then, in one definition;
-- ``discovered``: which discovered owners are exported, and how a discovered layout is written;
+- ``discovered``: which discovered owners are exported, and how a discovered layout is written as a label;
 - ``labels`` and ``samples``: an engine's snapshot as label values and samples;
 - ``collector``: a prometheus_client collector over the spool (the reference rendering);
 - ``exposition``: /metrics rendered once per spool change, content negotiation, gzip;
-- ``http``: the sidecar's configuration, the FastAPI app, its one router, the landing page, the JSON
-  document, the uvicorn server;
+- ``presentation``: the spool for people: one report per engine, built once, the landing page that draws it, and
+  what clients may see (``inspect`` prints the same report);
+- ``http``: transport: the sidecar's configuration, the FastAPI app, its one router, the JSON document, the page
+  cache, the uvicorn server;
 - ``log``: rate-limited logging.
 """

@@ -1,20 +1,16 @@
-"""Which of an engine's discovered owners the sidecar exports, how a discovered layout is written, and what
-discovery's state says in words.
+"""Which of an engine's discovered owners the sidecar exports, and how a discovered layout is written as a label.
 
 An engine publishes the modules that hold cache memory they do not declare (``Snapshot.discovered``);
 the sidecar exports at most ``Budget.sidecar_max_discovered_owners`` of them per engine:
 the largest by peak, listed in the snapshot's order, the rest counted as omitted. /metrics, the landing
-page and ``/api/v1/engines`` all pick them here, so they agree; the landing page and ``inspect`` say what
-discovery covered in the words of ``discovery_facts``.
+page and ``/api/v1/engines`` all pick them here, so they agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
-from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus, KVLayout, Snapshot
+from modelkv_exporter.contract.snapshot import DiscoveredOwner, KVLayout, Snapshot
 
 
 @dataclass(frozen=True)
@@ -56,31 +52,3 @@ def layout_text(layout: KVLayout | None) -> str:
         f"layers={layout.layers} kv_heads={layout.kv_heads} head_dim={layout.head_dim} dtype={layout.dtype} "
         f"positions={layout.positions} rows={layout.rows}"
     )
-
-
-class Fact(NamedTuple):
-    """One thing discovery's status says, and whether it calls for attention (a census cut short)."""
-
-    text: str
-    urgent: bool = False
-
-
-def discovery_facts(status: DiscoveryStatus, quote: Callable[[str], str]) -> tuple[Fact, ...]:
-    """What a running discovery covered and left out, in order; ``quote`` makes the snapshot's text safe to show.
-
-    Discovery that is off says only why (``status.reason``): the caller words that one itself.
-    """
-    facts = []
-    if status.census_seconds is not None:
-        facts.append(
-            Fact(
-                f"last census {status.modules} modules, {status.objects} objects in {status.census_seconds * 1000:.1f} ms"
-            )
-        )
-    if status.budget_exhausted:
-        facts.append(Fact(f"the census ran out of its {quote(status.budget_exhausted)} budget", urgent=True))
-    if status.owners_below_floor:
-        facts.append(Fact(f"{status.owners_below_floor} owners below the engine's size floor"))
-    if status.owners_over_budget:
-        facts.append(Fact(f"{status.owners_over_budget} past the engine's owner budget"))
-    return tuple(facts)

@@ -126,7 +126,7 @@ def test_inspect_prints_every_field_and_every_rejection(spool: Path) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for text in ("engine code2wav [exported]", "stage code2wav", "req", "pool", "request", "model", "max_num_seqs",
-                 "8x16x64x71", "sliding_window(72) - 1", "because", "35.5 MiB", "31.1 MiB", "(no declarations)",
+                 "8 × 16 × 64 × 71", "sliding_window(72) - 1", "because", "35.5 MiB", "31.1 MiB", "(no declarations)",
                  "broken.json: invalid_json"):  # fmt: skip
         assert text in out, text
 
@@ -158,7 +158,7 @@ def test_inspect_and_plan_say_when_an_engine_has_no_max_num_seqs(spool: Path) ->
     write_snapshot(spool, make_snapshot("image", declarations=(POOL,), max_num_seqs=None, stage_id=2))
     inspected = cli("inspect", str(spool))
     assert inspected.returncode == 0, inspected.stderr
-    assert "stage 2, max_num_seqs none\n" in inspected.stdout and "None" not in inspected.stdout
+    assert "stage 2, writer tests, max_num_seqs —\n" in inspected.stdout and "None" not in inspected.stdout
     planned = cli("plan", str(spool), "--max-num-seqs", "64", "--budget", f"{ROW * 7}")
     assert planned.returncode == 0, planned.stderr
     (row,) = [line for line in planned.stdout.splitlines() if line.startswith("image")]

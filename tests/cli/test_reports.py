@@ -10,7 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from modelkv_exporter.cli.command_line import cli_command
-from modelkv_exporter.cli.reports import MAX_WIDTH, abbreviate, inspect_report, table
+from modelkv_exporter.cli.reports import inspect_report
+from modelkv_exporter.cli.text_layout import MAX_WIDTH, abbreviate, table
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
@@ -70,8 +71,8 @@ def test_inspect_and_plan_fit_120_columns_and_keep_every_word(spool: Path) -> No
         words = " ".join(out.split())
         unwrapped = "".join(out.split())
         assert LONG_OWNER in unwrapped and "".join(LONG_SOURCE.split()) in unwrapped
-        assert "geometry: layers x kv_heads x head_dim x positions per row" in words
-        assert "8x16x64x71" in out and "Qwen/Qwen3-Omni-30B-A3B-Instruct" in unwrapped
+        assert "geometry: layers × kv_heads × head_dim × positions per row, then the element type" in words
+        assert "8×16×64×71" in unwrapped and "Qwen/Qwen3-Omni-30B-A3B-Instruct" in unwrapped
         plan = run_cli("plan", str(spool), "--max-num-seqs", "64", "--budget", "1GiB", columns=columns).stdout
         assert max(len(line) for line in plan.splitlines()) <= limit
         assert "fits 1.0 GiB" in plan
@@ -153,9 +154,10 @@ def test_inspect_shows_each_owner_declared_beside_observed(spool: Path) -> None:
     out = run_cli("inspect", str(spool)).stdout
     lines = [line.split() for line in out.splitlines()]
     assert ["talker", "35.5", "MiB", "106.5", "MiB", "106.5", "MiB", "106.5", "MiB", "4/9"] in lines
-    assert ["vocoder", "0", "B", "-", "-", "-", "-"] in lines
-    assert "talker holds 3.00× its declaration (106.5 MiB observed, 35.5 MiB declared)" in out
-    assert "vocoder: not observed: the owner replayed a CUDA graph" in out
+    assert ["vocoder", "0", "B", "—", "—", "—", "—"] in lines
+    words = " ".join(out.split())
+    assert "talker: holds 3.00× its declaration (106.5 MiB observed, 35.5 MiB declared)" in words
+    assert "vocoder: not observed: the owner replayed a CUDA graph" in words
 
 
 def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> None:
@@ -169,11 +171,11 @@ def test_inspect_lists_discovered_owners_and_what_to_declare(spool: Path) -> Non
     engines = dict(re.findall(r"^engine (\S+) \[[a-z]+\].*?\n(.*?)(?=^engine |\Z)", out, re.S | re.M))
     assert set(engines) == {"qwen3-tts-eager", "minicpmo-audio", "older-writer"}
     assert "discover" not in engines["older-writer"]
-    assert "discovery off: turned off by MODELKV_OBSERVE=0" in engines["minicpmo-audio"]
+    assert "discovery is off: turned off by MODELKV_OBSERVE=0" in engines["minicpmo-audio"]
     running = engines["qwen3-tts-eager"]
     (row,) = [line for line in running.splitlines() if line.startswith("tokenizer.decoder ")]
     assert row.split() == ["tokenizer.decoder", "cache_layer", "nothing", "18.0", "MiB", "18.0", "MiB", "18.0", "MiB",
-                           "8x16x64x72", "float32,", "4", "rows"]  # fmt: skip
+                           "8", "×", "16", "×", "64", "×", "72", "float32,", "4", "rows"]  # fmt: skip
     words = " ".join(running.split())
     assert "the census ran out of its objects budget" in words and "3 owners below the engine's size floor" in words
     summary = pasted(out.split("\nengine ", 1)[0])

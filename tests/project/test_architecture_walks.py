@@ -30,8 +30,7 @@ TOUCHED: dict[str, tuple[str, ...]] = {
         "testbed/modelkv_testbed/simulation/render.py",
         "tests/sidecar/golden/",
         "tests/sidecar/golden/memory-breakdown/",
-        "sidecar/http/landing.py",
-        "cli/reports.py",
+        "sidecar/presentation/report.py",
         "CHANGELOG.md",
     ),
     "A new metric": (

@@ -10,7 +10,7 @@ from pathlib import Path
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.attention import NEXT_STEPS, Concern, findings
-from modelkv_exporter.sidecar.http.landing import render_landing
+from modelkv_exporter.sidecar.presentation.page import render_page
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
 from modelkv_testbed.simulation.physics import simulate
@@ -35,7 +35,7 @@ def page(spool: Path, *snapshots: Snapshot) -> str:
     for found in snapshots:
         write_snapshot(spool, found)
     now = max(s.heartbeat_at for s in snapshots) + 1
-    return render_landing(classify(SpoolReader(spool).scan(), now, 30.0, 0.0), spool_dir=str(spool), version="0",
+    return render_page(classify(SpoolReader(spool).scan(), now, 30.0, 0.0), spool_dir=str(spool), version="0",
                           max_discovered=16)  # fmt: skip
 
 

@@ -21,8 +21,10 @@ from modelkv_exporter.contract.thresholds import UNDER_REPORT_TOLERANCE, UNUSED_
 from modelkv_exporter.demo.engines import UNDECLARED, UNDER_DECLARING
 from modelkv_exporter.sidecar.attention import NEXT_STEPS, Concern, findings
 from modelkv_exporter.sidecar.budget import Budget
-from modelkv_exporter.sidecar.http.landing import escape, render_landing
-from modelkv_exporter.sidecar.http.owner_chart import OVER, owner_chart
+from modelkv_exporter.sidecar.presentation.owner_chart import owner_chart
+from modelkv_exporter.sidecar.presentation.page import escape, render_page
+from modelkv_exporter.sidecar.presentation.palette import NOT_DECLARED
+from modelkv_exporter.sidecar.presentation.report import engine_report
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
 from modelkv_testbed import ROOT
@@ -77,12 +79,9 @@ def test_landing_page_lists_engines_declarations_and_rejected_files(sidecar: Sid
     ):
         assert text in html, text
     assert "3 exported" in html and "1 stale" in html and "1 rejected" in html and "0 forgotten" in html
-    assert (
-        "Dropped declarations:</strong> 1 of <code>talker.&lt;b&gt;</code> (declarer_raised: KeyError: &lt;heads&gt;)"
-        in html
-    )
+    assert "Dropped declarations:</strong> 1 of talker.&lt;b&gt; (T), declarer_raised: KeyError: &lt;heads&gt;" in html
     assert "2.0 MiB" in html and "process_resident" in html, "growth since the baseline"
-    assert "holds 2.00× its declaration" in html and "7 / 7" in html, "observed beside declared per owner"
+    assert "holds 2.00× its declaration" in html and "7/7" in html, "observed beside declared per owner"
     assert "&lt;img src=x" in html and "the engine does not report it" in html, "absent with its reason"
     for link in ("/metrics", "/api/v1/engines", "/healthz", "/readyz"):
         assert f'href="{link}"' in html
@@ -130,7 +129,7 @@ def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(
             heartbeat_at=now,
         ),
     )
-    html = render_landing(
+    html = render_page(
         classify(SpoolReader(spool).scan(), now, 30.0, 0.0), spool_dir=str(spool), version="0", max_discovered=LIMIT
     )
     engines = html.split("<h2>Engines</h2>", 1)[1].split("</table>", 1)[0]
@@ -148,7 +147,7 @@ def test_landing_page_labels_growth_explains_geometry_and_says_when_it_was_made(
 
 def test_an_engine_without_max_num_seqs_shows_none_of_it(spool: Path) -> None:
     write_snapshot(spool, make_snapshot("diffusion-s2", max_num_seqs=None))
-    html = render_landing(
+    html = render_page(
         classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
         spool_dir=str(spool),
         version="0",
@@ -211,7 +210,7 @@ def test_an_operator_sees_first_which_engines_need_attention_and_why(sidecar: Si
 
 def test_the_summary_says_when_nothing_needs_attention(spool: Path) -> None:
     write_snapshot(spool, make_snapshot("healthy-s0"))
-    html = render_landing(
+    html = render_page(
         classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
         spool_dir=str(spool),
         version="0",
@@ -244,7 +243,7 @@ def test_every_concern_reaches_the_summary_bounded_and_escaped(spool: Path) -> N
     write_snapshot(spool, make_snapshot("idle", observations=(idle,)))
     for i in range(5):
         (spool / f"junk{i}.json").write_text("{")
-    html = render_landing(
+    html = render_page(
         classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0),
         spool_dir=str(spool),
         version="0",
@@ -294,28 +293,25 @@ def _fill_discovered(spool: Path) -> None:
 
 def test_landing_page_lists_discovered_owners_beside_declared_ones(spool: Path) -> None:
     _fill_discovered(spool)
-    html = render_landing(
+    html = render_page(
         classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0), spool_dir="s", version="0", max_discovered=LIMIT
     )
     section = html.split('id="engine-code2wav-s1"', 1)[1].split("<h3", 1)[0]
     headers = re.findall(r"<th>([^<]*)</th>", section)
     first = headers.index("discovered owner")
-    assert headers[first : first + 8] == ["discovered owner", "found by", "class", "declares", "recent peak", "peak", "live",
-                           "layout seen"]  # fmt: skip
+    assert headers[first : first + 8] == ["discovered owner", "found by", "declares", "peak", "recent peak", "live",
+                           "layout seen", "class"]  # fmt: skip
     table = section[section.index("discovered owner") :].split("</table>", 1)[0]
     rows = {re.findall(r"<td[^>]*>(.*?)</td>", r)[0]: r for r in re.findall(r"<tr>(<td.*?)</tr>", table)}
     decoder = re.findall(r"<td[^>]*>(.*?)</td>", rows["tokenizer.decoder"])
-    assert decoder[1:4] == [
-        "<code>cache_layer</code>",
-        "Qwen3TTSTokenizerV2Decoder",
-        "<strong>declares nothing</strong>",
-    ]
-    assert decoder[4] == decoder[5] == "18.0 MiB" and decoder[7] == "8 × 16 × 64 × 72 float32, 4 rows"
-    assert "also declares caches" in rows["decoder"] and "no key/value layout" in rows["decoder"]
-    assert "the census ran out of its objects budget" in section and "2 owners below the engine's size floor" in section
+    assert decoder[1:3] == ["cache_layer", "nothing"] and decoder[7] == "Qwen3TTSTokenizerV2Decoder"
+    assert decoder[3] == decoder[4] == "18.0 MiB" and decoder[6] == "8 × 16 × 64 × 72 float32, 4 rows"
+    assert "<td>also</td>" in rows["decoder"] and "no key/value layout seen" in rows["decoder"]
+    words = unescape(section)
+    assert "the census ran out of its objects budget" in words and "2 owners below the engine's size floor" in words
     assert section.index("observed peak") < section.index("discovered owner") < section.index("<th>cache</th>")
     assert "<script" not in html and "<img" not in html and "encoder.&lt;img src=x" in html
-    assert "Discovery is off: turned off by MODELKV_OBSERVE=0." in html
+    assert "discovery is off: turned off by MODELKV_OBSERVE=0" in html
 
 
 def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
@@ -324,14 +320,14 @@ def test_landing_page_shows_the_owners_metrics_exports(spool: Path) -> None:
     an export.)"""
     _fill_discovered(spool)
     view = classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0)
-    html = render_landing(view, spool_dir="s", version="0", max_discovered=2)
+    html = render_page(view, spool_dir="s", version="0", max_discovered=2)
     summary, details = html.split("<h2>Engines</h2>", 1)
     assert "StreamingAudioKVCache" in summary
-    assert "tokenizer.decoder" in details and "also declares caches" in details
+    assert "tokenizer.decoder" in details and "<td>also</td>" in details
     assert "StreamingAudioKVCache" not in details
     charts = "".join(re.findall(r"<svg.*?</svg>", html, re.S))
     assert "tokenizer.decoder" in charts and "encoder.&lt;img" not in charts, "pictures draw the exported owners"
-    assert "1 past this exporter's --sidecar-max-discovered-owners, not exported" in html
+    assert "1 past this exporter's --sidecar-max-discovered-owners, not exported" in unescape(html)
 
 
 def test_a_discovered_owner_renders_in_headless_chromium(spool: Path, tmp_path: Path) -> None:
@@ -343,7 +339,7 @@ def test_a_discovered_owner_renders_in_headless_chromium(spool: Path, tmp_path: 
         stop_process(sidecar.process)
     assert dom.returncode == 0, dom.stderr[-2000:]
     row = next(r for r in re.findall(r"<tr>(.*?)</tr>", dom.stdout, re.S) if "tokenizer.decoder" in r)
-    assert "cache_layer" in row and "declares nothing" in row and "8 × 16 × 64 × 72 float32, 4 rows" in row
+    assert "cache_layer" in row and "nothing" in row and "8 × 16 × 64 × 72 float32, 4 rows" in row
     assert "<script" not in dom.stdout and "<img" not in dom.stdout, "hostile text stays text after parsing"
 
 
@@ -423,7 +419,7 @@ def test_the_picture_draws_each_owner_to_one_scale() -> None:
         snapshot = replace(
             make_snapshot("e", declarations=(declared,), observations=(observed, blind)), discovered=(found,)
         )
-        svg = owner_chart(snapshot, escape, LIMIT)
+        svg = owner_chart(engine_report(snapshot, EngineState.EXPORTED, 0.0, max_discovered=LIMIT), escape)
         rects = re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*><title>([^<]*)</title>', svg)
         by_title = {title: float(width) for width, title in rects}
         talker_declared = by_title["talker: declared 35.5 MiB"]
@@ -432,11 +428,14 @@ def test_the_picture_draws_each_owner_to_one_scale() -> None:
         assert talker_observed == pytest.approx(factor * talker_declared, rel=0.01)
         assert codec == pytest.approx(talker_declared / 2, rel=0.01)
         assert "vocoder: observed — not observed" in by_title and by_title["vocoder: observed — not observed"] == 0
-        red = re.findall(rf'fill="{OVER}"><title>([^<]*)', svg)
-        assert red == (
+        red = re.findall(rf'fill="{NOT_DECLARED}"><title>([^<]*)', svg)
+        over = (
             [next(t for t in by_title if t.startswith("talker: observed"))] if factor > UNDER_REPORT_TOLERANCE else []
-        ), "an owner above its declaration, in red"
-    assert owner_chart(make_snapshot("nothing", declarations=()), escape, LIMIT) == ""
+        )
+        assert red == [*over, "codec: discovered 17.8 MiB not declared"], "what no declaration accounts for, in red"
+    assert (
+        owner_chart(engine_report(make_snapshot("nothing", declarations=()), EngineState.EXPORTED, 0.0), escape) == ""
+    )
 
 
 def test_every_next_step_names_an_alert_with_a_runbook_section() -> None:
@@ -456,9 +455,9 @@ def test_a_runbook_address_links_each_problem_to_its_section(spool: Path) -> Non
     write_snapshot(spool, replace(make_snapshot("hiding"), discovered=(make_discovered("vocoder"),)))
     view = classify(SpoolReader(spool).scan(), time.time(), 30.0, 0.0)
     url = "https://wiki.example.com/modelkv/runbook.md"
-    html = render_landing(view, spool_dir="s", version="0", runbook_url=url, max_discovered=LIMIT)
+    html = render_page(view, spool_dir="s", version="0", runbook_url=url, max_discovered=LIMIT)
     assert f'<a href="{url}#modelkvundeclaredcache">ModelKVUndeclaredCache</a>' in html
-    assert "docs/runbook.md#modelkvundeclaredcache" in render_landing(
+    assert "docs/runbook.md#modelkvundeclaredcache" in render_page(
         view, spool_dir="s", version="0", max_discovered=LIMIT
     )
     for flag, environ in ((["--runbook-url", "docs/runbook.md"], {}), ([], {"MODELKV_RUNBOOK_URL": url + "#top"})):
@@ -481,7 +480,7 @@ def test_a_sleeping_engine_says_so_on_the_page_and_in_inspect(spool: Path) -> No
     write_snapshot(spool, asleep)
     write_snapshot(spool, awake)
     view = classify(SpoolReader(spool).scan(), now, 30.0, 0.0)
-    html = render_landing(view, spool_dir=str(spool), version="0", max_discovered=LIMIT)
+    html = render_page(view, spool_dir=str(spool), version="0", max_discovered=LIMIT)
     words = "asleep, level 1: weights offloaded to host memory"
     section = html.split('id="engine-trainer-side"', 1)[1].split("<h3", 1)[0]
     assert f"sleep <code>{words}</code>" in section

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
+from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.breakdown import breakdown
-from modelkv_exporter.sidecar.http.landing import escape
-from modelkv_exporter.sidecar.http.parts_chart import COLOURS, WIDTH, parts_chart
+from modelkv_exporter.sidecar.presentation.page import escape
+from modelkv_exporter.sidecar.presentation.palette import PARTS
+from modelkv_exporter.sidecar.presentation.parts_chart import WIDTH, parts_chart
+from modelkv_exporter.sidecar.presentation.report import engine_report
 from modelkv_exporter.sidecar.reader.decode import parse_snapshot
+from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_testbed import ROOT
 from modelkv_testbed.browser import chromium_run
 from modelkv_testbed.processes import start_sidecar, stop_process
@@ -24,6 +29,11 @@ from modelkv_testbed.snapshots import make_snapshot
 
 GOLDEN = ROOT / "tests" / "sidecar" / "golden" / "memory-breakdown"
 HOSTILE = '<img src=x onerror="alert(1)">'
+
+
+def chart(snapshot: Snapshot, quote: Callable[[str], str] = escape) -> str:
+    """The parts chart of ``snapshot``'s report."""
+    return parts_chart(engine_report(snapshot, EngineState.EXPORTED, 0.0), quote)
 
 
 class _TextBrowser(HTMLParser):
@@ -62,36 +72,36 @@ def test_a_complete_breakdown_is_one_full_bar_in_the_order_the_parts_stack() -> 
     snapshot = parse_snapshot((GOLDEN / "qwen3-vllm034-dp0.json").read_bytes())
     parts = breakdown(snapshot)
     assert parts is not None and parts.complete and parts.total is not None
-    svg = parts_chart(snapshot, escape)
+    svg = chart(snapshot, escape)
     widths = _widths(svg)
     assert list(widths) == [name for name, value in parts.parts.items() if value > 0]
     assert abs(sum(widths.values()) - WIDTH) < 0.5, "complete parts fill the process's bar"
     for name, width in widths.items():
         assert abs(width - parts.parts[name] / parts.total * WIDTH) < 0.1, name
-        assert f'fill="{COLOURS[name]}"><title>{name}:' in svg
+        assert f'fill="{PARTS[name]}"><title>{name}:' in svg
 
 
 def test_the_words_say_every_part_and_what_is_unknown() -> None:
-    complete = parts_chart(parse_snapshot((GOLDEN / "qwen3-vllm034-dp0.json").read_bytes()), escape)
+    complete = chart(parse_snapshot((GOLDEN / "qwen3-vllm034-dp0.json").read_bytes()), escape)
     words = text_without_svg(complete)
     assert words.startswith(
         "Memory by part of process_gpu 76.5 GiB: runtime 1.0 GiB (1%), weights 15.0 GiB (20%), paged_kv 57.0 GiB (75%)"
     )
     assert "unexplained 56.0 MiB (0%)" in words and "unknown" not in words
     assert words.endswith("; vLLM keeps 2.5 GiB of the device free for torch"), "the headroom, beside the parts"
-    older = text_without_svg(parts_chart(parse_snapshot((GOLDEN / "before-breakdown-dp0.json").read_bytes()), escape))
+    older = text_without_svg(chart(parse_snapshot((GOLDEN / "before-breakdown-dp0.json").read_bytes()), escape))
     assert older == (
         "Memory by part of process_gpu 20.0 GiB: none known; unknown: runtime, weights, cuda_graphs, "
         "activation_peak, model_local_caches, unexplained"
     )
-    host = text_without_svg(parts_chart(parse_snapshot((GOLDEN / "qwen3-cpu-dp0.json").read_bytes()), escape))
+    host = text_without_svg(chart(parse_snapshot((GOLDEN / "qwen3-cpu-dp0.json").read_bytes()), escape))
     assert host.startswith("Memory by part of process_resident 9.0 GiB: runtime 1.5 GiB (17%), weights 3.0 GiB (33%)")
     assert "cuda_graphs" not in host and "headroom" not in host
 
 
 def test_no_sample_no_bar_and_a_hostile_engine_id_stays_text() -> None:
-    assert parts_chart(make_snapshot("quiet"), escape) == ""
-    svg = parts_chart(make_snapshot(HOSTILE, measured={"process_resident": 1 << 30}), escape)
+    assert chart(make_snapshot("quiet"), escape) == ""
+    svg = chart(make_snapshot(HOSTILE, measured={"process_resident": 1 << 30}), escape)
     assert HOSTILE not in svg and escape(HOSTILE) in svg
 
 

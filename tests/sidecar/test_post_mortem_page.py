@@ -9,7 +9,7 @@ from pathlib import Path
 from modelkv_exporter.cli.reports import inspect_report
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.attention import Concern, Status, findings, status
-from modelkv_exporter.sidecar.http.landing import render_landing
+from modelkv_exporter.sidecar.presentation.page import render_page
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.source import SpoolSource
@@ -53,7 +53,7 @@ def test_the_died_and_the_vanished_engines_lead_with_their_post_mortem(spool: Pa
     assert [f.concern for f in killed] == [Concern.VANISHED], "vanished replaces stale; its growth is not judged"
     assert findings(by_id["clean"].snapshot, EngineState.ENDED, NOW) == []
 
-    page = render_landing(view, spool_dir="spool", version="v", max_discovered=16)
+    page = render_page(view, spool_dir="spool", version="v", max_discovered=16)
     attention = page[page.index('id="attention"') : page.index("<nav>")]
     killed_at, oom_at, alive_at = (attention.index(f'id="attention-{e}"') for e in ("killed", "oom", "alive"))
     assert killed_at < oom_at < alive_at, "the engines that died come first (in file order), then the others"

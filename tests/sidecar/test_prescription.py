@@ -11,8 +11,8 @@ from pathlib import Path
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, EngineSettings, Snapshot
 from modelkv_exporter.contract.thresholds import PRESCRIPTION_MARGIN_RATIO
 from modelkv_exporter.sidecar.capacity import Demand
-from modelkv_exporter.sidecar.http.landing import render_landing
 from modelkv_exporter.sidecar.prescription import FLAG, prescription
+from modelkv_exporter.sidecar.presentation.page import render_page
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import classify
 from modelkv_testbed.snapshots import make_snapshot
@@ -106,7 +106,7 @@ def test_the_page_and_the_document_show_the_flag(tmp_path: Path) -> None:
     scan = SpoolReader(GOLDEN).scan()
     view = classify(scan, 1800000001.0, 1e9, 0)
     want = prescription(_golden("qwen3-vllm034-dp0"))
-    page = unescape(render_landing(view, spool_dir="spool", version="test", max_discovered=10))
+    page = unescape(render_page(view, spool_dir="spool", version="test", max_discovered=10))
     assert f"<code>--kv-cache-memory-bytes={want.kv_cache_bytes}</code>" in page
     assert "What to give vLLM:" in page and "vLLM's start-up estimate" in page
     document = engines_document(view, "spool", 10)

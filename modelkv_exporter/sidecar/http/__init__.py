@@ -3,11 +3,8 @@
 - ``config``: ``SidecarConfig``, the sidecar's configuration, every field a setting but the spool directory;
 - ``app``: ``make_app``, the app factory (one spool, its exposition cache, its router);
 - ``routes``: every route: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/engines``, ``/``;
-- ``landing``: the landing page; ``owner_chart``: its picture of an engine's owners; ``parts_chart``: its bar of
-  an engine's memory by part; ``prescription_section``: its section on what to give vLLM;
-  ``post_mortem_section``: its post-mortem of an engine that died;
-  ``engines_document``: the JSON document of the spool; ``pages``: both rendered once per spool change;
-  ``public``: what clients are shown of the spool;
+- ``engines_document``: the JSON document of the spool; ``pages``: it and the landing page (``presentation.page``)
+  rendered once per spool change;
 - ``sending``: cached bodies sent in small pieces; ``spool_watch``: the warning while the spool is missing;
 - ``server``: the uvicorn server that serves the app; ``guard``: uvicorn's httptools protocol held to
   ``limits``, the limits every client is held to, ``uvicorn_surface`` its start-up check of what it uses of

@@ -7,9 +7,9 @@ from typing import Any
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION
 from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.discovered import discovery_running, exported_discovery
-from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.post_mortem import post_mortem
 from modelkv_exporter.sidecar.prescription import Prescription, prescription
+from modelkv_exporter.sidecar.presentation.public import SPOOL_UNREADABLE, public_detail, visible
 from modelkv_exporter.sidecar.reader.state import Classified, EngineState, SpoolView
 
 

@@ -18,8 +18,8 @@ import threading
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.sidecar.attention import CLI, waiting
 from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
-from modelkv_exporter.sidecar.http.landing import render_landing
-from modelkv_exporter.sidecar.http.public import json_body
+from modelkv_exporter.sidecar.presentation.page import render_page
+from modelkv_exporter.sidecar.presentation.public import json_body
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.source import SpoolSource
 
@@ -63,7 +63,7 @@ class Pages:
             up_for = view.now - self.started
             key = (view_key(view), int(view.now) // AGE_STEP_SECONDS, waiting(up_for))
             if self._landing[0] != key:
-                page = render_landing(
+                page = render_page(
                     view,
                     spool_dir=self.source.reader.directory.name,
                     version=self.version,

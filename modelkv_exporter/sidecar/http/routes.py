@@ -18,10 +18,10 @@ from starlette.types import Receive, Scope, Send
 
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
 from modelkv_exporter.sidecar.exposition.negotiation import GZIP, choose_encoding, wants_openmetrics
-from modelkv_exporter.sidecar.http.landing import CONTENT_SECURITY_POLICY
 from modelkv_exporter.sidecar.http.pages import Pages
-from modelkv_exporter.sidecar.http.public import SPOOL_UNREADABLE
 from modelkv_exporter.sidecar.http.sending import send_body
+from modelkv_exporter.sidecar.presentation.page import CONTENT_SECURITY_POLICY
+from modelkv_exporter.sidecar.presentation.public import SPOOL_UNREADABLE
 from modelkv_exporter.sidecar.source import SpoolSource
 
 READ = ["GET", "HEAD"]

@@ -1,4 +1,5 @@
-"""One engine's memory by part as a picture: one stacked bar of ``sidecar.breakdown``'s parts, as inline SVG.
+"""One engine's memory by part as a picture: one stacked bar of ``sidecar.breakdown``'s parts, as inline SVG,
+in the palette's colours.
 
 The bar is as wide as the process figure the parts split; a part takes its share of it, in the
 order the parts stack. Beside the bar, the same figures in words (the SVG's text equivalent,
@@ -11,26 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from modelkv_exporter.contract.sizes import human_bytes
-from modelkv_exporter.contract.snapshot import Snapshot
-from modelkv_exporter.sidecar.breakdown import breakdown, headroom_words, part_words, parts_text, whole_and_missing
+from modelkv_exporter.sidecar.breakdown import headroom_words, part_words, parts_text, whole_and_missing
+from modelkv_exporter.sidecar.presentation.palette import PARTS
+from modelkv_exporter.sidecar.presentation.report import EngineReport
 
-COLOURS = {
-    "runtime": "#6b7280",
-    "weights": "#4a78c2",
-    "paged_kv": "#3b9a5b",
-    "cuda_graphs": "#d9822b",
-    "activation_peak": "#e0b43c",
-    "model_local_caches": "#9b59b6",
-    "unexplained": "#d64545",
-}
-"""One colour per part."""
 WIDTH, HEIGHT, TOP = 560, 18, 4
 
 
-def parts_chart(snapshot: Snapshot, escape: Callable[[str], str]) -> str:
+def parts_chart(engine: EngineReport, escape: Callable[[str], str]) -> str:
     """The engine's parts as one bar and its words (which say the parts that are unknown); empty when the engine
     has no sample of a process figure yet."""
-    parts = breakdown(snapshot)
+    parts = engine.parts
     if parts is None:
         return ""
     positive = {name: value for name, value in parts.parts.items() if value > 0}
@@ -39,14 +31,14 @@ def parts_chart(snapshot: Snapshot, escape: Callable[[str], str]) -> str:
     for name, value in positive.items():
         length = value / scale * WIDTH
         rects.append(
-            f'<rect x="{x:.1f}" y="{TOP}" width="{length:.1f}" height="{HEIGHT}" fill="{COLOURS[name]}">'
+            f'<rect x="{x:.1f}" y="{TOP}" width="{length:.1f}" height="{HEIGHT}" fill="{PARTS[name]}">'
             f"<title>{escape(name)}: {escape(human_bytes(value))}</title></rect>"
         )
         x += length
-    title = f"{snapshot.engine.engine_id}: {parts_text(parts)}"
+    title = f"{engine.engine_id}: {parts_text(parts)}"
     whole, missing = whole_and_missing(parts)
     keys = ", ".join(
-        f'<span class="key" style="background:{COLOURS[name]}"></span>{escape(words)}'
+        f'<span class="key" style="background:{PARTS[name]}"></span>{escape(words)}'
         for name, words in part_words(parts)
     )
     height = HEIGHT + 2 * TOP
