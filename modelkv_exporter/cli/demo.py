@@ -3,7 +3,7 @@
 The caller binds the port before anything slow starts (``cli.ports``), so a taken one fails at once;
 the demo engines (``modelkv_exporter.demo``, which need torch and transformers) are imported only
 when the demo runs. Once they publish, it prints what they declare, what their caches hold, and
-their problems with what to do about each (``presentation.report``'s report, as the page and ``inspect``
+their problems with what to do about each (``presentation.spool_report``'s report, as the page and ``inspect``
 show it). The spool is kept when the demo ends, in a directory it prints, so that
 ``inspect``, ``check`` and ``plan`` can be tried on what it made.
 """
@@ -29,7 +29,7 @@ from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import build_server
-from modelkv_exporter.sidecar.presentation.report import spool_report
+from modelkv_exporter.sidecar.presentation.spool_report import spool_report
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 
 STARTUP_TIMEOUT_SECONDS = 180.0

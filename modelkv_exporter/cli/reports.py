@@ -1,4 +1,4 @@
-"""Plain-text reports of a spool for people: ``inspect`` (``presentation.report``'s report, as the landing page
+"""Plain-text reports of a spool for people: ``inspect`` (``presentation.spool_report``'s report, as the landing page
 shows it) and ``plan``, at most ``MAX_WIDTH`` columns wide (``text_layout``)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from modelkv_exporter.sidecar.attention import CLI, Concern, Finding, over_decla
 from modelkv_exporter.sidecar.breakdown import headroom_words, whole_and_missing
 from modelkv_exporter.sidecar.capacity import Correction, Demand
 from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription, prescription_text
-from modelkv_exporter.sidecar.presentation.public import visible
-from modelkv_exporter.sidecar.presentation.report import (
+from modelkv_exporter.sidecar.presentation.safe_text import printable
+from modelkv_exporter.sidecar.presentation.spool_report import (
     EngineReport,
     Rejected,
     SpoolReport,
@@ -41,18 +41,18 @@ def table_lines(report_table: Table, width: int) -> list[str]:
     shown = [i for i, c in enumerate(columns) if c.kind != "note"]
     notes = [i for i, c in enumerate(columns) if c.kind == "note"]
     narrow = [j for j, i in enumerate(shown) if columns[i].kind == "name"]
-    rows = [[visible(row[i]) for i in shown] for row in report_table.rows]
+    rows = [[printable(row[i]) for i in shown] for row in report_table.rows]
     lines = [table([columns[i].name for i in shown], rows, width, narrow)]
     for row in report_table.rows:
         said = [f"{columns[i].name} {row[i]}".strip() for i in notes if row[i]]
         if said:
-            lines.append(wrapped(visible(" / ".join(row[: report_table.key]) + ": " + "; ".join(said)), width, "  "))
+            lines.append(wrapped(printable(" / ".join(row[: report_table.key]) + ": " + "; ".join(said)), width, "  "))
     return lines
 
 
 def _heading(engine: EngineReport) -> str:
     facts = [f"{name} {value}" for name, value in engine.facts]
-    return visible(", ".join([f"engine {engine.engine_id} [{engine.state.value}]", *facts]))
+    return printable(", ".join([f"engine {engine.engine_id} [{engine.state.value}]", *facts]))
 
 
 def _parts(engine: EngineReport, width: int) -> list[str]:
@@ -96,26 +96,28 @@ def _engine_lines(engine: EngineReport, width: int) -> list[str]:
     lines = [wrapped(_heading(engine), width)]
     if engine.post_mortem:
         lines.append("post-mortem:")
-        lines += [wrapped(visible(f"{heading}: {text}"), width, "  ") for heading, text in engine.post_mortem]
+        lines += [wrapped(printable(f"{heading}: {text}"), width, "  ") for heading, text in engine.post_mortem]
     declared = table_lines(engine.declarations, width)
     if declared:
         lines += [*declared[:1], f"declared peak: {human_bytes(engine.declared_peak)}", *declared[1:]]
     else:
         lines.append("(no declarations)")
-    lines += [wrapped(visible(f"dropped: {text}"), width) for text in engine.dropped]
+    lines += [wrapped(printable(f"dropped: {text}"), width) for text in engine.dropped]
     lines += table_lines(engine.owners, width)
     lines += table_lines(engine.discovered, width)
     facts = [fact.text for fact in engine.discovery]
     if facts:
         lines.append(
-            wrapped(visible(facts[0] if facts[0].startswith("discovery") else "discovery: " + "; ".join(facts)), width)
+            wrapped(
+                printable(facts[0] if facts[0].startswith("discovery") else "discovery: " + "; ".join(facts)), width
+            )
         )
     return [*lines, *_parts(engine, width), *_growth(engine, width), *_prescription(engine, width)]
 
 
 def _rejected_lines(rejected: Sequence[Rejected], skipped: int, width: int) -> list[str]:
     """Every file the scan could not use, with its reason, and how many it did not read."""
-    lines = [wrapped(visible(f"{r.file_name}: {r.reason}: {r.detail}"), width, "  ") for r in rejected]
+    lines = [wrapped(printable(f"{r.file_name}: {r.reason}: {r.detail}"), width, "  ") for r in rejected]
     if skipped:
         lines.append(wrapped(f"{skipped} {SKIPPED}", width, "  "))
     return ["rejected files:", *lines] if lines else []
@@ -152,14 +154,14 @@ def attention_summary(report: SpoolReport, spool: str, cli: str = CLI, width: in
         who = ", ".join(v for v in (*engine.who.split(" · "), engine.state.value) if v)
         for finding in engine.findings:
             problems = "; ".join(p.text for p in finding.problems)
-            what = visible(f"{engine.engine_id} ({who}): {finding.concern.value}: {problems}")
+            what = printable(f"{engine.engine_id} ({who}): {finding.concern.value}: {problems}")
             lines.append(wrapped(what, width, "  "))
             lines += finding_lines(finding, spool, cli, width)
     return [*lines, ""]
 
 
 def inspect_report(view: SpoolView, width: int = MAX_WIDTH, spool: str = "DIR", cli: str = CLI) -> str:
-    """The spool's report (``presentation.report``, every discovered owner, ended engines judged on what they left:
+    """The spool's report (``presentation.spool_report``, every discovered owner, ended engines judged on what they left:
     a finished run is worth reading): what needs attention first, then every engine in full, the legends of its
     tables, and every rejected file; no line wider than ``width``."""
     if not view.scan.ok:
@@ -210,7 +212,7 @@ def _undeclared_note(engine_id: str, found: DiscoveredOwner) -> str:
     """A discovered owner in the landing page's words, then what ``plan`` made of it."""
     what = undeclared_text(found.owner, found.owner_class, found.peak_bytes, found.declares)
     return (
-        f"warning: {engine_id}: {Concern.UNDECLARED.value}: {visible(what)}; counted as fixed bytes (how they grow "
+        f"warning: {engine_id}: {Concern.UNDECLARED.value}: {printable(what)}; counted as fixed bytes (how they grow "
         "with max_num_seqs is unknown)"
     )
 

@@ -8,7 +8,7 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
-from modelkv_exporter.sidecar.presentation.public import visible
+from modelkv_exporter.sidecar.presentation.safe_text import printable
 
 _NUMERIC = re.compile(r"\d+(\.\d+)?( [KMGT]?i?B)?")
 _BREAK = re.compile(r"[./_\-:\s]+")
@@ -97,7 +97,7 @@ def command_lines(label: str, command: str, note: str, width: int, indent: str =
     A command is never wrapped inside a word (a path breaks at its hyphens otherwise): one longer than
     the line is split between its arguments with a shell continuation, so it still pastes as it is.
     """
-    words, lines = visible(command).split(" "), [f"{indent}{label}"]
+    words, lines = printable(command).split(" "), [f"{indent}{label}"]
     for word in words:
         if len(lines[-1]) + 1 + len(word) + 2 > width and lines[-1].strip() not in (label, ""):
             lines[-1] += " \\"

@@ -18,7 +18,7 @@ from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, layout_figures, resized_figures
 from modelkv_exporter.judging.declaration_text import spec_code as code_of
 from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
-from modelkv_exporter.sidecar.presentation.public import visible
+from modelkv_exporter.sidecar.presentation.safe_text import printable
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
 from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
@@ -172,5 +172,5 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
         parts.append(f"FAIL judged nothing: {found}")
     if suggested:
         parts += ["the suggestions need:", IMPORTS, ""]
-    text = "\n".join(visible(line) for line in "\n".join(parts).split("\n"))
+    text = "\n".join(printable(line) for line in "\n".join(parts).split("\n"))
     return text.rstrip() + "\n", passing

@@ -30,7 +30,7 @@ TOUCHED: dict[str, tuple[str, ...]] = {
         "testbed/modelkv_testbed/simulation/render.py",
         "tests/sidecar/golden/",
         "tests/sidecar/golden/memory-breakdown/",
-        "sidecar/presentation/report.py",
+        "sidecar/presentation/spool_report.py",
         "CHANGELOG.md",
     ),
     "A new metric": (

@@ -24,7 +24,7 @@ from modelkv_exporter.sidecar.budget import Budget
 from modelkv_exporter.sidecar.presentation.owner_chart import owner_chart
 from modelkv_exporter.sidecar.presentation.page import escape, render_page
 from modelkv_exporter.sidecar.presentation.palette import NOT_DECLARED
-from modelkv_exporter.sidecar.presentation.report import engine_report
+from modelkv_exporter.sidecar.presentation.spool_report import engine_report
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.reader.state import EngineState, classify
 from modelkv_testbed import ROOT

@@ -19,7 +19,7 @@ from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.presentation.page import escape
 from modelkv_exporter.sidecar.presentation.palette import PARTS
 from modelkv_exporter.sidecar.presentation.parts_chart import WIDTH, parts_chart
-from modelkv_exporter.sidecar.presentation.report import engine_report
+from modelkv_exporter.sidecar.presentation.spool_report import engine_report
 from modelkv_exporter.sidecar.reader.decode import parse_snapshot
 from modelkv_exporter.sidecar.reader.state import EngineState
 from modelkv_testbed import ROOT

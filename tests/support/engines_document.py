@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
+from modelkv_exporter.sidecar.presentation.engines_document import document_fields, entry_document
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 
 

@@ -61,8 +61,8 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from modelkv_exporter.sidecar.http.answers import closing_answer
 from modelkv_exporter.sidecar.http.limits import LINGER_SECONDS, HttpLimits
+from modelkv_exporter.sidecar.http.raw_responses import closing_response
 from modelkv_exporter.sidecar.http.sending import ABORT
 from modelkv_exporter.sidecar.http.uvicorn_surface import check_uvicorn_surface
 from modelkv_exporter.sidecar.vocabulary import Refusal
@@ -76,7 +76,7 @@ STATUS_REFUSAL = {
 }
 
 
-ANSWERS = {status: closing_answer(status) for status in STATUS_REFUSAL}
+ANSWERS = {status: closing_response(status) for status in STATUS_REFUSAL}
 
 
 class _Refused(Exception):

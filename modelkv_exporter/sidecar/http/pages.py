@@ -17,9 +17,9 @@ import threading
 
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.sidecar.attention import CLI, waiting
-from modelkv_exporter.sidecar.http.engines_document import document_fields, entry_document
+from modelkv_exporter.sidecar.presentation.engines_document import document_fields, entry_document
 from modelkv_exporter.sidecar.presentation.page import render_page
-from modelkv_exporter.sidecar.presentation.public import json_body
+from modelkv_exporter.sidecar.presentation.safe_text import json_body
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 from modelkv_exporter.sidecar.source import SpoolSource
 

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from modelkv_exporter.sidecar.http.answers import closing_answer
+from modelkv_exporter.sidecar.http.raw_responses import closing_response
 
 MAX_STALL_SECONDS = 30.0
 MAX_REQUEST_BYTES = 4096
@@ -38,10 +38,10 @@ POLL_SECONDS = 0.5
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-_OK = closing_answer(200, "ok\n")
-_STALLED = closing_answer(503, "event loop stalled\n")
-_STARTING = closing_answer(503, "starting\n")
-_NOT_FOUND = closing_answer(404)
+_OK = closing_response(200, "ok\n")
+_STALLED = closing_response(503, "event loop stalled\n")
+_STARTING = closing_response(503, "starting\n")
+_NOT_FOUND = closing_response(404)
 
 
 class Heartbeat:

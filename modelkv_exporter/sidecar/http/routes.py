@@ -21,7 +21,7 @@ from modelkv_exporter.sidecar.exposition.negotiation import GZIP, choose_encodin
 from modelkv_exporter.sidecar.http.pages import Pages
 from modelkv_exporter.sidecar.http.sending import send_body
 from modelkv_exporter.sidecar.presentation.page import CONTENT_SECURITY_POLICY
-from modelkv_exporter.sidecar.presentation.public import SPOOL_UNREADABLE
+from modelkv_exporter.sidecar.presentation.safe_text import SPOOL_UNREADABLE
 from modelkv_exporter.sidecar.source import SpoolSource
 
 READ = ["GET", "HEAD"]

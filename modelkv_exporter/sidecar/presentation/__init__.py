@@ -1,7 +1,9 @@
-"""The spool for people: one neutral report built once, and the page that draws it (``inspect`` prints it too).
+"""The spool for people and scripts: one neutral report built once, and the documents that show it.
 
-- ``report``: per engine, its facts, status, findings, tables, bars, memory by part and growth, in plain text;
+- ``spool_report``: per engine, its facts, status, findings, tables, bars, memory by part and growth, in plain
+  text (the landing page draws it, and ``inspect`` prints it);
 - ``wording``: the legends and the words both renderers share; ``palette``: one colour per meaning;
 - ``page``: the landing page in HTML; ``owner_chart`` and ``parts_chart``: its pictures of an engine;
-- ``public``: what clients are shown of the spool: visible text, no paths, no OS errors.
+- ``engines_document``: the JSON document of ``/api/v1/engines``;
+- ``safe_text``: text that is safe to show: unprintable characters escaped, no paths, no OS errors.
 """

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.sidecar.attention import owner_name
 from modelkv_exporter.sidecar.presentation.palette import CACHES, CACHES_HELD, NOT_DECLARED
-from modelkv_exporter.sidecar.presentation.report import Bar, EngineReport
+from modelkv_exporter.sidecar.presentation.spool_report import Bar, EngineReport
 from modelkv_exporter.sidecar.presentation.wording import ABSENT
 
 LABEL_WIDTH, BAR_WIDTH, VALUE_WIDTH = 220, 300, 260

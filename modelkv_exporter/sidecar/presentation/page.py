@@ -1,4 +1,4 @@
-"""The sidecar's landing page: ``presentation.report``'s spool report as one self-contained HTML page, for people.
+"""The sidecar's landing page: ``presentation.spool_report``'s spool report as one self-contained HTML page, for people.
 
 No scripts and no external assets (the app sends a Content-Security-Policy that forbids both), so it works through
 ``kubectl port-forward`` and in air-gapped clusters. It leads with what needs attention: an engine that died (or
@@ -24,8 +24,8 @@ from modelkv_exporter.sidecar.attention import CLI, NAMED, Concern, Finding, own
 from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription_text
 from modelkv_exporter.sidecar.presentation.owner_chart import owner_chart
 from modelkv_exporter.sidecar.presentation.parts_chart import parts_chart
-from modelkv_exporter.sidecar.presentation.public import SPOOL_UNREADABLE, visible
-from modelkv_exporter.sidecar.presentation.report import EngineReport, SpoolReport, Table, spool_report
+from modelkv_exporter.sidecar.presentation.safe_text import SPOOL_UNREADABLE, printable
+from modelkv_exporter.sidecar.presentation.spool_report import EngineReport, SpoolReport, Table, spool_report
 from modelkv_exporter.sidecar.presentation.wording import (
     ABSENT,
     GROWTH_COLUMNS,
@@ -71,7 +71,7 @@ figure.parts{margin:8px 0 4px}figure.parts figcaption{font-size:12px;color:#4b55
 
 def escape(text: str) -> str:
     """``text`` for HTML: escaped, with unprintable characters shown as visible escapes."""
-    return html.escape(visible(text))
+    return html.escape(printable(text))
 
 
 def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()) -> str:

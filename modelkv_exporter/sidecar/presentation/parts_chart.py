@@ -14,7 +14,7 @@ from collections.abc import Callable
 from modelkv_exporter.contract.sizes import human_bytes
 from modelkv_exporter.sidecar.breakdown import headroom_words, part_words, parts_text, whole_and_missing
 from modelkv_exporter.sidecar.presentation.palette import PARTS
-from modelkv_exporter.sidecar.presentation.report import EngineReport
+from modelkv_exporter.sidecar.presentation.spool_report import EngineReport
 
 WIDTH, HEIGHT, TOP = 560, 18, 4
 

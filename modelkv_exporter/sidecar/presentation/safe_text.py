@@ -1,4 +1,4 @@
-"""What HTTP clients are shown of the spool: visible text, printable file names, no paths, no OS errors.
+"""Text that is safe to show people and clients: unprintable characters escaped, no paths, no OS errors.
 
 Snapshot text can hold control characters, bidi overrides (U+202E) and other invisible format
 characters that make a page or a terminal show something else than the data; file names can
@@ -28,7 +28,7 @@ def _escape_char(ch: str) -> str:
     return ch.encode("unicode_escape").decode("ascii")
 
 
-def visible(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` with every unprintable character (controls, bidi and format characters, separators,
     lone surrogates, undecodable file-name bytes) written as a visible backslash escape."""
     if text.isprintable():
@@ -36,7 +36,7 @@ def visible(text: str) -> str:
     return "".join(ch if ch.isprintable() else _escape_char(ch) for ch in text)
 
 
-def public_detail(error: SnapshotError) -> str:
+def client_detail(error: SnapshotError) -> str:
     """The detail of a rejection as a client may see it: OS error text stays in the log."""
     if error.reason is RejectReason.UNREADABLE:
         return UNREADABLE_DETAIL

@@ -9,7 +9,7 @@ from modelkv_exporter.sidecar.breakdown import breakdown
 from modelkv_exporter.sidecar.discovered import discovery_running, exported_discovery
 from modelkv_exporter.sidecar.post_mortem import post_mortem
 from modelkv_exporter.sidecar.prescription import Prescription, prescription
-from modelkv_exporter.sidecar.presentation.public import SPOOL_UNREADABLE, public_detail, visible
+from modelkv_exporter.sidecar.presentation.safe_text import SPOOL_UNREADABLE, client_detail, printable
 from modelkv_exporter.sidecar.reader.state import Classified, EngineState, SpoolView
 
 
@@ -25,10 +25,10 @@ def entry_document(item: Classified, max_discovered: int) -> dict[str, Any]:
     ``end`` is in ``snapshot``, as the engine wrote it). File names are shown with any byte that is not UTF-8 escaped; OS errors stay in the log.
     """
     entry = item.entry
-    file = visible(entry.file_name)
+    file = printable(entry.file_name)
     if item.state is EngineState.REJECTED:
         assert entry.error is not None
-        return {"file": file, "reason": entry.error.reason.value, "detail": public_detail(entry.error)}
+        return {"file": file, "reason": entry.error.reason.value, "detail": client_detail(entry.error)}
     document = {"file": file, "state": item.state.value, "snapshot": item.snapshot.to_dict()}
     if discovery_running(item.snapshot):
         document["discovered_owners_omitted"] = exported_discovery(item.snapshot, max_discovered).omitted

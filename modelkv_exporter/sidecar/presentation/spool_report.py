@@ -33,7 +33,7 @@ from modelkv_exporter.sidecar.discovered import exported_discovery, reports_disc
 from modelkv_exporter.sidecar.growth import growth
 from modelkv_exporter.sidecar.post_mortem import post_mortem, post_mortem_lines
 from modelkv_exporter.sidecar.prescription import Prescription, prescription
-from modelkv_exporter.sidecar.presentation.public import public_detail
+from modelkv_exporter.sidecar.presentation.safe_text import client_detail
 from modelkv_exporter.sidecar.presentation.wording import (
     ABSENT,
     DISCOVERED_LEGEND,
@@ -355,7 +355,7 @@ def engine_report(
 def rejected_files(view: SpoolView) -> tuple[Rejected, ...]:
     """Every file of ``view`` the scan could not use, with why."""
     return tuple(
-        Rejected(e.file_name, e.error.reason.value, e.error.detail, public_detail(e.error))
+        Rejected(e.file_name, e.error.reason.value, e.error.detail, client_detail(e.error))
         for e in view.rejected
         if e.error is not None
     )
