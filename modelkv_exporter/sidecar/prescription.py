@@ -42,7 +42,7 @@ from modelkv_exporter.sidecar.breakdown import (
     MODEL_LOCAL_CACHES,
     PAGED_KV,
     UNEXPLAINED,
-    activation_budget,
+    activation_allowance,
     breakdown,
     whole_and_missing,
 )
@@ -141,7 +141,7 @@ def needs_of(snapshot: Snapshot) -> tuple[dict[str, int], str | None]:
         return {}, f"a part of its memory is not measured{missing or ': its process figure'}"
     needs = {name: value for name, value in parts.parts.items() if name not in (PAGED_KV, ACTIVATION_PEAK)}
     if ACTIVATION_PEAK in parts.parts:
-        allowance = activation_budget(snapshot)
+        allowance = activation_allowance(snapshot)
         if allowance is None:
             return {}, "no activation peak: vLLM's profiled peak is unknown"
         needs[ACTIVATION_PEAK] = max(allowance, parts.parts[ACTIVATION_PEAK])

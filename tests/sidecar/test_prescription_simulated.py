@@ -2,7 +2,7 @@
 
 For every ready, fresh, awake GPU engine-minute of every story whose every part is measured, the physics
 knows what the engine holds besides its paged KV cache (each part of ``Sample.truth``), the activation
-budget it was profiled with, what its model-local caches hold at most at its max_num_seqs (each declaring
+peak it was profiled with, what its model-local caches hold at most at its max_num_seqs (each declaring
 owner the larger of its declared peak and the most it held; each undeclared owner that discovery publishes,
 the most it held) and its device's total and share. The right answer is the requested memory less all of that
 less the margin; computed here from the physics, not by the sidecar's function.
@@ -73,7 +73,7 @@ def physics_answer(engine: Engine, sample: Sample) -> int:
     requested = math.floor(engine.device.total * SHARE)
     truth = sample.truth
     held = truth["runtime"] + truth["weights"] + truth["cuda_graphs"] + truth["unexplained"]
-    activations = max(engine.activation_budget, truth["activation_peak"])
+    activations = max(engine.profiled_activation_peak, truth["activation_peak"])
     needs = held + activations + model_local_peak(engine, sample)
     return requested - needs - math.ceil(requested * PRESCRIPTION_MARGIN_RATIO)
 
@@ -119,8 +119,8 @@ def test_the_difference_and_the_equivalent_utilization_follow_what_vllm_chose() 
 def test_an_extensible_kv_cache_is_told_the_headroom_to_keep_free() -> None:
     story, engine, sample, minute = next(m for m in ENGINE_MINUTES if m[1].extensible is not None)
     found = prescription(snapshot(engine, sample, minute))
-    assert found.kept_headroom_bytes == engine.activation_budget, story
-    assert found.headroom_bytes == engine.activation_budget + engine.paged_kv - physics_answer(engine, sample)
+    assert found.kept_headroom_bytes == engine.profiled_activation_peak, story
+    assert found.headroom_bytes == engine.profiled_activation_peak + engine.paged_kv - physics_answer(engine, sample)
 
 
 def test_a_sleeping_engine_gets_no_prescription_with_the_reason() -> None:
