@@ -148,7 +148,7 @@ def declared_against_measured() -> timeseries.Panel:
             "Dashed: the engine's declared peak (all its model-local caches at max_num_seqs). Dotted: what its "
             "caches explain (the bytes they were seen to hold, where observed, else the declared peak). Solid: "
             "its growth since initialisation that its memory profile does not explain (live tensors beyond the "
-            "activation peak vLLM budgeted, plus memory outside torch). Solid above dotted is undeclared memory.",
+            "activation peak vLLM planned for, plus memory outside torch). Solid above dotted is undeclared memory.",
             "bytes",
             per_engine("modelkv_engine:declared_peak_bytes:sum", f"declared {ENGINE}", "A"),
             per_engine("modelkv_engine:unbudgeted_growth_bytes", f"measured {ENGINE}", "B"),

@@ -60,8 +60,8 @@ _DASHED_VALUE = re.compile(r"-\s*\d")
 def attach_dashed_values(argv: list[str], tables: Mapping[str, Table]) -> list[str]:
     """``argv`` with each setting's flag joined to a following value that starts with a dash and a digit.
 
-    argparse takes ``-5MiB`` after ``--budget`` for an unknown option and says only "expected one
-    argument"; joined as ``--budget=-5MiB``, the value reaches the setting's parser, whose error
+    argparse takes ``-5MiB`` after ``--cache-memory`` for an unknown option and says only "expected
+    one argument"; joined as ``--cache-memory=-5MiB``, the value reaches the setting's parser, whose error
     names it. Every setting takes a value, so nothing else changes meaning.
     """
     flags = {setting.flag for table in tables.values() for setting in table.settings()}

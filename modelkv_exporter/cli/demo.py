@@ -154,7 +154,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             f"  and, in another terminal, the spool itself:\n"
             f"            {cli} inspect {spool_dir}\n"
             f"            {cli} check {spool_dir}\n"
-            f"            {cli} plan {spool_dir} --max-num-seqs 64 --budget 2GiB\n"
+            f"            {cli} plan {spool_dir} --max-num-seqs 64 --cache-memory 2GiB\n"
             "Press Ctrl-C to stop; the engines' ended snapshots stay in the spool.",
             flush=True,
         )
@@ -174,7 +174,7 @@ def run_demo(args: argparse.Namespace, sock: socket.socket) -> int:
             f"modelkv-exporter demo: engines stopped; their ended snapshots stay in {spool_dir}:\n"
             f"  {cli} inspect {spool_dir}\n"
             f"  {cli} check {spool_dir}\n"
-            f"  {cli} plan {spool_dir} --max-num-seqs 64 --budget 2GiB",
+            f"  {cli} plan {spool_dir} --max-num-seqs 64 --cache-memory 2GiB",
             flush=True,
         )
     return 0

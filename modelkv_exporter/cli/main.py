@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from modelkv_exporter.sidecar.reader.scan import SpoolScan
 
 PLAN_HELP = (
-    "each engine's peak at another max_num_seqs (--max-num-seqs), the largest max_num_seqs that fits a budget "
-    "(--budget), or both; from the declarations, scaled up where an owner was observed holding more"
+    "each engine's peak at another max_num_seqs (--max-num-seqs), the largest max_num_seqs whose peak fits in "
+    "--cache-memory, or both; from the declarations, scaled up where an owner was observed holding more"
 )
 DESCRIPTION = "Serve, inspect and plan the model-local KV declarations engines publish into a spool directory."
 
@@ -122,7 +122,7 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    """Print each engine's peak now, at --max-num-seqs, and the largest max_num_seqs that fits --budget."""
+    """Print each engine's peak now, at --max-num-seqs, and the largest max_num_seqs whose peak fits --cache-memory."""
     import time
 
     from modelkv_exporter.cli.command_line import cli_command
@@ -132,17 +132,17 @@ def plan(args: argparse.Namespace) -> int:
     from modelkv_exporter.sidecar.reader.state import Staleness, spool_liveness
 
     wanted = build(PlanSettings, vars(args))
-    if wanted.max_num_seqs is None and wanted.budget is None:
+    if wanted.max_num_seqs is None and wanted.cache_memory is None:
         args.subparser.error(
-            "--max-num-seqs, --budget or both are needed (or MODELKV_MAX_NUM_SEQS, MODELKV_BUDGET): "
-            "the peak at a max_num_seqs, the largest max_num_seqs within a budget"
+            "--max-num-seqs, --cache-memory or both are needed (or MODELKV_MAX_NUM_SEQS, MODELKV_CACHE_MEMORY): "
+            "the peak at a max_num_seqs, the largest max_num_seqs whose peak fits in a cache memory"
         )
     directory = _spool_of(args)
     scan = _spool_scan(args, directory)
     if not scan.ok:
         return _unreadable(args, scan.error)
     view = build(Staleness, vars(args)).classify(scan, time.time(), spool_liveness(Path(directory)))
-    report = plan_report(view, wanted.max_num_seqs, wanted.budget, report_width(), str(directory), cli_command())
+    report = plan_report(view, wanted.max_num_seqs, wanted.cache_memory, report_width(), str(directory), cli_command())
     sys.stdout.write(report)
     return 0
 

@@ -24,7 +24,7 @@ from modelkv_exporter.sidecar.presentation.spool_report import (
 from modelkv_exporter.sidecar.presentation.wording import GROWTH_COLUMNS, SKIPPED, plural
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 
-FITS_LEGEND = "the largest max_num_seqs whose peak is within the budget"
+FITS_LEGEND = "the largest max_num_seqs whose peak fits in --cache-memory"
 FROM_LEGEND = (
     "from: declared, the declarations alone; observed, the declarations of an owner whose caches were observed "
     "holding more, scaled up to what was observed, and caches the engine holds but does not declare, added as "
@@ -181,11 +181,11 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH, spool: str = "DIR", 
     return "\n".join(parts).rstrip() + "\n"
 
 
-def _fit_cell(demand: Demand, budget: int) -> str:
-    fit = demand.fit(budget)
+def _fit_cell(demand: Demand, cache_memory: int) -> str:
+    fit = demand.fit(cache_memory)
     if fit.max_num_seqs is None:
         return "any (fixed only)"
-    if fit.fixed_bytes > budget:
+    if fit.fixed_bytes > cache_memory:
         return f"none: fixed {human_bytes(fit.fixed_bytes)}"
     if fit.max_num_seqs == 0:
         return f"none: one takes {human_bytes(demand.peak_at(1))}"
@@ -229,12 +229,13 @@ STATE_NOTES = {
 def plan_report(
     view: SpoolView,
     max_num_seqs: int | None,
-    budget: int | None,
+    cache_memory: int | None,
     width: int = MAX_WIDTH,
     spool: str = "DIR",
     cli: str = CLI,
 ) -> str:
-    """Each engine's peak now, at ``max_num_seqs`` and per sequence, and the largest max_num_seqs within ``budget``.
+    """Each engine's peak now, at ``max_num_seqs`` and per sequence, and the largest max_num_seqs whose peak fits
+    in ``cache_memory``.
 
     Every engine in the spool is planned, whatever its state, from its declarations; an owner
     observed holding more than it declares has its figures scaled up, and every cache the engine
@@ -248,8 +249,8 @@ def plan_report(
     if max_num_seqs is not None:
         headers.append(f"peak at {max_num_seqs}")
     headers += ["per seq", "from"]
-    if budget is not None:
-        headers.append(f"fits {human_bytes(budget)}")
+    if cache_memory is not None:
+        headers.append(f"fits {human_bytes(cache_memory)}")
     rows, warnings = [], []
     for item in view.usable:
         snapshot, engine_id = item.snapshot, item.snapshot.engine.engine_id
@@ -263,14 +264,16 @@ def plan_report(
             human_bytes(demand.per_sequence_bytes),
             "observed" if demand.corrections or demand.undeclared else "declared",
         ]
-        if budget is not None:
-            row.append(_fit_cell(demand, budget))
+        if cache_memory is not None:
+            row.append(_fit_cell(demand, cache_memory))
         rows.append(row)
         warnings += [wrapped(_correction_note(engine_id, snapshot, c), width, "") for c in demand.corrections]
         warnings += [wrapped(_undeclared_note(engine_id, d), width, "") for d in demand.undeclared]
     parts = []
-    if budget is not None:
-        parts.append(wrapped(f"budget: {budget} bytes ({human_bytes(budget)}); fits: {FITS_LEGEND}", width))
+    if cache_memory is not None:
+        parts.append(
+            wrapped(f"cache memory: {cache_memory} bytes ({human_bytes(cache_memory)}); fits: {FITS_LEGEND}", width)
+        )
     parts.append(table(headers, rows, width, narrow=(0, 1)) if rows else "no engine snapshots in the spool")
     if warnings:
         check = command_lines(

@@ -36,16 +36,16 @@ class DemoSettings:
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """What ``plan`` plans for: a max_num_seqs, a budget, or both (it needs one)."""
+    """What ``plan`` plans for: a max_num_seqs, a cache memory, or both (it needs one)."""
 
     max_num_seqs: int | None = setting(
         None, positive_int, "The max_num_seqs to plan for: plan prints each engine's peak at it."
     )
-    budget: int | None = setting(
+    cache_memory: int | None = setting(
         None,
         byte_size,
-        "Bytes each engine's peak may take (1073741824, 512MiB, 2GiB; 2GB is 2000000000); plan prints the largest "
-        "max_num_seqs that fits it.",
+        "Bytes each engine's model-local caches may take at their peak (1073741824, 512MiB, 2GiB; 2GB is "
+        "2000000000); plan prints the largest max_num_seqs whose peak fits in it.",
     )
 
 

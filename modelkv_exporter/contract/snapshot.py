@@ -156,7 +156,7 @@ class EngineSettings:
         default=None,
     )
     activation_peak_bytes: int | None = wire(
-        "the activation peak the engine profiled and budgeted for (vLLM's `peak_activation_memory`, less the CUDA "
+        "the activation peak the engine profiled and planned for (vLLM's `peak_activation_memory`, less the CUDA "
         "graph estimate vLLM 0.34 adds to it); absent when unknown and from older writers",
         default=None,
     )

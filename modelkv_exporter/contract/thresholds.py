@@ -35,6 +35,7 @@ NO_ENGINE_SECONDS = 30 * 60
 (``ModelKVNoEnginePublishing``'s ``for``): longer than an engine takes to load its model and publish its first."""
 
 PRESCRIPTION_MARGIN_RATIO = 0.02
-"""The share of an engine's memory budget the prescription (``sidecar.prescription``) keeps free beyond every measured
-part: for what moves between samples and what one snapshot cannot see (torch's fragmentation, an activation peak
-above those sampled, a request longer than any served yet). No rule reads it; docs/prescription.md says why 2 %."""
+"""The share of an engine's requested memory (vLLM's ``requested_memory``: the device's total ×
+gpu_memory_utilization) the prescription (``sidecar.prescription``) keeps free beyond every measured part: for what
+moves between samples and what one snapshot cannot see (torch's fragmentation, an activation peak above those
+sampled, a request longer than any served yet). No rule reads it; docs/prescription.md says why 2 %."""

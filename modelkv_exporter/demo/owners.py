@@ -342,21 +342,22 @@ class StreamingAudioKVCache(nn.Module):
 class LeakingStreamingKVCache(StreamingAudioKVCache):
     """The streaming encoder's cache in a model with a leak: every step streams one more page and none is ever trimmed.
 
-    ``step`` grows it by a page (about 24 MiB of live tensors) until the next page would pass ``BUDGET_PAGES``: then
-    it raises a real ``torch.OutOfMemoryError``, as torch's allocator does on a full device (the demo runs on CPU,
-    where memory would run out much later). The demo's dying engine holds one.
+    ``step`` grows it by a page (about 24 MiB of live tensors) until the next page would pass ``DEVICE_PAGES``, the
+    size of the pretend device it runs on: then it raises a real ``torch.OutOfMemoryError``, as torch's allocator does
+    on a full device (the demo runs on CPU, where memory would run out much later). The demo's dying engine holds one.
     """
 
-    BUDGET_PAGES = 7
+    DEVICE_PAGES = 7
+    """The demo engine's pretend device, in pages: the cache runs out of memory beyond it."""
 
     def step(self) -> None:
-        """Stream one more page of positions, or raise ``torch.OutOfMemoryError`` when the budget is spent."""
+        """Stream one more page of positions, or raise ``torch.OutOfMemoryError`` when the pretend device is full."""
         needed = self.length + self.PAGE
-        if -(-needed // self.PAGE) > self.BUDGET_PAGES:
+        if -(-needed // self.PAGE) > self.DEVICE_PAGES:
             page = self.LAYERS * 2 * self.PAGE * self.EMBED_DIM * torch.bfloat16.itemsize
             held = self.held_bytes()
             raise torch.OutOfMemoryError(
-                f"Tried to allocate {page / 2**20:.2f} MiB: the demo engine's {self.BUDGET_PAGES * page / 2**20:.2f} "
+                f"Tried to allocate {page / 2**20:.2f} MiB: the demo engine's {self.DEVICE_PAGES * page / 2**20:.2f} "
                 f"MiB are spent ({held / 2**20:.2f} MiB held by its streaming cache, which never trims)"
             )
         self.append(self.PAGE)

@@ -107,8 +107,8 @@ class MemorySampler:
         """One sample now."""
         return sample_host_memory()
 
-    def initialised(self, activation_budget: int | None = None) -> MemorySample:
-        """The engine finished initialising: return the baseline sample (the budget is for CUDA samplers)."""
+    def initialised(self, profiled_activation_peak: int | None = None) -> MemorySample:
+        """The engine finished initialising: return the baseline sample (the activation peak is for CUDA samplers)."""
         return self()
 
     def private_pools(self) -> PrivatePools | None:
@@ -160,12 +160,12 @@ class CudaSampler(MemorySampler):
         with self._lock:
             return self._sample()
 
-    def initialised(self, activation_budget: int | None = None) -> MemorySample:
+    def initialised(self, profiled_activation_peak: int | None = None) -> MemorySample:
         """The baseline sample, and the start of peak resets.
 
         The baseline's high-water mark is the highest of the peak seen while initialising and the
-        live tensors now plus ``activation_budget`` (the activation peak the engine profiled and
-        budgeted for): what the engine's memory plan allows live tensors to reach.
+        live tensors now plus ``profiled_activation_peak`` (the activation peak the engine profiled and
+        planned for): what the engine's memory plan allows live tensors to reach.
         """
         with self._lock:
             sample = self._sample()
@@ -177,8 +177,8 @@ class CudaSampler(MemorySampler):
             allocated = values.get("torch_allocated")
             if allocated is not None:
                 values["torch_allocated_low_water"] = _lowest_within(self._floors, self.clock(), allocated)
-            if allocated is not None and activation_budget:
-                high = max(values.get("torch_allocated_high_water", 0), allocated + activation_budget)
+            if allocated is not None and profiled_activation_peak:
+                high = max(values.get("torch_allocated_high_water", 0), allocated + profiled_activation_peak)
                 values["torch_allocated_high_water"] = high
             return MemorySample(sample.sampled_at, values)
 

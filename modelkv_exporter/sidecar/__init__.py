@@ -10,8 +10,9 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
 - ``attention``: what about an engine needs a person's attention, in one wording;
 - ``growth``: an engine's growth since its baseline by part, judged as the leak rule judges it;
 - ``breakdown``: where an engine's memory goes, part by part, from its snapshot's figures;
-- ``capacity``: the peak of an engine's model-local caches at any max_num_seqs, and the largest that fits a budget
-  (``plan``'s arithmetic); ``prescription``: the KV cache memory to give vLLM so that the engine fits its memory;
+- ``capacity``: the peak of an engine's model-local caches at any max_num_seqs, and the largest that fits in a cache
+  memory (``plan``'s arithmetic); ``prescription``: the KV cache memory to give vLLM so that the engine fits its
+  memory;
 - ``post_mortem``: why an engine died (ended with a reason, or vanished) and its memory then, in one definition;
 - ``discovered``: which discovered owners are exported, and how a discovered layout is written as a label;
 - ``labels`` and ``samples``: an engine's snapshot as label values and samples;

@@ -87,11 +87,11 @@ COMPONENTS: tuple[Component, ...] = (
         ACTIVATION_PEAK,
         "what torch's caching allocator keeps free for activations",
         "the free blocks torch's caching allocator holds (`torch_reserved` − `torch_allocated`) outside the graph "
-        "pools (less `settings.cuda_graph_free_bytes`), at most the activation budget: the peak vLLM profiled "
+        "pools (less `settings.cuda_graph_free_bytes`), at most the activation allowance: the peak vLLM profiled "
         "(`settings.activation_peak_bytes`) or, where larger, what vLLM 0.34 keeps free for torch "
         "(`settings.torch_headroom_bytes`)",
-        "free blocks of the sleep allocator's pool count here too, up to the budget; graph pools that gained or lost "
-        "free blocks after the capture are off by that",
+        "free blocks of the sleep allocator's pool count here too, up to the allowance; graph pools that gained or "
+        "lost free blocks after the capture are off by that",
         False,
     ),
     Component(
@@ -106,7 +106,7 @@ COMPONENTS: tuple[Component, ...] = (
     Component(
         UNEXPLAINED,
         "what no part names: live tensors beyond the other parts (a leak shows here), free blocks torch keeps "
-        "beyond the activation budget, memory made outside torch after the model loaded (NCCL, kernels), and on a "
+        "beyond the activation allowance, memory made outside torch after the model loaded (NCCL, kernels), and on a "
         "host engine the heap's activations; with it, every part's error",
         "the process figure less the sum of the other parts; present only when all of them are known (a part that "
         "is absent leaves it absent too); negative when the parts count more than the process holds",
@@ -188,19 +188,20 @@ def paged_kv_part(snapshot: Snapshot) -> tuple[int | None, bool]:
 
 
 def activation_part(snapshot: Snapshot, values: Mapping[str, int]) -> int | None:
-    """Torch's free blocks at the sample outside the graph pools, at most the activation budget; None when any of
+    """Torch's free blocks at the sample outside the graph pools, at most the activation allowance; None when any of
     them is unknown (the graph pools' free blocks too, once the engine captured graphs)."""
     reserved, allocated = values.get("torch_reserved"), values.get("torch_allocated")
-    budget = activation_budget(snapshot)
+    allowance = activation_allowance(snapshot)
     settings = snapshot.settings
     graph_free = 0 if settings.cuda_graph_bytes == 0 else settings.cuda_graph_free_bytes
-    if budget is None or reserved is None or allocated is None or graph_free is None:
+    if allowance is None or reserved is None or allocated is None or graph_free is None:
         return None
-    return max(0, min(budget, reserved - allocated - graph_free))
+    return max(0, min(allowance, reserved - allocated - graph_free))
 
 
-def activation_budget(snapshot: Snapshot) -> int | None:
-    """The larger of the activation peak vLLM profiled and what vLLM 0.34 keeps free for torch (None: neither)."""
+def activation_allowance(snapshot: Snapshot) -> int | None:
+    """The activation allowance: the larger of the activation peak vLLM profiled and planned for and what vLLM 0.34
+    keeps free for torch (None: neither)."""
     known = [
         v for v in (snapshot.settings.activation_peak_bytes, snapshot.settings.torch_headroom_bytes) if v is not None
     ]

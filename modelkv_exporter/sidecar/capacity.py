@@ -1,4 +1,4 @@
-"""Capacity arithmetic over a snapshot: the peak at any max_num_seqs, and what fits a budget.
+"""Capacity arithmetic over a snapshot: the peak at any max_num_seqs, and what fits in a given cache memory.
 
 An engine's demand is a fixed part plus a part per sequence. ``Demand.declared`` takes both from
 the declarations alone. ``Demand.expected`` also uses what each owner's caches were observed to
@@ -52,7 +52,7 @@ def corrections(snapshot: Snapshot) -> tuple[Correction, ...]:
 
 @dataclass(frozen=True)
 class Fit:
-    """The largest max_num_seqs whose peak fits a budget.
+    """The largest max_num_seqs whose peak fits in a cache memory (``plan --cache-memory``).
 
     ``max_num_seqs`` is None when nothing depends on it (no per-sequence bytes) and the fixed
     part fits; 0 when the fixed part does not fit, or it does and one sequence more does not.
@@ -120,11 +120,11 @@ class Demand:
         """The peak bytes if the engine ran with ``max_num_seqs`` (per-sequence caches keep at least one row)."""
         return math.ceil(self.fixed + self.per_sequence * max(1, max_num_seqs))
 
-    def fit(self, budget: int) -> Fit:
-        """Solve fixed + per_sequence x n <= budget for the largest n >= 1 (0 when none fits)."""
+    def fit(self, cache_memory: int) -> Fit:
+        """Solve fixed + per_sequence x n <= cache_memory for the largest n >= 1 (0 when none fits)."""
         fit = Fit(0, self.fixed_bytes, self.per_sequence_bytes)
-        if self.fixed > budget:
+        if self.fixed > cache_memory:
             return fit
         if self.per_sequence == 0:
             return Fit(None, fit.fixed_bytes, fit.per_sequence_bytes)
-        return Fit(math.floor((budget - self.fixed) / self.per_sequence), fit.fixed_bytes, fit.per_sequence_bytes)
+        return Fit(math.floor((cache_memory - self.fixed) / self.per_sequence), fit.fixed_bytes, fit.per_sequence_bytes)

@@ -168,8 +168,9 @@ _METRICS: list[Metric] = [
         "modelkv_engine_prescribed_kv_cache_bytes",
         "gauge",
         "The KV cache memory to give vLLM (--kv-cache-memory-bytes) so that the engine fits its requested memory: the "
-        "budget less every measured part, the activation budget and the model-local caches at max_num_seqs, less a "
-        "2 % margin (docs/prescription.md); negative when even no KV cache fits, absent when a figure is unknown.",
+        "requested memory less every measured part, the activation allowance and the model-local caches at "
+        "max_num_seqs, less a 2 % margin (docs/prescription.md); negative when even no KV cache fits, absent when a "
+        "figure is unknown.",
         ENGINE,
         _E,
     ),

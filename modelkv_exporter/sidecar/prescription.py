@@ -4,21 +4,21 @@ equivalent ``--gpu-memory-utilization``, and for vLLM 0.34's extensible KV cache
 One definition, computed from one snapshot (``plan``, the landing page, ``/api/v1/engines`` and
 ``modelkv_engine_prescribed_kv_cache_bytes`` all read it):
 
-- the budget: the memory the engine sizes itself to, ``settings.requested_memory_bytes`` (vLLM's
+- the requested memory: the memory the engine sizes itself to, ``settings.requested_memory_bytes`` (vLLM's
   ``requested_memory``), else the device's total (``device_total``) times ``gpu_memory_utilization``;
 - what the engine needs besides its paged KV cache: every part of its memory breakdown
   (``sidecar.breakdown``) as measured at the sample (the runtime, the weights, the CUDA graph pools and
-  ``unexplained``: memory made outside torch, torch's free blocks beyond the activation budget, anything
+  ``unexplained``: memory made outside torch, torch's free blocks beyond the activation allowance, anything
   no part names) with two parts taken at their peak instead of their sample: the activations at the
-  activation budget (the larger of the peak vLLM profiled and what vLLM 0.34 keeps free for torch) and
+  activation allowance (the larger of the peak vLLM profiled and what vLLM 0.34 keeps free for torch) and
   the model-local caches at the engine's max_num_seqs, the larger of declared and observed
   (``Demand.expected``) or what they hold now where that is more;
-- the margin: ``PRESCRIPTION_MARGIN_RATIO`` of the budget;
-- the KV cache to give vLLM: the budget less the needs less the margin; against what vLLM chose at
+- the margin: ``PRESCRIPTION_MARGIN_RATIO`` of the requested memory;
+- the KV cache to give vLLM: the requested memory less the needs less the margin; against what vLLM chose at
   start-up (``settings.paged_kv_bytes``), the signed difference (negative: vLLM gave its KV cache more
   than the engine can spare);
 - the equivalent ``--gpu-memory-utilization``: the one at which vLLM, whose own estimate of the rest
-  (the budget less what it chose) is unchanged, would choose that KV cache;
+  (the requested memory less what it chose) is unchanged, would choose that KV cache;
 - an extensible KV cache (vLLM 0.34): the headroom vLLM should keep free beside it, what it kept
   (``settings.torch_headroom_bytes``) plus what the cache must give up;
 - where vLLM's start-up estimate was off: the activation peak measured since (the high water less the
@@ -42,7 +42,7 @@ from modelkv_exporter.sidecar.breakdown import (
     MODEL_LOCAL_CACHES,
     PAGED_KV,
     UNEXPLAINED,
-    activation_budget,
+    activation_allowance,
     breakdown,
     whole_and_missing,
 )
@@ -52,16 +52,16 @@ from modelkv_exporter.sidecar.growth import growth
 FLAG = "--kv-cache-memory-bytes"
 UTILIZATION_FLAG = "--gpu-memory-utilization"
 PRESCRIPTION_LEGEND = (
-    "the budget less what the engine was measured to need besides its paged KV cache, with its activations at "
-    "their budget and its model-local caches at their peak, less the margin; docs/prescription.md"
+    "the requested memory less what the engine was measured to need besides its paged KV cache, with its "
+    "activations at their allowance and its model-local caches at their peak, less the margin; docs/prescription.md"
 )
 """How the prescription is computed, in one sentence for ``plan`` and the page."""
 
 
 @dataclass(frozen=True)
-class MemoryBudget:
-    """The memory the engine sizes itself to, and where that figure comes from (None: unknown, ``source`` says
-    why)."""
+class RequestedMemory:
+    """The memory the engine sizes itself to (vLLM's requested memory), and where that figure comes from (None:
+    unknown, ``source`` says why)."""
 
     bytes: int | None
     source: str
@@ -71,7 +71,7 @@ class MemoryBudget:
 class Prescription:
     """One engine's prescription; each figure None when it cannot be computed (its reason then says why)."""
 
-    budget: MemoryBudget
+    requested: RequestedMemory
     needs: Mapping[str, int]
     """What the engine needs besides its paged KV cache, by breakdown part (empty when any part is unknown)."""
     margin: int | None
@@ -113,20 +113,20 @@ class Prescription:
         return f"{FLAG}={self.kv_cache_bytes}"
 
 
-def budget_of(snapshot: Snapshot) -> MemoryBudget:
-    """The engine's budget: its requested memory, else the device's total times gpu_memory_utilization."""
+def requested_memory(snapshot: Snapshot) -> RequestedMemory:
+    """The engine's requested memory: vLLM's figure, else the device's total times gpu_memory_utilization."""
     settings = snapshot.settings
     if settings.requested_memory_bytes is not None:
-        return MemoryBudget(settings.requested_memory_bytes, "requested_memory_bytes")
+        return RequestedMemory(settings.requested_memory_bytes, "requested_memory_bytes")
     current = snapshot.measured.current
     total = None if current is None else current.values.get("device_total")
     if total is None:
-        return MemoryBudget(
+        return RequestedMemory(
             None, "no total memory: the engine reports neither its requested memory nor its device's total"
         )
     if settings.gpu_memory_utilization is None:
-        return MemoryBudget(None, "no gpu_memory_utilization: the engine's share of its device is unknown")
-    return MemoryBudget(math.floor(total * settings.gpu_memory_utilization), "device_total × gpu_memory_utilization")
+        return RequestedMemory(None, "no gpu_memory_utilization: the engine's share of its device is unknown")
+    return RequestedMemory(math.floor(total * settings.gpu_memory_utilization), "device_total × gpu_memory_utilization")
 
 
 def needs_of(snapshot: Snapshot) -> tuple[dict[str, int], str | None]:
@@ -141,10 +141,10 @@ def needs_of(snapshot: Snapshot) -> tuple[dict[str, int], str | None]:
         return {}, f"a part of its memory is not measured{missing or ': its process figure'}"
     needs = {name: value for name, value in parts.parts.items() if name not in (PAGED_KV, ACTIVATION_PEAK)}
     if ACTIVATION_PEAK in parts.parts:
-        budget = activation_budget(snapshot)
-        if budget is None:
+        allowance = activation_allowance(snapshot)
+        if allowance is None:
             return {}, "no activation peak: vLLM's profiled peak is unknown"
-        needs[ACTIVATION_PEAK] = max(budget, parts.parts[ACTIVATION_PEAK])
+        needs[ACTIVATION_PEAK] = max(allowance, parts.parts[ACTIVATION_PEAK])
     peak = Demand.expected(snapshot).peak_at(snapshot.settings.max_num_seqs or 1)
     needs[MODEL_LOCAL_CACHES] = max(peak, parts.parts[MODEL_LOCAL_CACHES])
     needs[UNEXPLAINED] = parts.parts[UNEXPLAINED]
@@ -160,16 +160,16 @@ def measured_activation(values: Mapping[str, int]) -> int | None:
 def prescription(snapshot: Snapshot) -> Prescription:
     """The engine's prescription from its snapshot."""
     settings = snapshot.settings
-    budget = budget_of(snapshot)
+    requested = requested_memory(snapshot)
     needs, reason = needs_of(snapshot)
-    margin = None if budget.bytes is None else math.ceil(budget.bytes * PRESCRIPTION_MARGIN_RATIO)
+    margin = None if requested.bytes is None else math.ceil(requested.bytes * PRESCRIPTION_MARGIN_RATIO)
     kv: int | None = None
-    if budget.bytes is None:
-        reason = budget.source
+    if requested.bytes is None:
+        reason = requested.source
     elif reason is None and margin is not None:
-        kv = budget.bytes - sum(needs.values()) - margin
+        kv = requested.bytes - sum(needs.values()) - margin
     chosen = settings.paged_kv_bytes
-    utilization, utilization_reason = _utilization(settings.gpu_memory_utilization, budget.bytes, chosen, kv)
+    utilization, utilization_reason = _utilization(settings.gpu_memory_utilization, requested.bytes, chosen, kv)
     headroom = kept = None
     if settings.paged_kv_reserved_bytes is not None and settings.torch_headroom_bytes is not None:
         kept = settings.torch_headroom_bytes
@@ -180,7 +180,7 @@ def prescription(snapshot: Snapshot) -> Prescription:
     profiled = settings.activation_peak_bytes
     grown = growth(snapshot)
     return Prescription(
-        budget=budget,
+        requested=requested,
         needs=needs,
         margin=margin,
         kv_cache_bytes=kv,
@@ -196,7 +196,7 @@ def prescription(snapshot: Snapshot) -> Prescription:
 
 
 def _utilization(
-    share: float | None, budget: int | None, chosen: int | None, kv: int | None
+    share: float | None, requested: int | None, chosen: int | None, kv: int | None
 ) -> tuple[float | None, str | None]:
     """The gpu_memory_utilization at which vLLM, its estimate of the rest unchanged, chooses ``kv``."""
     if kv is None:
@@ -205,8 +205,8 @@ def _utilization(
         return None, "no gpu_memory_utilization: the engine's share of its device is unknown"
     if chosen is None:
         return None, "no paged KV cache chosen by vLLM to compare with"
-    assert budget is not None
-    equivalent = share * (budget - chosen + kv) / budget
+    assert requested is not None
+    equivalent = share * (requested - chosen + kv) / requested
     if equivalent > 1:
         return None, f"above 1 ({equivalent:.4f}): no share of the device gives it; use {FLAG}"
     if equivalent <= 0:
@@ -219,12 +219,12 @@ def prescription_text(found: Prescription) -> str:
     if found.kv_cache_bytes is None:
         return f"no prescription: {found.reason}"
     needed = found.needed_bytes
-    assert found.margin is not None and found.budget.bytes is not None and needed is not None
+    assert found.margin is not None and found.requested.bytes is not None and needed is not None
     words = [
         f"KV cache to give vLLM {human_bytes(found.kv_cache_bytes)}"
         if found.flag
         else f"nothing left for a KV cache ({signed_bytes(found.kv_cache_bytes, minus='-')})",
-        f"budget {human_bytes(found.budget.bytes)} less needs {signed_bytes(needed, minus='-')} "
+        f"requested memory {human_bytes(found.requested.bytes)} less needs {signed_bytes(needed, minus='-')} "
         f"less margin {human_bytes(found.margin)} ({PRESCRIPTION_MARGIN_RATIO:.0%})",
     ]
     if found.difference is not None and found.chosen_kv_bytes is not None:

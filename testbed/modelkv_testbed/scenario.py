@@ -8,11 +8,11 @@ reports CUDA and NVML figures no machine here can measure, and they say so in th
 The simulated engines:
 
 - ``sim-gpu-leak``, alone on its device, started two hours ago and serving full-size prefills (its
-  activations reach the profiled budget in every sample window): its live tensors grow (``live``);
+  activations reach the profiled peak in every sample window): its live tensors grow (``live``);
   its device fills up steadily (the exhaustion prediction);
 - ``sim-gpu-plateau``, alone on its device: served a full-size prefill, so torch's caching allocator,
   NVML and the device hold 1 GiB more for good, while its live tensors peak within the activation
-  budget vLLM profiled. Nothing is undeclared;
+  peak vLLM profiled. Nothing is undeclared;
 - ``sim-gpu-tight`` and ``sim-gpu-tight-peer`` share one device with 4 GiB free; each has 3 GiB of
   declared cache still to allocate: either alone would fit, both do not;
 - ``sim-dropped``: a model whose declarer raises, published through ``build_snapshot``;
@@ -43,7 +43,7 @@ DEVICE_TOTAL = 80 * GIB
 LIVE_AT_BASELINE = 19 * GIB
 RESERVED_AT_BASELINE = 20 * GIB
 CONTEXT = 2 * GIB
-ACTIVATION_BUDGET = GIB + GIB // 4
+PROFILED_ACTIVATION_PEAK = GIB + GIB // 4
 """The activation peak vLLM profiled for every simulated engine: the high-water baseline's headroom."""
 WRITER = "tests (simulated GPU)"
 
@@ -101,7 +101,7 @@ class SimulatedGpuEngine:
             values = {
                 "torch_allocated": live,
                 "torch_allocated_high_water": live + self.activation,
-                "torch_peak_allocated": LIVE_AT_BASELINE + ACTIVATION_BUDGET + max(self.live, 0),
+                "torch_peak_allocated": LIVE_AT_BASELINE + PROFILED_ACTIVATION_PEAK + max(self.live, 0),
                 "torch_reserved": reserved,
                 "process_gpu": reserved + CONTEXT + self.non_torch,
                 "device_used": min(self.device_used + self.beats * self.device_rise_per_beat, DEVICE_TOTAL),
@@ -114,7 +114,7 @@ class SimulatedGpuEngine:
         with self.lock:
             values = {
                 "torch_allocated": LIVE_AT_BASELINE,
-                "torch_allocated_high_water": LIVE_AT_BASELINE + ACTIVATION_BUDGET,
+                "torch_allocated_high_water": LIVE_AT_BASELINE + PROFILED_ACTIVATION_PEAK,
                 "torch_reserved": RESERVED_AT_BASELINE,
                 "process_gpu": RESERVED_AT_BASELINE + CONTEXT,
                 "device_used": self.device_used,
@@ -205,7 +205,7 @@ def start_scenario(spool: Path, interval: float = 0.5) -> Scenario:
     """
     now = time.time()
     leak = SimulatedGpuEngine("sim-gpu-leak", "GPU-51a1ea4e-0000-4000-8000-000000000001", 30 * GIB)
-    leak.live, leak.activation = declared_peak() // 2, ACTIVATION_BUDGET
+    leak.live, leak.activation = declared_peak() // 2, PROFILED_ACTIVATION_PEAK
     leak.device_rise_per_beat = GIB // 64
     plateau = SimulatedGpuEngine("sim-gpu-plateau", "GPU-51a1ea4e-0000-4000-8000-000000000002", 40 * GIB)
     plateau.activation, plateau.cached = GIB, GIB

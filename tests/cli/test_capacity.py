@@ -1,4 +1,4 @@
-"""Capacity answers: the declared peak at any max_num_seqs, what fits a budget, and the inspect/plan reports."""
+"""Capacity answers: the declared peak at any max_num_seqs, what fits in a cache memory, and the inspect/plan reports."""
 
 from __future__ import annotations
 
@@ -36,14 +36,14 @@ def test_declared_peak_scales_only_per_sequence_caches() -> None:
 
 
 @pytest.mark.parametrize(
-    "budget,expected",
+    "cache_memory,expected",
     [(ROW * 7 - 1, 0), (ROW * 8 - 1, 0), (ROW * 8, 1), (ROW * 20 + 5, 13), (ROW * 1000, 993)],
 )
-def test_largest_max_num_seqs_that_fits(budget: int, expected: int) -> None:
-    fit = DECLARED.fit(budget)
+def test_largest_max_num_seqs_that_fits(cache_memory: int, expected: int) -> None:
+    fit = DECLARED.fit(cache_memory)
     assert fit.max_num_seqs == expected
     if expected:
-        assert DECLARED.peak_at(expected) <= budget < DECLARED.peak_at(expected + 1)
+        assert DECLARED.peak_at(expected) <= cache_memory < DECLARED.peak_at(expected + 1)
 
 
 def test_an_owner_observed_above_its_declaration_has_each_of_its_caches_scaled_by_the_ratio() -> None:
@@ -141,9 +141,9 @@ def test_inspect_shows_dropped_declarations_and_forgotten_engines(spool: Path) -
     assert "engine old-id [stale]" in cli("inspect", "--forget-after", "0", str(spool)).stdout
 
 
-def test_plan_answers_with_and_without_a_budget(spool: Path) -> None:
+def test_plan_answers_with_and_without_a_cache_memory(spool: Path) -> None:
     write_snapshot(spool, SNAPSHOT)
-    result = cli("plan", "--spool-dir", str(spool), "--max-num-seqs", "64", "--budget", f"{ROW * 20 + 5}")
+    result = cli("plan", "--spool-dir", str(spool), "--max-num-seqs", "64", "--cache-memory", f"{ROW * 20 + 5}")
     assert result.returncode == 0, result.stderr
     (row,) = [line for line in result.stdout.splitlines() if line.startswith("code2wav")]
     assert row.split()[-1] == "13"
@@ -159,7 +159,7 @@ def test_inspect_and_plan_say_when_an_engine_has_no_max_num_seqs(spool: Path) ->
     inspected = cli("inspect", str(spool))
     assert inspected.returncode == 0, inspected.stderr
     assert "stage 2, writer tests, max_num_seqs —\n" in inspected.stdout and "None" not in inspected.stdout
-    planned = cli("plan", str(spool), "--max-num-seqs", "64", "--budget", f"{ROW * 7}")
+    planned = cli("plan", str(spool), "--max-num-seqs", "64", "--cache-memory", f"{ROW * 7}")
     assert planned.returncode == 0, planned.stderr
     (row,) = [line for line in planned.stdout.splitlines() if line.startswith("image")]
     assert row.split()[:4] == ["image", "2", "exported", "—"]

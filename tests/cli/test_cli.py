@@ -73,7 +73,7 @@ def test_every_setting_has_a_flag_and_variable_of_its_name() -> None:
         (["serve", "--spool-dir", "s"], {"MODELKV_MAX_SNAPSHOT_BYTES": "-1"}, "MODELKV_MAX_SNAPSHOT_BYTES='-1'"),
         (["serve", "--spool-dir", "s"], {"MODELKV_LOG_LEVEL": "loud"}, "loud is not a log level"),
         (["plan", "d"], {"MODELKV_LOG_LEVEL": "loud"}, "modelkv-exporter plan: error: --max-num-seqs"),
-        (["plan", "d"], {"MODELKV_BUDGET": "-5MiB"}, "error: MODELKV_BUDGET='-5MiB': '-5MiB' is negative"),
+        (["plan", "d"], {"MODELKV_CACHE_MEMORY": "-5MiB"}, "error: MODELKV_CACHE_MEMORY='-5MiB': '-5MiB' is negative"),
     ],
 )
 def test_bad_settings_are_clear_errors(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -160,15 +160,24 @@ def test_help_is_plain_text_about_its_own_command(command: str | None) -> None:
     [
         (["plan", "d", "--max-num-seqs", "x"], "argument --max-num-seqs: 'x' is not a whole number"),
         (["plan", "d", "--max-num-seqs", "0"], "argument --max-num-seqs: 0 is not 1 or more"),
-        (["plan", "d", "--max-num-seqs", "8", "--budget", "0"], "argument --budget: '0' is not a size above 0 bytes"),
-        (["plan", "d", "--max-num-seqs", "8", "--budget", "lots"], "'lots' is not a size such as"),
+        (
+            ["plan", "d", "--max-num-seqs", "8", "--cache-memory", "0"],
+            "argument --cache-memory: '0' is not a size above 0 bytes",
+        ),
+        (["plan", "d", "--max-num-seqs", "8", "--cache-memory", "lots"], "'lots' is not a size such as"),
         (["inspect", "d", "--stale-after", "soon"], "argument --stale-after: 'soon' is not a number"),
         (["inspect", "d", "--stale-after", "nan"], "'nan' is not a finite number"),
         (["serve", "--spool-dir", "s", "--port", "http"], "argument --port: 'http' is not a whole number"),
         (["plan", "d", "--max-num-seqs", "8", "--max-snapshot-bytes", "-1"], "'-1' is negative: a size is"),
-        (["plan", "d", "--budget", "-5MiB"], "argument --budget: '-5MiB' is negative: a size is a number of bytes"),
-        (["plan", "d", "--budget=-5MiB"], "argument --budget: '-5MiB' is negative"),
-        (["plan", "d", "--budget", "2 gigs"], "powers of 1024 (2GiB = 2147483648 bytes); kB, MB, GB, TB are powers"),
+        (
+            ["plan", "d", "--cache-memory", "-5MiB"],
+            "argument --cache-memory: '-5MiB' is negative: a size is a number of bytes",
+        ),
+        (["plan", "d", "--cache-memory=-5MiB"], "argument --cache-memory: '-5MiB' is negative"),
+        (
+            ["plan", "d", "--cache-memory", "2 gigs"],
+            "powers of 1024 (2GiB = 2147483648 bytes); kB, MB, GB, TB are powers",
+        ),
         (["plan", "d", "--max-num-seqs", "-3"], "argument --max-num-seqs: -3 is not 1 or more"),
     ],
 )
@@ -184,8 +193,8 @@ def test_bad_values_are_plain_errors_ending_in_a_newline(argv: list[str], messag
 def test_sizes_take_units_wherever_bytes_are_set() -> None:
     assert parse(["plan", "d", "--max-num-seqs", "1", "--max-snapshot-bytes", "8MiB"]).max_snapshot_bytes == 8 << 20
     assert parse(["serve"], MODELKV_SPOOL_DIR="/s", MODELKV_MAX_SNAPSHOT_BYTES="64KiB").max_snapshot_bytes == 64 << 10
-    assert parse(["plan", "d", "--max-num-seqs", "1", "--budget", "2GiB"]).budget == 2 << 30
-    assert parse(["plan", "d", "--max-num-seqs", "1"]).budget is None
+    assert parse(["plan", "d", "--max-num-seqs", "1", "--cache-memory", "2GiB"]).cache_memory == 2 << 30
+    assert parse(["plan", "d", "--max-num-seqs", "1"]).cache_memory is None
 
 
 def test_an_unreadable_spool_is_an_error_on_stderr_ending_in_a_newline(tmp_path: Path) -> None:
@@ -217,8 +226,8 @@ def test_an_unreadable_spool_is_an_error_on_stderr_ending_in_a_newline(tmp_path:
     ],
 )
 def test_binary_and_decimal_units_are_each_read_as_defined(text: str, value: int) -> None:
-    assert parse(["plan", "d", "--budget", text]).budget == value
-    assert parse(["plan", "d"], MODELKV_BUDGET=text).budget == value
+    assert parse(["plan", "d", "--cache-memory", text]).cache_memory == value
+    assert parse(["plan", "d"], MODELKV_CACHE_MEMORY=text).cache_memory == value
 
 
 @pytest.mark.parametrize(
@@ -235,38 +244,44 @@ def test_binary_and_decimal_units_are_each_read_as_defined(text: str, value: int
 )
 def test_a_size_tools_read_differently_is_refused_saying_what_to_write(text: str, why: str, meant: str) -> None:
     """2G is 2,000,000,000 bytes to Kubernetes and 2,147,483,648 to Docker: which was meant cannot be known."""
-    for argv, environ in ((["plan", "d", "--budget", text], {}), (["plan", "d"], {"MODELKV_BUDGET": text})):
+    for argv, environ in ((["plan", "d", "--cache-memory", text], {}), (["plan", "d"], {"MODELKV_CACHE_MEMORY": text})):
         result = run_cli(*argv, **environ)
         assert result.returncode == 2
         message = " ".join(result.stderr.split())
         assert f"{text!r} is ambiguous: {why}; write {meant}" in message
-        assert ("MODELKV_BUDGET=" if environ else "argument --budget:") in message
+        assert ("MODELKV_CACHE_MEMORY=" if environ else "argument --cache-memory:") in message
 
 
 def test_help_and_plan_say_which_unit_a_size_was_read_in(tmp_path: Path) -> None:
-    """2GB is 2,000,000,000 bytes, about 1.9 GiB: the help says so, and plan prints the budget it read."""
-    assert "2GB is 2000000000" in option_help(run_cli("plan", "--help").stdout, "--budget")
-    result = run_cli("plan", str(tmp_path), "--budget", "2GB")
+    """2GB is 2,000,000,000 bytes, about 1.9 GiB: the help says so, and plan prints the cache memory it read."""
+    assert "2GB is 2000000000" in option_help(run_cli("plan", "--help").stdout, "--cache-memory")
+    result = run_cli("plan", str(tmp_path), "--cache-memory", "2GB")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("budget: 2000000000 bytes (1.9 GiB);")
-    assert run_cli("plan", str(tmp_path), "--budget", "2GiB").stdout.startswith("budget: 2147483648 bytes (2.0 GiB);")
+    assert result.stdout.startswith("cache memory: 2000000000 bytes (1.9 GiB);")
+    assert run_cli("plan", str(tmp_path), "--cache-memory", "2GiB").stdout.startswith(
+        "cache memory: 2147483648 bytes (2.0 GiB);"
+    )
 
 
 def test_a_negative_size_after_its_flag_reaches_the_sizes_own_error(capsys: pytest.CaptureFixture[str]) -> None:
     """argparse alone takes -5MiB for an option; joining it to its flag is what lets the size's error speak."""
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["plan", "d", "--budget", "-5MiB"])
+        build_parser().parse_args(["plan", "d", "--cache-memory", "-5MiB"])
     assert "expected one argument" in capsys.readouterr().err
-    assert attach_dashed_values(["plan", "--budget", "-5MiB", "-h"], TABLES) == ["plan", "--budget=-5MiB", "-h"]
-    assert attach_dashed_values(["plan", "--budget", "-h"], TABLES) == ["plan", "--budget", "-h"]
-    result = run_cli("plan", "d", "--budget", "-5MiB")
+    assert attach_dashed_values(["plan", "--cache-memory", "-5MiB", "-h"], TABLES) == [
+        "plan",
+        "--cache-memory=-5MiB",
+        "-h",
+    ]
+    assert attach_dashed_values(["plan", "--cache-memory", "-h"], TABLES) == ["plan", "--cache-memory", "-h"]
+    result = run_cli("plan", "d", "--cache-memory", "-5MiB")
     assert result.returncode == 2 and "expected one argument" not in result.stderr
 
 
 def test_dir_and_a_different_spool_dir_are_refused(tmp_path: Path) -> None:
     other = tmp_path / "other"
     for command in ("inspect", "plan"):
-        extra = ["--budget", "1GiB"] if command == "plan" else []
+        extra = ["--cache-memory", "1GiB"] if command == "plan" else []
         result = run_cli(command, str(tmp_path), "--spool-dir", str(other), *extra)
         assert result.returncode == 2 and result.stdout == ""
         assert (

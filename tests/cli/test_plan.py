@@ -98,10 +98,12 @@ def test_a_finished_run_is_planned_and_its_engines_said_to_have_ended(ended_spoo
     assert "ended: the engine shut down or died; planned from the snapshot it left" in result.stdout
 
 
-def test_a_budget_alone_answers_how_many_sequences_fit_per_engine(ended_spool: Path) -> None:
-    result = plan(str(ended_spool), "--budget", "2GiB")
+def test_a_cache_memory_alone_answers_how_many_sequences_fit_per_engine(ended_spool: Path) -> None:
+    result = plan(str(ended_spool), "--cache-memory", "2GiB")
     assert result.returncode == 0, result.stderr
-    assert "budget: 2147483648 bytes (2.0 GiB); fits: the largest max_num_seqs whose peak is" in result.stdout
+    assert (
+        "cache memory: 2147483648 bytes (2.0 GiB); fits: the largest max_num_seqs whose peak fits in" in result.stdout
+    )
     assert "fits 2.0 GiB" in result.stdout and "peak at" not in result.stdout
     accurate = Demand.declared(_snapshots(ended_spool)[ACCURATE])
     assert _row(result.stdout, ACCURATE)[-1] == str((2 * GiB - accurate.fixed_bytes) // accurate.per_sequence_bytes)
@@ -118,7 +120,7 @@ def test_an_owner_observed_above_its_declaration_is_planned_from_what_it_held_wi
     expected = math.floor(2 * GiB / (declared * 1.5))
     assert expected == 153
 
-    result = plan(str(ended_spool), "--budget", "2GiB", "--max-num-seqs", "64")
+    result = plan(str(ended_spool), "--cache-memory", "2GiB", "--max-num-seqs", "64")
     assert result.returncode == 0, result.stderr
     row = _row(result.stdout, UNDER_DECLARING)
     assert row[-1] == str(expected)
@@ -139,7 +141,7 @@ def test_without_its_observations_the_same_spool_plans_from_the_declaration(ende
     """The scaling comes from the observation alone: the same snapshot without it answers the declared 230."""
     snapshot = _snapshots(ended_spool)[UNDER_DECLARING]
     write_snapshot(spool, replace(snapshot, observations=()))
-    result = plan(str(spool), "--budget", "2GiB")
+    result = plan(str(spool), "--cache-memory", "2GiB")
     assert result.returncode == 0, result.stderr
     assert _row(result.stdout, UNDER_DECLARING)[-2:] == ["declared", "230"]
     assert "warning" not in result.stdout
@@ -158,29 +160,29 @@ def test_stale_and_rejected_files_are_named_beside_the_plan(spool: Path) -> None
             stale, ended = _row(result.stdout, "stale"), _row(result.stdout, "ended")
             assert stale[:2] == ["stale", "stale"] and ended[:2] == ["ended", "ended"], "no stage: id, then state"
             assert "stale: the engine missed its heartbeats; planned from its last snapshot" in result.stdout
-    empty = plan(str(spool), "--budget", "1GiB").stdout
-    assert empty.endswith("within the budget\nno engine snapshots in the spool\n")
+    empty = plan(str(spool), "--cache-memory", "1GiB").stdout
+    assert empty.endswith("fits in --cache-memory\nno engine snapshots in the spool\n")
 
 
-def test_plan_needs_a_max_num_seqs_or_a_budget(spool: Path) -> None:
+def test_plan_needs_a_max_num_seqs_or_a_cache_memory(spool: Path) -> None:
     result = plan(str(spool))
     assert result.returncode == 2
-    assert "modelkv-exporter plan: error: --max-num-seqs, --budget or both are needed" in result.stderr
+    assert "modelkv-exporter plan: error: --max-num-seqs, --cache-memory or both are needed" in result.stderr
     usage = " ".join(result.stderr.split())
-    assert "[--max-num-seqs MAX_NUM_SEQS] [--budget BUDGET]" in usage, "both optional, as the usage says"
+    assert "[--max-num-seqs MAX_NUM_SEQS] [--cache-memory CACHE_MEMORY]" in usage, "both optional, as the usage says"
 
 
 def test_a_cache_nobody_declares_is_counted_with_a_warning(ended_spool: Path, spool: Path) -> None:
     """MiniCPM-o's streaming engine declares nothing and holds 70.3 MiB in a module discovery found: it plans at
-    70.3 MiB, fixed, so a 1 MiB budget fits no sequence, and a warning names the module in the landing page's words.
-    The same snapshot without its discovered owner plans as 0 B that any budget fits: the count comes from the
-    discovered cache alone."""
+    70.3 MiB, fixed, so 1 MiB of cache memory fits no sequence, and a warning names the module in the landing page's
+    words. The same snapshot without its discovered owner plans as 0 B that any cache memory fits: the count comes
+    from the discovered cache alone."""
     snapshot = _snapshots(ended_spool)[UNDECLARED]
     (found,) = snapshot.discovered
     assert not snapshot.declarations and found.peak_bytes > 64 << 20
     held = human_bytes(found.peak_bytes)
 
-    result = plan(str(ended_spool), "--budget", "1MiB", "--max-num-seqs", "64")
+    result = plan(str(ended_spool), "--cache-memory", "1MiB", "--max-num-seqs", "64")
     assert result.returncode == 0, result.stderr
     row = _row(result.stdout, UNDECLARED)
     assert " ".join(row[4:6]) == " ".join(row[6:8]) == held, "the peak now and at 64 sequences"
@@ -192,6 +194,6 @@ def test_a_cache_nobody_declares_is_counted_with_a_warning(ended_spool: Path, sp
     ) in text
 
     write_snapshot(spool, replace(snapshot, discovered=()))
-    without = plan(str(spool), "--budget", "1MiB")
+    without = plan(str(spool), "--cache-memory", "1MiB")
     assert " ".join(_row(without.stdout, UNDECLARED)[4:]) == "0 B 0 B declared any (fixed only)"
     assert "warning" not in without.stdout

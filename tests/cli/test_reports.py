@@ -73,7 +73,7 @@ def test_inspect_and_plan_fit_120_columns_and_keep_every_word(spool: Path) -> No
         assert LONG_OWNER in unwrapped and "".join(LONG_SOURCE.split()) in unwrapped
         assert "geometry: layers × kv_heads × head_dim × positions per row, then the element type" in words
         assert "8×16×64×71" in unwrapped and "Qwen/Qwen3-Omni-30B-A3B-Instruct" in unwrapped
-        plan = run_cli("plan", str(spool), "--max-num-seqs", "64", "--budget", "1GiB", columns=columns).stdout
+        plan = run_cli("plan", str(spool), "--max-num-seqs", "64", "--cache-memory", "1GiB", columns=columns).stdout
         assert max(len(line) for line in plan.splitlines()) <= limit
         assert "fits 1.0 GiB" in plan
 
@@ -132,7 +132,7 @@ def test_tables_cut_only_text_columns_in_the_middle() -> None:
     assert "…" in lines[2]
 
 
-def test_plan_without_a_budget_has_no_budget_column(spool: Path) -> None:
+def test_plan_without_a_cache_memory_has_no_fits_column(spool: Path) -> None:
     _fill(spool)
     plain = run_cli("plan", str(spool), "--max-num-seqs", "2").stdout
     assert "largest" not in plain and "qwen3-omni-thinker" in plain

@@ -29,7 +29,7 @@ BREAKS = {
         THEN_HIGH_WATER.replace("or", "or ignoring (figure)", 1),
         "story-l-data-parallel",
     ),
-    "the floor against a baseline that includes the activation budget": (
+    "the floor against a baseline that includes the profiled activation peak": (
         f"{FLOOR}\n              - modelkv_memory_torch_allocated_baseline_bytes",
         f"{FLOOR}\n              - modelkv_memory_torch_allocated_high_water_baseline_bytes",
         "story-leaks-slow-leak",

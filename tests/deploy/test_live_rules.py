@@ -221,7 +221,7 @@ def test_an_allocator_plateau_is_measured_but_never_undeclared(live: Live) -> No
     wait(lambda: _value(live, f"modelkv_engine:memory_growth_bytes{selector}") == GIB, "the 1 GiB plateau")
     assert _value(live, f"modelkv_engine:unbudgeted_growth_bytes{selector}") == 0
     assert _value(live, f"modelkv_engine:live_tensor_growth_bytes{selector}") == -GIB // 4, (
-        "below the activation budget"
+        "below the profiled activation peak"
     )
     assert _value(live, f"max_over_time(modelkv_engine:undeclared_memory_bytes{selector}[1h])") == 0
 

@@ -5,7 +5,7 @@ The simulated sidecar renders each engine's snapshot as the hook writes it (its 
 the capture, the activation peak vLLM profiled, what the sleep allocator holds off the device) and the
 real ``engine_samples`` export ``modelkv_memory_breakdown_bytes`` from it, as Prometheus would store
 it. The physics knows what each part truly holds at every minute, and what memory no part names (a
-leak, memory made outside torch, free blocks beyond the activation budget, caches that nothing finds,
+leak, memory made outside torch, free blocks beyond the activation allowance, caches that nothing finds,
 freed heap a CPU engine keeps). At every minute of every story at which an engine is ready and fresh,
 each exported part must be the physics' figure, and ``unexplained`` the memory no part names: not a
 sum of the parts, which would hold whatever the parts said. The graph pools are free blocks between

@@ -20,7 +20,7 @@ PAGE = owners.StreamingAudioKVCache.LAYERS * 2 * owners.StreamingAudioKVCache.PA
 """Bytes of one page of the streaming cache (bfloat16), computed apart from the code under test."""
 
 
-def test_the_leaking_cache_raises_a_real_out_of_memory_once_its_budget_is_spent() -> None:
+def test_the_leaking_cache_raises_a_real_out_of_memory_once_its_pretend_device_is_full() -> None:
     (leaking,) = [m for m in build_model(DYING_ENGINE).modules() if isinstance(m, owners.LeakingStreamingKVCache)]
     leaking.allocate(DYING_ENGINE.max_num_seqs)
     grown = []
@@ -28,7 +28,7 @@ def test_the_leaking_cache_raises_a_real_out_of_memory_once_its_budget_is_spent(
         for _ in range(20):
             leaking.step()
             grown.append(leaking.held_bytes())
-    assert grown == [PAGE * pages for pages in range(4, owners.LeakingStreamingKVCache.BUDGET_PAGES + 1)]
+    assert grown == [PAGE * pages for pages in range(4, owners.LeakingStreamingKVCache.DEVICE_PAGES + 1)]
     assert "Tried to allocate 23.44 MiB" in str(caught.value)
     assert DYING_ENGINE not in DEMO_ENGINES and DYING_ENGINE.dies and not any(e.dies for e in DEMO_ENGINES)
 
@@ -51,7 +51,7 @@ def test_the_dying_demo_engine_leaves_its_post_mortem_and_its_process_stays_unti
         assert end.error.startswith("torch.OutOfMemoryError: Tried to allocate 23.44 MiB"), end.error
         current, baseline = snapshot.measured.current, snapshot.measured.baseline
         assert current is not None and baseline is not None
-        leaked = (owners.LeakingStreamingKVCache.BUDGET_PAGES - 3) * PAGE
+        leaked = (owners.LeakingStreamingKVCache.DEVICE_PAGES - 3) * PAGE
         grown = current.values["process_resident"] - baseline.values["process_resident"]
         assert grown >= 0.9 * (3 * PAGE + leaked), f"the cache and its leak show in the ending sample: {grown}"
         assert process.is_alive(), "the process stays, as a server whose engine died does"

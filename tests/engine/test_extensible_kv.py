@@ -45,7 +45,8 @@ CAPACITY = 400_000
 
 
 def unbudgeted_growth(snapshot: Snapshot) -> int:
-    """``modelkv_engine:unbudgeted_growth_bytes`` on one snapshot: live tensors beyond the budget plus non-torch growth."""
+    """``modelkv_engine:unbudgeted_growth_bytes`` on one snapshot: the high water of live tensors beyond its baseline
+    (live tensors plus the profiled activation peak) plus non-torch growth."""
     current, baseline = snapshot.measured.current, snapshot.measured.baseline
     assert current is not None and baseline is not None
     now, base = current.values, baseline.values

@@ -121,7 +121,7 @@ def test_peak_statistics_are_only_read_until_the_engine_initialised() -> None:
         sampler()
     cuda.free(800)
     assert "reset_peak_memory_stats" not in cuda.calls
-    baseline = sampler.initialised(activation_budget=None)
+    baseline = sampler.initialised(profiled_activation_peak=None)
     assert cuda.calls[-1] == "reset_peak_memory_stats", "the first reset comes once initialisation is over"
     assert baseline.values["torch_allocated_high_water"] == 5100, "the peak seen while initialising"
     cuda.calls.clear()
@@ -144,12 +144,12 @@ def profiled_activation_peak(cuda: FakeCuda, sample: Any) -> int:
 
 @pytest.mark.parametrize("resetting", [False, True], ids=["as shipped", "broken: resets from the start"])
 def test_the_sampler_never_shrinks_the_peak_vllm_profiles(resetting: bool) -> None:
-    """The guard can fail: a sampler that resets peaks before initialisation makes vLLM budget too little."""
+    """The guard can fail: a sampler that resets peaks before initialisation makes vLLM plan for too little."""
     cuda = FakeCuda()
     sampler = engine_memory.CudaSampler(cuda, "cuda:0")
     sampler.resetting = resetting
     measured = profiled_activation_peak(cuda, sampler)
-    assert (measured == 3000) is not resetting, f"vLLM would budget {measured} bytes of activations"
+    assert (measured == 3000) is not resetting, f"vLLM would plan for {measured} bytes of activations"
 
 
 @pytest.mark.parametrize("held", [True, False], ids=["held", "broken: not held"])
@@ -160,7 +160,7 @@ def test_a_profile_after_initialisation_reads_the_whole_peak_while_resets_are_he
     sampler.initialised()
     release = sampler.hold_resets() if held else None
     measured = profiled_activation_peak(cuda, sampler)
-    assert (measured == 3000) is held, f"vLLM would budget {measured} bytes of activations"
+    assert (measured == 3000) is held, f"vLLM would plan for {measured} bytes of activations"
     if release is not None:
         release()
         release()  # a second release changes nothing
@@ -234,12 +234,12 @@ def test_the_baseline_high_water_mark_allows_the_profiled_activation_peak() -> N
     cuda = FakeCuda()
     cuda.allocate(20_000)
     sampler = engine_memory.CudaSampler(cuda, "cuda:0")
-    baseline = sampler.initialised(activation_budget=1_250)
+    baseline = sampler.initialised(profiled_activation_peak=1_250)
     assert baseline.values["torch_allocated"] == 20_100
     assert baseline.values["torch_allocated_high_water"] == 21_350
 
 
-def test_the_hook_hands_vllms_activation_budget_to_the_sampler_after_warm_up(tmp_path: Any) -> None:
+def test_the_hook_hands_vllms_profiled_activation_peak_to_the_sampler_after_warm_up(tmp_path: Any) -> None:
     from modelkv_exporter.engine.heartbeat import SnapshotPublisher
     from modelkv_exporter.engine.vllm_hook import lifecycle
     from modelkv_testbed.snapshots import make_snapshot

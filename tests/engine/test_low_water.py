@@ -17,7 +17,7 @@ def floor(sampler: CudaSampler) -> int:
 def test_the_floor_is_the_lowest_live_tensors_of_the_window_and_a_leak_raises_it() -> None:
     cuda, clock = FakeCuda(), Clock()
     sampler = CudaSampler(cuda, "cuda:0", clock=clock)
-    baseline = sampler.initialised(activation_budget=ACTIVATIONS)
+    baseline = sampler.initialised(profiled_activation_peak=ACTIVATIONS)
     assert baseline.values["torch_allocated_low_water"] == baseline.values["torch_allocated"] == 100
     readings = []
     for beat in range(48):  # four minutes of a busy engine: every other sample lands inside a step

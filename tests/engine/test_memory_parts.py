@@ -207,7 +207,7 @@ def test_a_torch_allocated_kv_cache_and_an_eager_engine(engine: Any) -> None:
     assert_complete(parts, e.gpu.process_bytes)
 
 
-def test_vllm_s_headroom_for_torch_is_read_and_is_the_activation_budget_where_larger(engine: Any) -> None:
+def test_vllm_s_headroom_for_torch_is_read_and_is_the_activation_allowance_where_larger(engine: Any) -> None:
     """vLLM 0.34 keeps free for torch the larger of its profiled peak (with the graph estimate, 2.3 GiB) and torch's
     reserve growth over warm-up (3 GiB here): torch may hold 3 GiB of free blocks for activations."""
     e = started(engine, torch_reserve_growth=3 * GIB)

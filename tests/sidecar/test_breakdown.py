@@ -33,7 +33,7 @@ def host(**changes: object) -> Snapshot:
 
 def device(values: dict[str, int] | None = None, **settings: object) -> Snapshot:
     """A device engine: 4 GiB of weights, a 1 GiB paged KV cache torch allocated, 300 MiB of graph pools, a 2 GiB
-    activation budget; torch holds 512 MiB free; the process holds 500 MiB of runtime besides."""
+    activation allowance; torch holds 512 MiB free; the process holds 500 MiB of runtime besides."""
     torch_live = 4 * GIB + GIB + 300 * MIB
     figures = {
         "torch_allocated": torch_live,
@@ -127,12 +127,12 @@ def test_a_device_engine_s_parts_are_each_its_own_figure() -> None:
     }
 
 
-def test_the_activation_part_is_torch_s_free_blocks_up_to_the_larger_budget() -> None:
+def test_the_activation_part_is_torch_s_free_blocks_up_to_the_activation_allowance() -> None:
     free = {"torch_reserved": device().measured.current.values["torch_allocated"] + 3 * GIB}  # type: ignore[union-attr]
     assert parts_of(device(free))["activation_peak"] == 2 * GIB, "at most the profiled peak"
     with_headroom = parts_of(device(free, torch_headroom_bytes=int(2.5 * GIB)))
-    assert with_headroom["activation_peak"] == int(2.5 * GIB), "vLLM 0.34 keeps more free for torch: that budget"
-    assert "activation_peak" not in parts_of(device(free, activation_peak_bytes=None)), "no budget: unknown"
+    assert with_headroom["activation_peak"] == int(2.5 * GIB), "vLLM 0.34 keeps more free for torch: that allowance"
+    assert "activation_peak" not in parts_of(device(free, activation_peak_bytes=None)), "no allowance: unknown"
 
 
 def test_the_graph_pools_free_blocks_are_left_to_the_graphs() -> None:

@@ -83,7 +83,7 @@ def test_every_emitted_family_is_in_the_catalogue_with_its_labels(spool: Path) -
             torch_headroom_bytes=64,
             requested_memory_bytes=8 * gib,
         ),
-    )  # awake, every part measured, a budget and an extensible KV cache: both prescribed figures
+    )  # awake, every part measured, a requested memory and an extensible KV cache: both prescribed figures
     write_snapshot(spool, prescribed)
     write_snapshot(spool, ended(replace(full, engine=replace(full.engine, engine_id="dead")), reserved_free_bytes=5))
     (spool / "broken.json").write_text("{")

@@ -58,7 +58,9 @@ def test_a_slow_leak_is_a_finding_with_its_parts_and_the_alert_it_raises(tmp_pat
     assert alert == "ModelKVUndeclaredMemoryGrowth, once this lasts 15 minutes"
 
 
-def test_a_busy_engine_after_its_rush_and_an_older_hook_inside_its_budget_need_nothing(tmp_path: Path) -> None:
+def test_a_busy_engine_after_its_rush_and_an_older_hook_inside_its_activation_allowance_need_nothing(
+    tmp_path: Path,
+) -> None:
     busy = story_snapshot("story-leaks-busy-engine-and-a-stopped-leak", "busy", 95)
     older = story_snapshot("story-leaks-slow-leak-from-the-floor", "slow-leak-old-hook", 95)
     html = page(tmp_path, busy, older)
@@ -66,7 +68,9 @@ def test_a_busy_engine_after_its_rush_and_an_older_hook_inside_its_budget_need_n
     rows = growth_rows(html)
     assert rows["busy"][0] == "+64.0 MiB", "the buffers its first requests made and kept"
     assert rows["busy"][-1] == "none" and rows["slow-leak-old-hook"][-1] == "none"
-    assert rows["slow-leak-old-hook"][0].startswith("−"), "the high-water figure: the leak hidden in the budget"
+    assert rows["slow-leak-old-hook"][0].startswith("−"), (
+        "the high-water figure: the leak hidden in the activation allowance"
+    )
 
 
 def test_inspect_and_the_page_say_the_growth_finding_in_one_wording(tmp_path: Path) -> None:

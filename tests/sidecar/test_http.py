@@ -150,7 +150,7 @@ def test_engines_api_lists_discovered_owners_and_what_metrics_left_out(spool: Pa
     assert engines["e"]["discovered_owners_omitted"] == 2
     assert set(engines["e"]) == {"file", "state", "snapshot", "discovered_owners_omitted", "prescription"}
     assert set(engines["older"]) == {"file", "state", "snapshot", "prescription"}, "the document's shape only grows"
-    assert engines["older"]["prescription"]["kv_cache_memory_bytes"] is None, "no budget: absent, never 0"
+    assert engines["older"]["prescription"]["kv_cache_memory_bytes"] is None, "no requested memory: absent, never 0"
     assert engines["older"]["prescription"]["reason"].startswith("no total memory")
     assert set(exposition.by("modelkv_discovered_peak_bytes", "owner")) == {"m.layers.2", "m.layers.3", "m.layers.4"}
     assert exposition.value("modelkv_discovery_owners_omitted", reason="exporter_budget") == 2

@@ -43,9 +43,10 @@ def test_a_host_engine_is_prescribed_its_requested_memory_less_its_process_figur
     assert found.gpu_memory_utilization is None and found.utilization_reason is not None
 
 
-def test_without_a_budget_the_prescription_is_absent_with_its_reason_never_zero() -> None:
+def test_without_a_requested_memory_the_prescription_is_absent_with_its_reason_never_zero() -> None:
     found = prescription(_host())
     assert found.kv_cache_bytes is None and found.flag is None and found.margin is None
+    assert found.requested.bytes is None and found.requested.source == found.reason
     assert found.reason is not None and found.reason.startswith("no total memory")
     device = replace(
         _host(),
@@ -63,28 +64,28 @@ def test_a_part_that_is_not_measured_leaves_the_prescription_absent_and_names_it
 
 
 def test_the_golden_vllm_034_engine_is_prescribed_from_its_own_figures() -> None:
-    """Its budget (80 GiB at 1.0), its process figure less its committed KV cache, the activation budget in place of
-    torch's free blocks, its caches at their peaks in place of what they hold: every figure read from the file."""
+    """Its requested memory (80 GiB at 1.0), its process figure less its committed KV cache, the activation allowance
+    in place of torch's free blocks, its caches at their peaks in place of what they hold: every figure read from the file."""
     snapshot = _golden("qwen3-vllm034-dp0")
     values = snapshot.measured.current.values  # type: ignore[union-attr]
     s = snapshot.settings
     free_blocks = values["torch_reserved"] - values["torch_allocated"] - (s.cuda_graph_free_bytes or 0)
-    budget_for_activations = max(s.activation_peak_bytes or 0, s.torch_headroom_bytes or 0)
-    held = values["process_gpu"] - values["paged_kv_committed"] - min(free_blocks, budget_for_activations)
+    activation_allowance = max(s.activation_peak_bytes or 0, s.torch_headroom_bytes or 0)
+    held = values["process_gpu"] - values["paged_kv_committed"] - min(free_blocks, activation_allowance)
     (observed,) = snapshot.observations
     (found_owner,) = snapshot.discovered
     assert observed.live_bytes is not None and observed.peak_bytes is not None
     live_caches = observed.live_bytes + found_owner.live_bytes
     assert observed.peak_bytes > snapshot.declared_peak_bytes, "observed above its declaration: its observed peak"
     peak_caches = observed.peak_bytes + found_owner.peak_bytes
-    needs = held - live_caches + peak_caches + budget_for_activations
-    budget = 80 * GIB
-    want = budget - needs - math.ceil(budget * PRESCRIPTION_MARGIN_RATIO)
+    needs = held - live_caches + peak_caches + activation_allowance
+    requested = 80 * GIB
+    want = requested - needs - math.ceil(requested * PRESCRIPTION_MARGIN_RATIO)
     found = prescription(snapshot)
-    assert found.kv_cache_bytes == want
+    assert found.requested.bytes == requested and found.kv_cache_bytes == want
     assert found.difference == want - s.paged_kv_bytes  # type: ignore[operator]
     assert found.headroom_bytes == s.torch_headroom_bytes + s.paged_kv_bytes - want  # type: ignore[operator]
-    equivalent = (budget - s.paged_kv_bytes + want) / budget  # type: ignore[operator]
+    equivalent = (requested - s.paged_kv_bytes + want) / requested  # type: ignore[operator]
     assert equivalent > 1 and found.gpu_memory_utilization is None, "vLLM 0.34 sized to 1.0 already"
     assert found.utilization_reason == f"above 1 ({equivalent:.4f}): no share of the device gives it; use {FLAG}"
 
@@ -113,5 +114,7 @@ def test_the_page_and_the_document_show_the_flag(tmp_path: Path) -> None:
     (entry,) = [e for e in document["engines"] if e["snapshot"]["engine"]["engine_id"] == "qwen3-vllm034-dp0"]
     assert entry["prescription"]["kv_cache_memory_bytes"] == want.kv_cache_bytes
     assert entry["prescription"]["flag"] == want.flag
+    assert entry["prescription"]["requested_memory_bytes"] == want.requested.bytes
+    assert entry["prescription"]["requested_memory_source"] == want.requested.source
     (older,) = [e for e in document["engines"] if e["snapshot"]["engine"]["engine_id"] == "before-breakdown-dp0"]
     assert older["prescription"]["kv_cache_memory_bytes"] is None and older["prescription"]["reason"]

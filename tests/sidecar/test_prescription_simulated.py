@@ -2,10 +2,10 @@
 
 For every ready, fresh, awake GPU engine-minute of every story whose every part is measured, the physics
 knows what the engine holds besides its paged KV cache (each part of ``Sample.truth``), the activation
-budget it was profiled with, what its model-local caches hold at most at its max_num_seqs (each declaring
+peak it was profiled with, what its model-local caches hold at most at its max_num_seqs (each declaring
 owner the larger of its declared peak and the most it held; each undeclared owner that discovery publishes,
-the most it held) and its device's total and share. The right answer is the budget less all of that less
-the margin; computed here from the physics, not by the sidecar's function.
+the most it held) and its device's total and share. The right answer is the requested memory less all of that
+less the margin; computed here from the physics, not by the sidecar's function.
 """
 
 from __future__ import annotations
@@ -70,12 +70,12 @@ def model_local_peak(engine: Engine, sample: Sample) -> int:
 def physics_answer(engine: Engine, sample: Sample) -> int:
     """The KV cache to give vLLM, as the physics knows it."""
     assert engine.device is not None and sample.truth is not None
-    budget = math.floor(engine.device.total * SHARE)
+    requested = math.floor(engine.device.total * SHARE)
     truth = sample.truth
     held = truth["runtime"] + truth["weights"] + truth["cuda_graphs"] + truth["unexplained"]
-    activations = max(engine.activation_budget, truth["activation_peak"])
+    activations = max(engine.profiled_activation_peak, truth["activation_peak"])
     needs = held + activations + model_local_peak(engine, sample)
-    return budget - needs - math.ceil(budget * PRESCRIPTION_MARGIN_RATIO)
+    return requested - needs - math.ceil(requested * PRESCRIPTION_MARGIN_RATIO)
 
 
 def test_the_simulation_has_engines_of_every_kind_to_prescribe_for() -> None:
@@ -105,8 +105,8 @@ def test_the_difference_and_the_equivalent_utilization_follow_what_vllm_chose() 
         want = physics_answer(engine, sample)
         assert found.difference == want - engine.paged_kv, story
         assert engine.device is not None
-        budget = math.floor(engine.device.total * SHARE)
-        equivalent = SHARE * (budget - engine.paged_kv + want) / budget
+        requested = math.floor(engine.device.total * SHARE)
+        equivalent = SHARE * (requested - engine.paged_kv + want) / requested
         if equivalent <= 1:
             assert found.gpu_memory_utilization == pytest.approx(equivalent), story
         else:
@@ -119,8 +119,8 @@ def test_the_difference_and_the_equivalent_utilization_follow_what_vllm_chose() 
 def test_an_extensible_kv_cache_is_told_the_headroom_to_keep_free() -> None:
     story, engine, sample, minute = next(m for m in ENGINE_MINUTES if m[1].extensible is not None)
     found = prescription(snapshot(engine, sample, minute))
-    assert found.kept_headroom_bytes == engine.activation_budget, story
-    assert found.headroom_bytes == engine.activation_budget + engine.paged_kv - physics_answer(engine, sample)
+    assert found.kept_headroom_bytes == engine.profiled_activation_peak, story
+    assert found.headroom_bytes == engine.profiled_activation_peak + engine.paged_kv - physics_answer(engine, sample)
 
 
 def test_a_sleeping_engine_gets_no_prescription_with_the_reason() -> None:

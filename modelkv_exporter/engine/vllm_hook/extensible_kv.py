@@ -118,8 +118,8 @@ class WithExtensibleKV(MemorySampler):
     def __call__(self) -> MemorySample:
         return self._add(self.inner())
 
-    def initialised(self, activation_budget: int | None = None) -> MemorySample:
-        return self._add(self.inner.initialised(activation_budget))
+    def initialised(self, profiled_activation_peak: int | None = None) -> MemorySample:
+        return self._add(self.inner.initialised(profiled_activation_peak))
 
     def private_pools(self) -> PrivatePools | None:
         return self.inner.private_pools()

@@ -236,8 +236,8 @@ def record_extensible(hook: WorkerHook, figures: ExtensibleKV, sample: MemorySam
     hook.publisher.update(record)
 
 
-def activation_budget(worker: Any) -> int | None:
-    """The activation peak vLLM measured while profiling and budgeted for (``peak_activation_memory``), if known."""
+def profiled_activation_peak(worker: Any) -> int | None:
+    """The activation peak vLLM measured while profiling and planned for (``peak_activation_memory``), if known."""
     return byte_count(getattr(worker, "peak_activation_memory", None))
 
 
@@ -253,7 +253,7 @@ def after_warm_up(worker: Any, config: HookConfig) -> None:
         if hook.discovery is not None:
             hook.discovery.start(paged_reader(worker))
         if figures_of(extensible_cache(worker)) is None:
-            hook.publisher.set_baseline(hook.sampler.initialised(activation_budget(worker)))
+            hook.publisher.set_baseline(hook.sampler.initialised(profiled_activation_peak(worker)))
 
 
 def paged_reader(worker: Any) -> Callable[[], list[Any]]:
@@ -309,7 +309,7 @@ def after_extend(worker: Any, config: HookConfig) -> None:
     hook: WorkerHook | None = getattr(worker, ATTRIBUTE, None)
     figures = figures_of(extensible_cache(worker))
     if hook is not None and figures is not None:
-        record_extensible(hook, figures, hook.sampler.initialised(activation_budget(worker)))
+        record_extensible(hook, figures, hook.sampler.initialised(profiled_activation_peak(worker)))
 
 
 def hold_peak_resets(worker: Any, config: HookConfig) -> Callable[[], None] | None:

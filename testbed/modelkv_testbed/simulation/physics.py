@@ -196,7 +196,9 @@ class Engine:
     """Tensors the runner makes before the model loads (vLLM 0.34's persistent buffers): the runtime's, in torch."""
     graphs: int = 0
     """Bytes of the CUDA graph pools captured in the last loading minute (0: ``enforce_eager``)."""
-    activation_budget: int = 2 * GIB
+    profiled_activation_peak: int = 2 * GIB
+    """The activation peak vLLM profiled and planned for (``activation_peak_bytes``; vLLM 0.34 keeps as much free for
+    torch beside an extensible KV cache)."""
     activation: Curve = flat()
     busy: Curve = flat()
     """The least activations any sample of the minute saw (0: a sample fell between two steps); at most ``activation``."""
@@ -264,7 +266,7 @@ class Sample:
     truth: dict[str, int] | None = None
     """Once the engine is ready: what each part of the memory breakdown holds, as the physics knows it, and
     ``unexplained``: the memory no part names (a leak, memory made outside torch, free blocks beyond the
-    activation budget, activations live at a busy sample, caches nothing finds or that stay under the floor, freed heap a CPU engine keeps)."""
+    activation allowance, activations live at a busy sample, caches nothing finds or that stay under the floor, freed heap a CPU engine keeps)."""
     capture_drop: int | None = None
     """What vLLM's ``capture_model`` returns: the drop in the device's free memory across the capture, the
     graph pools and whatever else the device's processes allocated meanwhile (not what the hook records)."""
@@ -423,7 +425,7 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
     settled = ready or early and since >= load - 1
     if settled and process.baseline is None:
         process.baseline = {k: values[k] for k in ("torch_allocated", "torch_reserved", "process_resident")}
-        process.baseline["torch_allocated_high_water"] = live + engine.activation_budget
+        process.baseline["torch_allocated_high_water"] = live + engine.profiled_activation_peak
         if engine.nvml:
             process.baseline["process_gpu"] = process_gpu
         if extensible is not None:
@@ -443,17 +445,17 @@ def _sample(engine: Engine, t: int, process: _Process) -> Sample:
     )
     if ready:
         kept = process.reserved - at_sample  # free blocks: the activations live at a busy sample are tensors
-        budget = engine.activation_budget
+        allowance = engine.profiled_activation_peak
         sample.truth = {
             "runtime": process.runtime - off_device.get(RUNTIME_TAG, 0),
             "weights": engine.weights - off_device.get(WEIGHTS_TAG, 0),
             "paged_kv": committed if extensible is not None else in_torch_kv - off_device.get(KV_CACHE_TAG, 0),
             "cuda_graphs": graphs - off_device.get(CUDAGRAPH_TAG, 0),
-            "activation_peak": min(budget, kept),
+            "activation_peak": min(allowance, kept),
             "model_local_caches": caches.named,
             "unexplained": engine.leak(t)
             + engine.non_torch(t)
-            + max(0, kept - budget)
+            + max(0, kept - allowance)
             + busy
             + caches.total
             - caches.named,
@@ -477,11 +479,11 @@ def _recorded(engine: Engine, since: int, process: _Process) -> dict[str, int]:
     if extensible is not None and since >= load - 4:
         recorded["paged_kv_bytes"] = engine.paged_kv if since >= load else NULL_BLOCK
         recorded["paged_kv_reserved_bytes"] = extensible.reserved
-        recorded["torch_headroom_bytes"] = engine.activation_budget
+        recorded["torch_headroom_bytes"] = engine.profiled_activation_peak
     if since >= load:
         recorded["weights_bytes"] = engine.weights
         recorded["paged_kv_bytes"] = engine.paged_kv
-        recorded["activation_peak_bytes"] = engine.activation_budget
+        recorded["activation_peak_bytes"] = engine.profiled_activation_peak
         recorded["cuda_graph_bytes"] = engine.graphs
         recorded["cuda_graph_free_bytes"] = engine.graphs
     return recorded

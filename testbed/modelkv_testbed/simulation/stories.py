@@ -66,7 +66,7 @@ def _steps() -> Story:
         Device("GPU-a"),
         weights=16 * GIB,
         paged_kv=50 * GIB,
-        activation_budget=3 * GIB + GIB // 2,
+        profiled_activation_peak=3 * GIB + GIB // 2,
         activation=plus(flat(GIB // 2), step(120, 2 * GIB + GIB // 2)),
     )
     extension = Engine(
@@ -91,7 +91,7 @@ def _steps() -> Story:
                 The operator expects no exhaustion prediction for "prefill" or "extension" at any time: a
                 step that stays flat is not a trend. "extension" does hold 2 GiB that nothing explains,
                 so it pages as undeclared memory growth 15 minutes after the step, and keeps paging;
-                "prefill" never does (its activations are inside the budget). "stopped-leak" is
+                "prefill" never does (its activations are inside their allowance). "stopped-leak" is
                 predicted to fill its device within 4 hours while it leaks (a warning, never
                 critical), and that warning resolves within 20 minutes of the leak stopping; its
                 undeclared growth pages and stays, because the leaked memory is still held.
@@ -195,7 +195,7 @@ def _overcommit() -> Story:
                     stage=stage,
                     weights=10 * GIB,
                     paged_kv=15 * GIB,
-                    activation_budget=4 * GIB + GIB // 2,
+                    profiled_activation_peak=4 * GIB + GIB // 2,
                     activation=step(-500, 4 * GIB),
                     caches=(cache,),
                 )
@@ -299,7 +299,7 @@ def _stale_and_young() -> Story:
         "10.5.0.4:9400",
         Device("GPU-z"),
         started=0,
-        activation_budget=4 * GIB,
+        profiled_activation_peak=4 * GIB,
         activation=plus(step(15, GIB), step(25, GIB), step(40, GIB)),
     )
     young_device = young.device
@@ -477,7 +477,7 @@ def _scrape_gap() -> Story:
         "story-h-scrape-gap",
         """
         A scrape gap. Two engines sit beside one sidecar: "leaker" leaks 100 MiB of live tensors a minute
-        from 20 minutes on (beyond its 2 GiB activation budget at 40 minutes), "hung" stops heartbeating at 40 minutes and stays hung. At 1 hour 30 minutes
+        from 20 minutes on (beyond its 2 GiB activation allowance at 40 minutes), "hung" stops heartbeating at 40 minutes and stays hung. At 1 hour 30 minutes
         the sidecar restarts and Prometheus cannot scrape it for 7 minutes (up is 0, every series it
         returned goes stale); then it serves the same engines again.
         """,
@@ -526,7 +526,7 @@ def _small_slice() -> Story:
         weights=5 * GIB,
         paged_kv=10 * GIB,
         context=GIB,
-        activation_budget=2 * GIB + GIB // 2,
+        profiled_activation_peak=2 * GIB + GIB // 2,
         activation=step(10, 2 * GIB),
         nvml=False,
         stage="asr",
@@ -760,7 +760,7 @@ def _data_parallel() -> Story:
         """
         Data-parallel replicas of a dense model on one node: `vllm serve qwen3-8b --data-parallel-size 4`
         runs four engine processes in one pod, beside one sidecar, each alone on a GPU of its own (16
-        GiB of weights, 40 GiB of paged KV cache, 1 GiB of CUDA graphs, its 2 GiB activation budget in
+        GiB of weights, 40 GiB of paged KV cache, 1 GiB of CUDA graphs, its 2 GiB activation allowance in
         use). vLLM sets data_parallel_rank to 0 in every replica of a dense model; each replica's hook
         names it by its data_parallel_index, qwen3-8b-dp0-tp0-pp0 to qwen3-8b-dp3-tp0-pp0. Replica dp2
         leaks 0.1 GiB of live tensors a minute from 1 hour to 3 hours, and keeps the 12 GiB.
@@ -858,7 +858,7 @@ def _sleep_cycles() -> Story:
         """
         Reinforcement learning beside vLLM's sleep mode. On each of three 80 GiB devices a rollout
         engine (16 GiB of weights, 40 GiB of paged KV cache, 1 GiB of CUDA graphs, its 2 GiB
-        activation budget in use, a declared 4 GiB cache holding 1 GiB) shares the card with a
+        activation allowance in use, a declared 4 GiB cache holding 1 GiB) shares the card with a
         trainer that holds 4 GiB. The engines generate for half an hour and sleep for half an hour
         while the trainer trains, six times: at level 1 (weights backed up to host memory) and level 2
         (weights discarded) in turn. The sleep allocator unmaps the weights and the KV cache (vLLM
@@ -957,7 +957,7 @@ def _neighbour_during_capture() -> Story:
         A neighbour allocating while an engine captures its CUDA graphs. Two engines start at minute 0
         on 80 GiB devices they share with processes that publish nothing, and are ready at minute 10:
         16 GiB of weights, 40 GiB of paged KV cache, 2 GiB of CUDA graphs captured in minute 9, their
-        2 GiB activation budget in use from then on, a declared 6 GiB talker cache holding 1 GiB. In
+        2 GiB activation allowance in use from then on, a declared 6 GiB talker cache holding 1 GiB. In
         minute 9, during the capture, a neighbour takes 12 GiB of GPU-n0 and another 16 GiB of GPU-n1:
         the devices' used memory jumps by the graphs and the neighbour at once (the drop in free memory
         that vLLM's capture_model returns is 14 and 18 GiB). At 2 hours GPU-n0's neighbour takes 2 GiB

@@ -3,7 +3,7 @@
 A GPU engine's live tensors stand at a floor between engine steps (weights, paged KV cache,
 buffers, what leaks) and rise with each step's activations. These stories are an H100 (80 GiB) at
 ``gpu_memory_utilization`` 0.9: 72 GiB for vLLM, of which 16 GiB of weights, a 3.5 GiB activation
-budget (the peak vLLM profiled) and 52 GiB of paged KV cache. Their engines serve in waves: half
+allowance (the peak vLLM profiled) and 52 GiB of paged KV cache. Their engines serve in waves: half
 a GiB of activations between waves, 2 GiB at their height.
 """
 
@@ -36,7 +36,7 @@ def h100_engine(name: str, pod: str, instance: str, device: str, **physics: obje
         "weights": 16 * GIB,
         "paged_kv": 52 * GIB,
         "graphs": GIB // 2,
-        "activation_budget": 3 * GIB + GIB // 2,
+        "profiled_activation_peak": 3 * GIB + GIB // 2,
         "activation": WAVES,
         **physics,
     }
@@ -60,9 +60,9 @@ def _slow_leak() -> Story:
             Episode(
                 """
                 The operator expects "slow-leak" to page by minute 80 (its live tensors are 475 MiB
-                above their baseline then), whatever its activation budget, and to keep paging while it
+                above their baseline then), whatever its activation allowance, and to keep paging while it
                 leaks. The older hook pages as it did before: only once the leak has eaten the
-                activation budget that its high-water baseline includes, not within these 7 hours; its
+                activation allowance that its high-water baseline includes, not within these 7 hours; its
                 growth figure is still the high-water mark against its baseline.
                 """,
                 [leaking, older],
@@ -78,7 +78,7 @@ def _slow_leak() -> Story:
                         (
                             (
                                 selector(GROWTH, tuple(sorted(engine_labels(older).items()))),
-                                float(older.leak(70) + WAVES(70) - older.activation_budget),
+                                float(older.leak(70) + WAVES(70) - older.profiled_activation_peak),
                             ),
                         ),
                     ),
