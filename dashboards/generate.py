@@ -151,7 +151,7 @@ def declared_against_measured() -> timeseries.Panel:
             "activation peak vLLM planned for, plus memory outside torch). Solid above dotted is undeclared memory.",
             "bytes",
             per_engine("modelkv_engine:declared_peak_bytes:sum", f"declared {ENGINE}", "A"),
-            per_engine("modelkv_engine:unbudgeted_growth_bytes", f"measured {ENGINE}", "B"),
+            per_engine("modelkv_engine:unplanned_growth_bytes", f"measured {ENGINE}", "B"),
             per_engine("modelkv_engine:cache_explained_bytes", f"explained {ENGINE}", "C"),
         )
         .override_by_query("A", DASHED)

@@ -282,7 +282,7 @@ _METRICS: list[Metric] = [
         "gauge",
         "What grew since the baseline in an engine that died, by part that does not overlap another (part: "
         + ", ".join(GROWN_PARTS)
-        + "; they add up to its unbudgeted growth): its last sample, taken as it died; absent where not measured.",
+        + "; they add up to its unplanned growth): its last sample, taken as it died; absent where not measured.",
         (*ENGINE, "part"),
         _N,
     ),

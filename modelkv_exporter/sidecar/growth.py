@@ -12,16 +12,16 @@ group (deploy/prometheus/modelkv-rules.yaml) for one snapshot:
 - non-torch (``modelkv_engine:non_torch_growth_bytes``): NVML's figure for the process less the
   caching allocator's growth. The rule also reads the device's used memory when the engine is alone
   on its device, which one snapshot cannot tell: without NVML it is not measured here.
-- unbudgeted (``modelkv_engine:unbudgeted_growth_bytes``): the two added, each counted from 0; live
+- unplanned (``modelkv_engine:unplanned_growth_bytes``): the two added, each counted from 0; live
   tensors alone without a non-torch figure; resident memory for a CPU engine.
 - explained (``modelkv_engine:cache_explained_bytes``): per declaring owner, what its caches held in
   the last interval where observed, else its declared peak; the most each owner that declares nothing
   but was discovered held recently. A CPU engine, whose resident memory keeps freed heap: per owner
   the larger of its declared peak and the most its caches ever held, and the most each discovered owner
   ever held.
-- unexplained (``modelkv_engine:undeclared_memory_bytes``): unbudgeted less explained, from 0.
+- unexplained (``modelkv_engine:undeclared_memory_bytes``): unplanned less explained, from 0.
 
-What grew, as parts that do not overlap and add up to the unbudgeted growth (``grown_parts``; an ended
+What grew, as parts that do not overlap and add up to the unplanned growth (``grown_parts``; an ended
 engine's ``modelkv_engine_end_growth_bytes``): first what the model-local caches explain, then, of the
 rest, memory outside torch and live tensors (a device engine) or resident memory (a host engine).
 
@@ -58,17 +58,17 @@ class Growth:
         return self.live_tensors is None and self.resident is not None
 
     @property
-    def unbudgeted(self) -> int | None:
-        """Growth that neither the memory profile nor the allocator's reuse explains (``unbudgeted_growth_bytes``)."""
+    def unplanned(self) -> int | None:
+        """Growth that neither the memory profile nor the allocator's reuse explains (``unplanned_growth_bytes``)."""
         if self.live_tensors is not None:
             return max(self.live_tensors, 0) + max(self.non_torch or 0, 0)
         return self.resident
 
     @property
     def unexplained(self) -> int | None:
-        """Unbudgeted growth the caches do not explain, from 0 (``undeclared_memory_bytes``)."""
-        unbudgeted = self.unbudgeted
-        return None if unbudgeted is None else max(unbudgeted - self.explained, 0)
+        """Unplanned growth the caches do not explain, from 0 (``undeclared_memory_bytes``)."""
+        unplanned = self.unplanned
+        return None if unplanned is None else max(unplanned - self.explained, 0)
 
     @property
     def over_threshold(self) -> bool:
@@ -81,13 +81,13 @@ GROWN_PARTS = ("model_local_caches", "live_tensors", "non_torch", "resident")
 
 
 def grown_parts(judged: Growth) -> dict[str, int]:
-    """The unbudgeted growth split into parts that do not overlap and add up to it: what the model-local caches
+    """The unplanned growth split into parts that do not overlap and add up to it: what the model-local caches
     explain (at most the whole), then of the rest memory outside torch (at most the rest) and live tensors (a
     device engine), or resident memory (a host engine). Empty where no growth is measured."""
-    unbudgeted = judged.unbudgeted
-    if unbudgeted is None:
+    unplanned = judged.unplanned
+    if unplanned is None:
         return {}
-    whole = max(unbudgeted, 0)
+    whole = max(unplanned, 0)
     caches = min(judged.explained, whole)
     rest = whole - caches
     if judged.live_tensors is None:

@@ -82,7 +82,7 @@ def test_declared_is_dashed_and_measured_solid() -> None:
     assert dashed["properties"][0]["value"]["fill"] == "dash"
     assert dotted["matcher"] == {"id": "byFrameRefID", "options": "C"}
     assert refs["A"].startswith("modelkv_engine:declared_peak_bytes:sum")
-    assert refs["B"].startswith("modelkv_engine:unbudgeted_growth_bytes")
+    assert refs["B"].startswith("modelkv_engine:unplanned_growth_bytes")
     assert refs["C"].startswith("modelkv_engine:cache_explained_bytes")
     (stacked,) = [p for p in panels(overview) if p["title"] == "Declared peak by owner"]
     assert stacked["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"

@@ -194,13 +194,13 @@ def test_a_live_tensor_leak_is_undeclared_once_it_exceeds_the_declared_peak(live
     selector = '{engine="sim-gpu-leak"}'
     with leak.lock:
         leak.live = peak // 2
-    wait(lambda: _value(live, f"modelkv_engine:unbudgeted_growth_bytes{selector}") == peak // 2, "half")
+    wait(lambda: _value(live, f"modelkv_engine:unplanned_growth_bytes{selector}") == peak // 2, "half")
     assert _value(live, f"modelkv_engine:undeclared_memory_bytes{selector}") == 0
     assert _value(live, f"modelkv_engine:declared_peak_pending_bytes{selector}") == peak - peak // 2
 
     with leak.lock:
         leak.live = peak
-    wait(lambda: _value(live, f"modelkv_engine:unbudgeted_growth_bytes{selector}") == peak, "growth to the peak")
+    wait(lambda: _value(live, f"modelkv_engine:unplanned_growth_bytes{selector}") == peak, "growth to the peak")
     assert _value(live, f"modelkv_engine:undeclared_memory_bytes{selector}") == 0, "filling the peak is declared"
 
     with leak.lock:
@@ -219,7 +219,7 @@ def test_a_live_tensor_leak_is_undeclared_once_it_exceeds_the_declared_peak(live
 def test_an_allocator_plateau_is_measured_but_never_undeclared(live: Live) -> None:
     selector = '{engine="sim-gpu-plateau"}'
     wait(lambda: _value(live, f"modelkv_engine:memory_growth_bytes{selector}") == GIB, "the 1 GiB plateau")
-    assert _value(live, f"modelkv_engine:unbudgeted_growth_bytes{selector}") == 0
+    assert _value(live, f"modelkv_engine:unplanned_growth_bytes{selector}") == 0
     assert _value(live, f"modelkv_engine:live_tensor_growth_bytes{selector}") == -GIB // 4, (
         "below the profiled activation peak"
     )

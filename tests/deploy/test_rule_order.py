@@ -31,7 +31,7 @@ RESTART_STORY = RULES_FILE.parent / "tests" / "story-o-restart-in-place.test.yam
 LEAK_SIGNAL = (
     "modelkv_engine:live_tensor_growth_bytes",
     "modelkv_engine:non_torch_growth_bytes",
-    "modelkv_engine:unbudgeted_growth_bytes",
+    "modelkv_engine:unplanned_growth_bytes",
 )
 """The records of the leak signal, which ``modelkv.caches`` combines with what the caches explain."""
 

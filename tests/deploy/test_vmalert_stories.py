@@ -55,7 +55,7 @@ READS_A_STOPPED_RECORD = {
 }
 """Checks MetricsQL fails over the replayed rules: a recorded series that stops is still read for its lookback (the
 replay writes no staleness marker; Prometheus does). When "restart-cpu" restarts, its old process's
-``unbudgeted_growth_bytes`` (2 GiB) is read for 4 more minutes while the new process loads, against the new process's
+``unplanned_growth_bytes`` (2 GiB) is read for 4 more minutes while the new process loads, against the new process's
 ``cache_explained_bytes`` (its 1 GiB declaration): 1 GiB of undeclared memory shows for 5 minutes, under the `for`
 of ModelKVUndeclaredMemoryGrowth, which stays silent."""
 

@@ -2,7 +2,7 @@
 
 The hook's wrappers, steps, sampler and publisher are the real ones; the worker, its cache and
 the device are stand-ins built from vLLM 0.34.0's source (``tests/engine/extensible_stand_in.py``).
-The growth check mirrors the rules' leak signal (``modelkv_engine:unbudgeted_growth_bytes`` and
+The growth check mirrors the rules' leak signal (``modelkv_engine:unplanned_growth_bytes`` and
 ``ModelKVUndeclaredMemoryGrowth``'s 256 MiB) on the figures the snapshot carries.
 """
 
@@ -44,8 +44,8 @@ STRIDES = [64 * 1024 + 512, 64 * 1024 + 512]
 CAPACITY = 400_000
 
 
-def unbudgeted_growth(snapshot: Snapshot) -> int:
-    """``modelkv_engine:unbudgeted_growth_bytes`` on one snapshot: the high water of live tensors beyond its baseline
+def unplanned_growth(snapshot: Snapshot) -> int:
+    """``modelkv_engine:unplanned_growth_bytes`` on one snapshot: the high water of live tensors beyond its baseline
     (live tensors plus the profiled activation peak) plus non-torch growth."""
     current, baseline = snapshot.measured.current, snapshot.measured.baseline
     assert current is not None and baseline is not None
@@ -56,7 +56,7 @@ def unbudgeted_growth(snapshot: Snapshot) -> int:
 
 
 def assert_no_page(snapshot: Snapshot) -> None:
-    growth = unbudgeted_growth(snapshot)
+    growth = unplanned_growth(snapshot)
     assert growth <= PAGE_AT, f"undeclared growth {growth / GIB:.2f} GiB would page"
 
 
@@ -192,7 +192,7 @@ def test_sleep_and_wake_release_and_recommit_without_a_page(engine: Any) -> None
     e.worker.wake_up()
     awake = e.beat()
     assert awake.measured.current is not None and awake.measured.current.values[SOURCE] == committed
-    assert unbudgeted_growth(awake) == 0
+    assert unplanned_growth(awake) == 0
 
 
 def test_a_real_leak_after_the_final_commit_still_pages(engine: Any) -> None:

@@ -68,12 +68,12 @@ def of(samples: dict, name: str, engine: str) -> dict[tuple[tuple[str, str], ...
     return {labels: v for labels, v in samples.get(name, {}).items() if dict(labels)["engine"] == engine}
 
 
-def test_grown_parts_do_not_overlap_and_add_up_to_the_unbudgeted_growth() -> None:
+def test_grown_parts_do_not_overlap_and_add_up_to_the_unplanned_growth() -> None:
     judged = growth(leaking("e"))
     assert judged is not None
     parts = grown_parts(judged)
     assert parts == {"model_local_caches": 0, "live_tensors": 6 * GIB, "non_torch": 256 * MIB}
-    assert sum(parts.values()) == judged.unbudgeted
+    assert sum(parts.values()) == judged.unplanned
     observed = make_observation("decoder", peak_bytes=5 * GIB)
     with_cache = make_snapshot(
         "c", measured=dict(LEAKED), baseline=dict(BASE), observations=(observed,), declarations=()
@@ -82,7 +82,7 @@ def test_grown_parts_do_not_overlap_and_add_up_to_the_unbudgeted_growth() -> Non
     assert judged is not None
     parts = grown_parts(judged)
     assert parts == {"model_local_caches": 5 * GIB, "live_tensors": GIB, "non_torch": 256 * MIB}
-    assert sum(parts.values()) == judged.unbudgeted
+    assert sum(parts.values()) == judged.unplanned
 
 
 def test_an_engine_that_died_of_oom_exports_its_end_and_what_grew_and_nothing_live(spool: Path) -> None:
