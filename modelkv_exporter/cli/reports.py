@@ -11,7 +11,13 @@ from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
 from modelkv_exporter.sidecar.attention import CLI, Concern, Finding, over_declaration, undeclared_text
 from modelkv_exporter.sidecar.breakdown import headroom_words, whole_and_missing
 from modelkv_exporter.sidecar.capacity import Correction, Demand
-from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription, prescription_text
+from modelkv_exporter.sidecar.prescription import (
+    PRESCRIPTION_LEGEND,
+    Prescription,
+    estimate_text,
+    prescription,
+    prescription_text,
+)
 from modelkv_exporter.sidecar.presentation.safe_text import printable
 from modelkv_exporter.sidecar.presentation.spool_report import (
     EngineReport,
@@ -79,9 +85,9 @@ def _growth(engine: EngineReport, width: int) -> list[str]:
     return [wrapped(f"growth since baseline: {words}", width)]
 
 
-def _prescription(engine: EngineReport, width: int) -> list[str]:
-    found = engine.prescription
-    lines = [wrapped(f"what to give vLLM: {prescription_text(found)}", width)]
+def prescription_lines(found: Prescription, lead: str, width: int) -> list[str]:
+    """A prescription after ``lead``: how it was computed, the flag to paste, and where vLLM's estimate was off."""
+    lines = [wrapped(f"{lead}{prescription_text(found)}", width, "")]
     if found.flag is not None:
         lines.append(f"  {found.flag}")
     estimate = estimate_text(found)
@@ -112,7 +118,12 @@ def _engine_lines(engine: EngineReport, width: int) -> list[str]:
                 printable(facts[0] if facts[0].startswith("discovery") else "discovery: " + "; ".join(facts)), width
             )
         )
-    return [*lines, *_parts(engine, width), *_growth(engine, width), *_prescription(engine, width)]
+    return [
+        *lines,
+        *_parts(engine, width),
+        *_growth(engine, width),
+        *prescription_lines(engine.prescription, "what to give vLLM: ", width),
+    ]
 
 
 def _rejected_lines(rejected: Sequence[Rejected], skipped: int, width: int) -> list[str]:
@@ -296,12 +307,5 @@ def _prescription_lines(view: SpoolView, width: int) -> list[str]:
         return []
     lines = [wrapped(f"what to give vLLM at each engine's own max_num_seqs ({PRESCRIPTION_LEGEND}):", width)]
     for item in view.usable:
-        found = prescription(item.snapshot)
-        engine_id = item.snapshot.engine.engine_id
-        lines.append(wrapped(f"- {engine_id}: {prescription_text(found)}", width, ""))
-        if found.flag is not None:
-            lines.append(f"  {found.flag}")
-        estimate = estimate_text(found)
-        if estimate:
-            lines.append(wrapped(f"  vLLM's start-up estimate: {estimate}", width, ""))
+        lines += prescription_lines(prescription(item.snapshot), f"- {item.snapshot.engine.engine_id}: ", width)
     return lines
