@@ -233,21 +233,29 @@ def listed(items: Sequence[str]) -> str:
     return named if len(items) <= NAMED else f"{named}; and {len(items) - NAMED} more"
 
 
-def over_declaration(owner: str, observed: int, declared: int) -> str:
-    """The under-reporting sentence: ``tokenizer.decoder holds 1.50× its declaration (53.2 MiB observed, ...)``."""
+def holds_over(observed: int, declared: int) -> str:
+    """What an under-reporting owner holds: ``holds 1.50× its declaration (53.2 MiB observed, 35.5 MiB declared)``."""
     return (
-        f"{owner_name(owner)} holds {observed / declared:.2f}× its declaration "
+        f"holds {observed / declared:.2f}× its declaration "
         f"({human_bytes(observed)} observed, {human_bytes(declared)} declared)"
     )
+
+
+def holds_undeclared(held: int, beyond_declared: bool = False) -> str:
+    """What an owner holds that it does not declare: ``holds 70.3 MiB it does not declare``."""
+    return f"holds {human_bytes(held)} " + ("beyond its declared caches" if beyond_declared else "it does not declare")
+
+
+def over_declaration(owner: str, observed: int, declared: int) -> str:
+    """The under-reporting sentence: ``tokenizer.decoder holds 1.50× its declaration (53.2 MiB observed, ...)``."""
+    return f"{owner_name(owner)} {holds_over(observed, declared)}"
 
 
 def undeclared_text(owner: str, owner_class: str, held: int, beyond_declared: bool = False) -> str:
     """The undeclared-cache sentence: ``apm.streaming_kv (StreamingAudioKVCache) holds 70.3 MiB it does not
     declare``."""
     who = owner_name(owner) + (f" ({owner_class})" if owner_class else "")
-    return f"{who} holds {human_bytes(held)} " + (
-        "beyond its declared caches" if beyond_declared else "it does not declare"
-    )
+    return f"{who} {holds_undeclared(held, beyond_declared)}"
 
 
 def _under_reports(snapshot: Snapshot) -> tuple[list[Problem], list[Problem]]:

@@ -22,11 +22,11 @@ from modelkv_exporter.sidecar.attention import (
     Finding,
     Status,
     findings,
+    holds_over,
+    holds_undeclared,
     no_engine,
-    over_declaration,
     owner_name,
     status,
-    undeclared_text,
 )
 from modelkv_exporter.sidecar.breakdown import Breakdown, breakdown
 from modelkv_exporter.sidecar.discovered import exported_discovery, reports_discovery
@@ -230,11 +230,11 @@ def _declarations(snapshot: Snapshot) -> Table:
     return Table(columns, rows, GEOMETRY_LEGEND, key=2)
 
 
-def _observed_note(owner: str, declared: int, peak: int) -> str:
+def _observed_note(declared: int, peak: int) -> str:
     if declared and peak > declared:
-        return over_declaration(owner, peak, declared).removeprefix(owner_name(owner) + " ")
+        return holds_over(peak, declared)
     if not declared and peak:
-        return undeclared_text(owner, "", peak).removeprefix(owner_name(owner) + " ")
+        return holds_undeclared(peak)
     return "within its declaration" if declared else ""
 
 
@@ -259,7 +259,7 @@ def _owners(snapshot: Snapshot) -> tuple[Table, list[tuple[str, list[Bar]]]]:
             (
                 owner_name(owner), human_bytes(declared), human_bytes(peak),
                 human_bytes(observation.recent_peak_bytes or 0), human_bytes(observation.live_bytes or 0),
-                f"{observation.cache_calls}/{observation.calls}", _observed_note(owner, declared, peak),
+                f"{observation.cache_calls}/{observation.calls}", _observed_note(declared, peak),
             )
         )  # fmt: skip
         over = peak > UNDER_REPORT_TOLERANCE * declared
