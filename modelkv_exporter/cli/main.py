@@ -34,8 +34,8 @@ def serve(args: argparse.Namespace) -> int:
     """
     try:
         from modelkv_exporter.cli.ports import bind_http_port, bind_probe_port
-        from modelkv_exporter.sidecar.http.config import SidecarConfig
         from modelkv_exporter.sidecar.http.server import build_server
+        from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
     except ModuleNotFoundError as error:
         return missing_extra("serve", error, (SIDECAR,))
 

@@ -1,6 +1,6 @@
 """The sidecar over HTTP: one FastAPI app, one router, read-only.
 
-- ``config``: ``SidecarConfig``, the sidecar's configuration, every field a setting but the spool directory;
+- ``sidecar_config``: ``SidecarConfig``, the sidecar's configuration, every field a setting but the spool directory;
 - ``app``: ``make_app``, the app factory (one spool, its exposition cache, its router);
 - ``routes``: every route: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/engines``, ``/``;
 - ``pages``: the landing page and the JSON document (``sidecar.presentation``) rendered once per spool change;

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import uvicorn
 
 from modelkv_exporter.sidecar.http.app import make_app
-from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.guard import guarded_protocol
 from modelkv_exporter.sidecar.http.probe import Heartbeat, ProbeListener
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_exporter.sidecar.log import get_logger, limit
 
 HEARTBEAT_SECONDS = 1
