@@ -6,7 +6,7 @@
 - ``census``: the sliced walk over the tensors the modules hold; ``shards``: the int tables it keeps, split
   so that none grows in one long step; ``safe``: reading what an object holds without running its code;
 - ``locals_walk``: the opt-in attribution that reads frames' locals;
-- ``layout``: the key/value geometry seen in cache layers;
+- ``discovered_layout``: the key/value geometry seen in a discovered owner's cache layers;
 - ``discovery``: ``Discovery`` (attribution, census, baseline, figures), one a model, and ``discover``, which starts it.
 
 Its settings are the engine's (``engine.config.DiscoverySettings``, ``HookConfig.discovery``), re-exported here.

@@ -42,7 +42,7 @@ from modelkv_exporter.engine import tensors
 from modelkv_exporter.engine.config import DiscoverySettings, HookConfig
 from modelkv_exporter.engine.discover import census, locals_walk, stack
 from modelkv_exporter.engine.discover.census import CensusResult
-from modelkv_exporter.engine.discover.layout import seen_layout, widest
+from modelkv_exporter.engine.discover.discovered_layout import seen_layout, widest
 from modelkv_exporter.engine.discover.modules import ModuleMap
 from modelkv_exporter.engine.log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
