@@ -21,5 +21,5 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
   what clients may see (``inspect`` prints the same report);
 - ``http``: transport: the sidecar's configuration, the FastAPI app, its one router, the JSON document, the page
   cache, the uvicorn server;
-- ``log``: rate-limited logging.
+- ``sidecar_log``: rate-limited logging.
 """

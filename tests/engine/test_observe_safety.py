@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache, cache_utils
 
-from modelkv_exporter.engine.log import flush
+from modelkv_exporter.engine.engine_log import flush
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed, probe
 from modelkv_exporter.engine.observe import tally as tally_module
 from modelkv_exporter.engine.observe.layers import HOOKED_METHODS

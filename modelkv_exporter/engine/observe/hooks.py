@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from modelkv_exporter.engine.log import get_logger, report
+from modelkv_exporter.engine.engine_log import get_logger, report
 from modelkv_exporter.engine.observe.layers import (
     Unweighable,
     measure,

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from modelkv_exporter.contract.snapshot import Observation
 from modelkv_exporter.engine.config import observation_enabled
-from modelkv_exporter.engine.log import flush, report
+from modelkv_exporter.engine.engine_log import flush, report
 from modelkv_exporter.engine.observe import hooks, probe, tally
 from modelkv_exporter.engine.observe.layers import (
     StorageKey,

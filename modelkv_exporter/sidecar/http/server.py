@@ -19,7 +19,7 @@ from modelkv_exporter.sidecar.http.app import make_app
 from modelkv_exporter.sidecar.http.guard import guarded_protocol
 from modelkv_exporter.sidecar.http.probe import Heartbeat, ProbeListener
 from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
-from modelkv_exporter.sidecar.log import get_logger, limit
+from modelkv_exporter.sidecar.sidecar_log import get_logger, limit
 
 HEARTBEAT_SECONDS = 1
 BACKLOG = 2048
