@@ -26,7 +26,7 @@ from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine import engine_log
 from modelkv_exporter.engine.config import TABLE, DiscoverySettings, HookConfig
 from modelkv_exporter.engine.discover import Discovery, census, discover, discovery
-from modelkv_exporter.engine.discover.modules import ModuleMap, takes_cache
+from modelkv_exporter.engine.discover.module_map import ModuleMap, takes_cache
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.publish import build_snapshot

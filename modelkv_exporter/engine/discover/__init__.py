@@ -1,6 +1,6 @@
 """Discovered owners: modules of the model that hold caches they do not declare.
 
-- ``modules``: the model's modules by path, and the code that names each;
+- ``module_map``: the model's modules by path, and the code that names each;
 - ``stack``: the walk that gives a new cache layer to the innermost module on the call stack, for one model or
   several in one process;
 - ``census``: the sliced walk over the tensors the modules hold; ``shards``: the int tables it keeps, split

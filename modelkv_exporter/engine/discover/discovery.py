@@ -43,7 +43,7 @@ from modelkv_exporter.engine.config import DiscoverySettings, HookConfig
 from modelkv_exporter.engine.discover import census, locals_walk, stack
 from modelkv_exporter.engine.discover.census import CensusResult
 from modelkv_exporter.engine.discover.discovered_layout import seen_layout, widest
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.module_map import ModuleMap
 from modelkv_exporter.engine.engine_log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, held_storages, readable_storages
