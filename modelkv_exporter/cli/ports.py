@@ -11,7 +11,7 @@ import socket
 import sys
 from collections.abc import Collection
 
-from modelkv_exporter.sidecar.http.probe import ProbeListener
+from modelkv_exporter.sidecar.http.liveness_port import ProbeListener
 from modelkv_exporter.sidecar.http.sidecar_config import PROBE_PORT
 
 SUGGESTION_RANGE = 100

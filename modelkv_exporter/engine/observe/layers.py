@@ -6,7 +6,7 @@ tensor ``torch.cat`` just made, and the whole storage stays allocated; ``copy.de
 whole storages too.
 
 Classes are recognised by name within ``transformers.cache_utils`` and checked by behaviour when
-the observer installs (``probe``), not by a version pin. A layer class from elsewhere (a subclass of a vetted
+the observer installs (``transformers_check``), not by a version pin. A layer class from elsewhere (a subclass of a vetted
 class, or a hand-made ``CacheLayerMixin`` subclass) is weighed by every tensor its instance dict holds (keys and
 values, scales, a backing buffer; in lists, tuples and dicts there too), by storage, so a storage shared between
 them counts once: one rule whether its owner declares it or not. Known bookkeeping and 0-dimension tensors are

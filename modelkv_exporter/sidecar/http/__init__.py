@@ -8,5 +8,5 @@
 - ``server``: the uvicorn server that serves the app; ``guard``: uvicorn's httptools protocol held to
   ``limits``, the limits every client is held to, ``uvicorn_surface`` its start-up check of what it uses of
   uvicorn; ``raw_responses``: the responses written below any framework;
-- ``probe``: the liveness port, answered from its own thread.
+- ``liveness_port``: the liveness port, answered from its own thread.
 """
