@@ -201,9 +201,9 @@ def test_a_circle_of_imports_is_caught(tmp_path: Path) -> None:
         ("cli/reports.py", "import vllm", "cli imports vllm"),
         ("demo/owners.py", "from modelkv_exporter.cli import reports", "demo imports modelkv_exporter.cli"),
         ("demo/owners.py", "from modelkv_exporter.sidecar import catalogue", "demo imports modelkv_exporter.sidecar"),
-        ("testing/run.py", "from modelkv_exporter.cli import verdicts", "testing imports modelkv_exporter.cli"),
+        ("testing/run.py", "from modelkv_exporter.cli import check_report", "testing imports modelkv_exporter.cli"),
         ("testing/run.py", "import fastapi", "testing imports fastapi"),
-        ("cli/verdicts.py", "from modelkv_exporter.testing import report", "cli imports modelkv_exporter.testing"),
+        ("cli/check_report.py", "from modelkv_exporter.testing import report", "cli imports modelkv_exporter.testing"),
         ("demo/owners.py", "from modelkv_exporter.protocol import ModelLocalKVSpec", "demo imports modelkv_exporter"),
         (
             "engine/engine_log.py",
