@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from modelkv_exporter.engine.discover import census
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.module_map import ModuleMap
 
 ROOT = Path(__file__).resolve().parent.parent
 CENSUS_PATH = "modelkv_exporter/engine/discover/census.py"

@@ -51,7 +51,7 @@ from transformers import DynamicCache, Qwen2Config, Qwen2Model
 from bench.regions import load_helper, region_totals
 from modelkv_exporter.engine.config import DiscoverySettings, HookConfig
 from modelkv_exporter.engine.discover import Discovery, census
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.module_map import ModuleMap
 from modelkv_exporter.engine.observe import hooks, install
 from modelkv_testbed.bench_tables import RECORD_HELP, recorded
 

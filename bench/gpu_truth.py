@@ -77,8 +77,8 @@ from modelkv_exporter.engine.samplers import (
     physical_device_id,
     sampler_for,
 )
-from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import build_server
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 ALLOCATOR_GRANULE = 512

@@ -3,7 +3,7 @@
 ``python -m scripts.docgen`` rewrites ``docs/metrics.md``, ``docs/configuration.md`` (every setting: the
 README points there), the snapshot's ``docs/snapshot.schema.json`` and its field reference in
 ``docs/snapshot-format.md``; a test fails when any of them differs from a fresh generation.
-It stands outside the package because it reads both sides: the commands' tables (``cli.settings``)
+It stands outside the package because it reads both sides: the commands' tables (``cli.command_settings``)
 and the engine's (``engine.config``), which no part of the package may import together.
 """
 
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from modelkv_exporter.cli.settings import TABLES
+from modelkv_exporter.cli.command_settings import TABLES
 from modelkv_exporter.contract.settings import REQUIRED, Setting, Table
 from modelkv_exporter.contract.sizes import SIZE_RULE
 from modelkv_exporter.contract.vocabulary import MEASUREMENTS
@@ -178,8 +178,8 @@ def configuration_markdown() -> str:
         [
             "# Configuration",
             "",
-            "Generated from the settings tables of the commands (`modelkv_exporter/cli/settings.py`) and of the engine "
-            "(`modelkv_exporter/engine/config.py`) by `python -m scripts.docgen`; do not edit.",
+            "Generated from the settings tables of the commands (`modelkv_exporter/cli/command_settings.py`) and of the "
+            "engine (`modelkv_exporter/engine/config.py`) by `python -m scripts.docgen`; do not edit.",
             "",
             "Every setting is a command-line flag and an environment variable; a flag wins over the variable,",
             "the variable over the default. A malformed value stops the command with a message naming it.",

@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 from modelkv_exporter.cli.command_line import cli_command
+from modelkv_exporter.cli.command_settings import DemoSettings, ServerSettings
 from modelkv_exporter.cli.ports import bind_probe_port
 from modelkv_exporter.cli.reports import attention_summary, table_lines
-from modelkv_exporter.cli.settings import DemoSettings, ServerSettings
 from modelkv_exporter.cli.text_layout import MAX_WIDTH
 from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.spool import snapshot_file_name
-from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import build_server
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_exporter.sidecar.presentation.spool_report import spool_report
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 

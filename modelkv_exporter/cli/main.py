@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelkv_exporter.cli.arguments import add_settings, apply_environment, attach_dashed_values
+from modelkv_exporter.cli.command_settings import TABLES, ServerSettings
 from modelkv_exporter.cli.extras import SIDECAR, missing_extra
-from modelkv_exporter.cli.settings import TABLES, ServerSettings
 from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.version import VERSION
 
@@ -34,8 +34,8 @@ def serve(args: argparse.Namespace) -> int:
     """
     try:
         from modelkv_exporter.cli.ports import bind_http_port, bind_probe_port
-        from modelkv_exporter.sidecar.http.config import SidecarConfig
         from modelkv_exporter.sidecar.http.server import build_server
+        from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
     except ModuleNotFoundError as error:
         return missing_extra("serve", error, (SIDECAR,))
 
@@ -126,8 +126,8 @@ def plan(args: argparse.Namespace) -> int:
     import time
 
     from modelkv_exporter.cli.command_line import cli_command
+    from modelkv_exporter.cli.command_settings import PlanSettings
     from modelkv_exporter.cli.reports import plan_report
-    from modelkv_exporter.cli.settings import PlanSettings
     from modelkv_exporter.cli.text_layout import report_width
     from modelkv_exporter.sidecar.reader.state import Staleness, spool_liveness
 
@@ -149,7 +149,7 @@ def plan(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     """Print every owner's verdict and a suggested declaration; exit 1 when one fails (or the spool is unreadable)."""
-    from modelkv_exporter.cli.verdicts import check_report
+    from modelkv_exporter.cli.check_report import check_report
 
     scan = _spool_scan(args)
     if not scan.ok:

@@ -11,8 +11,8 @@ import socket
 import sys
 from collections.abc import Collection
 
-from modelkv_exporter.sidecar.http.config import PROBE_PORT
-from modelkv_exporter.sidecar.http.probe import ProbeListener
+from modelkv_exporter.sidecar.http.liveness_port import ProbeListener
+from modelkv_exporter.sidecar.http.sidecar_config import PROBE_PORT
 
 SUGGESTION_RANGE = 100
 """How many ports above a taken one are tried for a suggestion before the system picks one."""

@@ -2,7 +2,7 @@
 how an undeclared cache was found.
 
 Declarations, snapshots, metric labels, rules and docs all use these values; nothing else
-spells them. The words only the sidecar's metrics speak are in ``sidecar.vocabulary``.
+spells them. The words only the sidecar's metrics speak are in ``sidecar.label_values``.
 """
 
 from __future__ import annotations

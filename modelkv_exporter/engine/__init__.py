@@ -1,10 +1,10 @@
 """The engine side: declarations of a loaded model into the spool, from inside the engine process.
 
 Builds on ``modelkv_exporter.contract`` and on torch (and vLLM for ``vllm_hook``); never on
-the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (``log``).
+the sidecar's libraries. Everything here logs under ``vllm.modelkv_exporter`` (``engine_log``).
 
 - ``protocol``: the declaration protocol (``ModelLocalKVSpec``, ``collect_declarations``);
-- ``modules``: the one walk over a model's module tree;
+- ``module_walk``: the one walk over a model's module tree;
 - ``resolve``: specs, ours or vLLM-Omni's, resolved at ``max_num_seqs`` into snapshot records;
 - ``publish``: ``build_snapshot`` and the one-shot ``publish``;
 - ``heartbeat``: ``SnapshotPublisher``, which keeps a live engine's snapshot current and ends it;

@@ -16,7 +16,7 @@ from typing import Any
 
 from modelkv_exporter.contract.setting_values import interval_seconds, non_negative_int, positive_int, switch
 from modelkv_exporter.contract.settings import Table, build, group, setting
-from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.engine_log import get_logger
 
 logger = get_logger("config")
 

@@ -34,7 +34,7 @@ from modelkv_exporter.contract.spool import (
 )
 from modelkv_exporter.contract.vocabulary import EndReason
 from modelkv_exporter.engine.ending import end_reason, error_line
-from modelkv_exporter.engine.log import flush, get_logger, pending, report
+from modelkv_exporter.engine.engine_log import flush, get_logger, pending, report
 from modelkv_exporter.engine.plain_tensors import attribute_plain
 from modelkv_exporter.engine.samplers import Sampler
 

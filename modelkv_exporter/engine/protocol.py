@@ -22,8 +22,8 @@ import torch
 
 from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.vocabulary import ModelLocalKVScope, RowDriver
-from modelkv_exporter.engine.log import get_logger
-from modelkv_exporter.engine.modules import walk_modules
+from modelkv_exporter.engine.engine_log import get_logger
+from modelkv_exporter.engine.module_walk import walk_modules
 
 logger = get_logger("protocol")
 

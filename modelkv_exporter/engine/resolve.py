@@ -13,7 +13,7 @@ from modelkv_exporter.contract import arithmetic
 from modelkv_exporter.contract.snapshot import Declaration, DroppedDeclaration
 from modelkv_exporter.contract.validity import declaration_problems, record_problems
 from modelkv_exporter.contract.vocabulary import DropReason, RowDriver
-from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.engine_log import get_logger
 from modelkv_exporter.engine.protocol import DeclarerFailure, OwnedSpec, element_size, error_text
 
 logger = get_logger("resolve")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelkv_exporter.contract.snapshot import MemorySample, TorchSegment
-from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.engine_log import get_logger
 
 logger = get_logger("samplers")
 

@@ -11,7 +11,7 @@ the figure unknown (None).
 
 What counts: tensors on the device named (a CUDA worker's ``cuda:N``; a host engine's ``cpu``), never a
 ``meta`` tensor (no memory behind it). A model's weights are its parameters, its buffers and its computed
-weights (``engine.modules.computed_weights``: what a legacy ``weight_norm`` or ``spectral_norm`` rewrites at
+weights (``engine.module_walk.computed_weights``: what a legacy ``weight_norm`` or ``spectral_norm`` rewrites at
 every forward, held between forwards like any weight).
 
 Weights vLLM offloads to the host (``--cpu-offload-gb``: ``UVAOffloader`` in vLLM 0.30 and 0.32) are left out: without UVA
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from modelkv_exporter.engine.modules import MODULE_DICT, computed_weights, walk_modules
+from modelkv_exporter.engine.module_walk import MODULE_DICT, computed_weights, walk_modules
 from modelkv_exporter.engine.tensors import StorageKey, is_tensor, weigh
 
 _tensor_dict = torch.Tensor.__dict__["__dict__"].__get__

@@ -6,7 +6,7 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
 - ``reader``: untrusted spool files to snapshots, within limits, and each engine's state;
 - ``budget``: what the sidecar admits from the spool; ``source``: the spool as the sidecar sees
   it at an instant (scan, admission, classification);
-- ``catalogue``: every metric the exporter emits, in one table; ``vocabulary``: the label values only it speaks;
+- ``catalogue``: every metric the exporter emits, in one table; ``label_values``: the label values only it speaks;
 - ``attention``: what about an engine needs a person's attention, in one wording;
 - ``growth``: an engine's growth since its baseline by part, judged as the leak rule judges it;
 - ``breakdown``: where an engine's memory goes, part by part, from its snapshot's figures;
@@ -22,5 +22,5 @@ on torch, vLLM or the engine side. The CLI's ``inspect`` and ``plan`` read a spo
   what clients may see (``inspect`` prints the same report);
 - ``http``: transport: the sidecar's configuration, the FastAPI app, its one router, the JSON document, the page
   cache, the uvicorn server;
-- ``log``: rate-limited logging.
+- ``sidecar_log``: rate-limited logging.
 """

@@ -38,9 +38,9 @@ from modelkv_exporter.contract.thresholds import (
 from modelkv_exporter.judging.declaration_text import Figure, layout_figures, resized_figures, spec_code
 from modelkv_exporter.sidecar.discovered import discovery_running
 from modelkv_exporter.sidecar.growth import Growth, growth
+from modelkv_exporter.sidecar.label_values import ROOT_OWNER
 from modelkv_exporter.sidecar.post_mortem import post_mortem
 from modelkv_exporter.sidecar.reader.state import STALE_STATES, EngineState, SpoolView
-from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 NAMED = 3
 """Owners named per finding; the rest are counted, so a finding stays short whatever the snapshot holds."""

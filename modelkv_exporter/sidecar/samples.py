@@ -17,12 +17,12 @@ from modelkv_exporter.sidecar.discovered import (
     exported_discovery,
     layout_text,
 )
+from modelkv_exporter.sidecar.label_values import ROOT_OWNER, Refusal
 from modelkv_exporter.sidecar.labels import engine_labels, label
 from modelkv_exporter.sidecar.post_mortem import post_mortem
 from modelkv_exporter.sidecar.prescription import prescription
 from modelkv_exporter.sidecar.reader.decode import RejectReason
 from modelkv_exporter.sidecar.reader.state import LIVE_STATES, EngineState
-from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER, Refusal
 
 Add = Callable[[str, list[str], float], None]
 Info = Callable[[str, list[str]], None]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.budget import Admission, Budget
-from modelkv_exporter.sidecar.log import get_logger
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits, SpoolReader, SpoolScan
 from modelkv_exporter.sidecar.reader.state import Classified, SpoolView, Staleness, classify, spool_liveness
+from modelkv_exporter.sidecar.sidecar_log import get_logger
 
 LOG = get_logger("spool")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from modelkv_exporter.contract.snapshot import Declaration
 from modelkv_exporter.contract.vocabulary import RowDriver
 from modelkv_exporter.testing.infer import Rows
-from modelkv_exporter.testing.layout import Shape
+from modelkv_exporter.testing.peak_layout import Shape
 
 
 @dataclass(frozen=True)

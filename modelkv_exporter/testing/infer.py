@@ -21,7 +21,7 @@ from modelkv_exporter.judging.declaration_text import (
     python_string,
     spec_name,
 )
-from modelkv_exporter.testing.layout import CallPeak, Shape
+from modelkv_exporter.testing.peak_layout import CallPeak, Shape
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 
 from modelkv_exporter.engine import tensors
 from modelkv_exporter.engine.observe.layers import StorageKey
-from modelkv_exporter.testing.layout import Shape
+from modelkv_exporter.testing.peak_layout import Shape
 
 MODULE_PARTS = frozenset({"_parameters", "_buffers", "_modules"})
 """``nn.Module``'s own tables: parameters, buffers and sub-modules are never plain cache tensors of the owner."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from modelkv_exporter.engine.observe import hooks
 from modelkv_exporter.engine.observe.records import OwnerState
 from modelkv_exporter.testing.caches import CacheTracker
-from modelkv_exporter.testing.layout import CallPeak, HeldLayers, group_layers
+from modelkv_exporter.testing.peak_layout import CallPeak, HeldLayers, group_layers
 
 
 @dataclass

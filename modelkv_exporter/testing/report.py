@@ -11,7 +11,7 @@ from modelkv_exporter.contract.snapshot import Declaration, DroppedDeclaration
 from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, spec_code
 from modelkv_exporter.judging.verdicts import Verdict, byte_text
 from modelkv_exporter.testing.diagnosis import FieldProblem
-from modelkv_exporter.testing.layout import CallPeak
+from modelkv_exporter.testing.peak_layout import CallPeak
 
 
 @dataclass(frozen=True)

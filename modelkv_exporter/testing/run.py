@@ -26,7 +26,7 @@ from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text,
 from modelkv_exporter.testing.caches import CacheTracker
 from modelkv_exporter.testing.diagnosis import FieldProblem, diagnose
 from modelkv_exporter.testing.infer import Capacity, Rows, infer_capacity, infer_rows, reached_bound, suggest
-from modelkv_exporter.testing.layout import CallPeak
+from modelkv_exporter.testing.peak_layout import CallPeak
 from modelkv_exporter.testing.plain_layout import plain_layout
 from modelkv_exporter.testing.recorder import OwnerRecorder, attach, detach
 from modelkv_exporter.testing.report import OwnerReport, Report, Suggestion

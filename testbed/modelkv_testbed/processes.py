@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.server import SidecarServer, build_server
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_testbed import VENV_BIN
 from modelkv_testbed.polling import eventually
 

@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from modelkv_exporter.cli.verdicts import owner_verdicts
+from modelkv_exporter.cli.check_report import owner_verdicts
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, KVLayout
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.vocabulary import RowDriver

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.cli.arguments import attach_dashed_values
+from modelkv_exporter.cli.command_settings import TABLES
 from modelkv_exporter.cli.main import build_parser, parse_arguments
-from modelkv_exporter.cli.settings import TABLES
 from modelkv_exporter.contract.settings import build
 from modelkv_exporter.contract.spool import write_snapshot
-from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 from modelkv_exporter.sidecar.reader.state import Staleness
 from modelkv_testbed.snapshots import make_snapshot

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from modelkv_exporter.cli.ports import free_port_near, listening_socket
-from modelkv_exporter.sidecar.http.config import PROBE_PORT
+from modelkv_exporter.sidecar.http.sidecar_config import PROBE_PORT
 from modelkv_testbed import VENV_BIN
 from modelkv_testbed.polling import eventually
 from modelkv_testbed.processes import free_port, stop_process

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from modelkv_exporter.contract import thresholds
-from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES
+from modelkv_exporter.sidecar.label_values import GROWTH_SOURCES
 from modelkv_testbed import ROOT
 from modelkv_testbed.processes import require_tool
 from modelkv_testbed.promql import RULE_TESTS, RULES_FILE, alerts, metric_names, rule_expressions, rule_groups, rules

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.contract.thresholds import NO_ENGINE_SECONDS
-from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_testbed import ROOT
 from modelkv_testbed.processes import InThread, free_port, require_tool, serving_in_thread
 from modelkv_testbed.promql import RULES_FILE

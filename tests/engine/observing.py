@@ -11,7 +11,7 @@ import torch
 from transformers import EncoderDecoderCache, Qwen2Config
 
 from modelkv_exporter.contract.snapshot import Observation
-from modelkv_exporter.engine.log import flush
+from modelkv_exporter.engine.engine_log import flush
 from modelkv_exporter.engine.observe import Observer
 
 HEADS, HEAD_DIM, LAYERS = 2, 8, 3

@@ -23,10 +23,10 @@ from transformers import DynamicCache
 
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, DiscoveryStatus
 from modelkv_exporter.contract.spool import snapshot_file_name
-from modelkv_exporter.engine import log
+from modelkv_exporter.engine import engine_log
 from modelkv_exporter.engine.config import TABLE, DiscoverySettings, HookConfig
 from modelkv_exporter.engine.discover import Discovery, census, discover, discovery
-from modelkv_exporter.engine.discover.modules import ModuleMap, takes_cache
+from modelkv_exporter.engine.discover.module_map import ModuleMap, takes_cache
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.publish import build_snapshot
@@ -387,7 +387,7 @@ def test_a_failing_census_is_logged_once_turns_discovery_off_and_never_reaches_t
             DiscoveryStatus(enabled=False, reason="discovery failed in census: RuntimeError: census broke"),
         )
         found.beat()
-        log.flush()
+        engine_log.flush()
     assert sum("discovery failed in census" in r.getMessage() for r in caplog.records) == 1
     assert hooks.discover is None
     model.attn(5)

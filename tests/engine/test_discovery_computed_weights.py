@@ -22,7 +22,7 @@ from torch.nn.utils import parametrizations, parametrize
 from torch.nn.utils.weight_norm import WeightNorm
 
 from modelkv_exporter.engine.discover import Discovery, census
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.module_map import ModuleMap
 from modelkv_exporter.engine.observe import Observer
 from modelkv_exporter.engine.weights import model_weight_bytes
 from tests.engine.test_discovery import EVERYTHING, beat

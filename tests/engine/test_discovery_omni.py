@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelkv_exporter.engine.discover import Discovery, modules
+from modelkv_exporter.engine.discover import Discovery, module_map
 from modelkv_exporter.engine.observe import Observer
 from modelkv_exporter.engine.protocol import declaring_owners
 from tests.engine.test_discovery import EVERYTHING, beat, by_owner
@@ -88,7 +88,7 @@ def drive_decoder(decoder: nn.Module, steps: int = 6) -> list[dict[str, Any]]:
 def test_without_following_the_cache_outward_the_decoder_is_split_into_its_attention_layers(
     observer: Observer, monkeypatch
 ) -> None:
-    monkeypatch.setattr(modules, "takes_cache", lambda code: False)
+    monkeypatch.setattr(module_map, "takes_cache", lambda code: False)
     root = nn.Module()
     root.decoder = decoder = running_decoder(1, wrapper=False)
     found = Discovery(root, EVERYTHING, observer=observer)

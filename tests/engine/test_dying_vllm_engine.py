@@ -20,7 +20,7 @@ import yaml
 from modelkv_exporter.cli.main import main
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import alive_file_name, snapshot_file_name, writer_alive
-from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_exporter.sidecar.reader.scan import read_snapshot_file
 from modelkv_testbed.polling import eventually
 from modelkv_testbed.processes import require_tool, serving_in_thread

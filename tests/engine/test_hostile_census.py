@@ -25,7 +25,7 @@ from torch import nn
 from modelkv_exporter.contract.snapshot import DiscoveryStatus
 from modelkv_exporter.engine.config import DiscoverySettings
 from modelkv_exporter.engine.discover import Discovery, census
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.module_map import ModuleMap
 from modelkv_exporter.engine.observe import Observer
 from tests.engine.test_discovery import EVERYTHING
 

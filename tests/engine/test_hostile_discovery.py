@@ -23,8 +23,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from modelkv_exporter.engine.discover import Discovery, census
-from modelkv_exporter.engine.discover.modules import ModuleMap
-from modelkv_exporter.engine.log import ROOT
+from modelkv_exporter.engine.discover.module_map import ModuleMap
+from modelkv_exporter.engine.engine_log import ROOT
 from modelkv_exporter.engine.observe import Observer, hooks
 from tests.engine.test_discovery import EVERYTHING, beat
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from modelkv_exporter.engine.engine_log import flush, report
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
-from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import Observer, hooks, install
 from modelkv_exporter.engine.observe import tally as tally_module
 from modelkv_testbed.snapshots import make_snapshot

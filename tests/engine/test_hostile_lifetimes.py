@@ -37,10 +37,10 @@ import torch
 from transformers import DynamicCache
 
 from modelkv_exporter.contract.spool import snapshot_file_name
-from modelkv_exporter.engine import log
+from modelkv_exporter.engine import engine_log
 from modelkv_exporter.engine.config import HookConfig
+from modelkv_exporter.engine.engine_log import flush, report
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
-from modelkv_exporter.engine.log import flush, report
 from modelkv_exporter.engine.observe import Observer, hooks, installed
 from modelkv_exporter.engine.samplers import CudaSampler
 from modelkv_exporter.engine.vllm_hook import lifecycle, sleep
@@ -102,7 +102,7 @@ def test_an_asynchronous_keyboard_interrupt_in_our_failure_path_reaches_the_mode
         raise ValueError("reader exploded")
 
     monkeypatch.setattr(hooks, "plan_for", explode)
-    tracer = interrupting_inside(log.report.__code__)
+    tracer = interrupting_inside(engine_log.report.__code__)
     sys.settrace(tracer)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -118,7 +118,7 @@ def test_an_asynchronous_keyboard_interrupt_in_our_failure_path_reaches_the_mode
 
 def test_an_asynchronous_keyboard_interrupt_in_report_is_not_swallowed() -> None:
     """``report`` itself, called at any point of our code: the interrupt leaves it unchanged."""
-    tracer = interrupting_inside(log.report.__code__)
+    tracer = interrupting_inside(engine_log.report.__code__)
     sys.settrace(tracer)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -243,7 +243,7 @@ def test_a_handler_raising_system_exit_costs_its_line_not_the_heartbeat(tmp_path
     assert publisher.handler_failure is not None and "SystemExit" in publisher.handler_failure
     report(logging.getLogger(f"{ENGINE_LOGGER}.test"), "a line left for stop")
     publisher.stop()  # raises nothing into its caller
-    assert log.pending() == 0, "stop logged what was left (and the handler lost it)"
+    assert engine_log.pending() == 0, "stop logged what was left (and the handler lost it)"
     assert publisher.end().exists()
 
 
@@ -251,7 +251,7 @@ def test_stop_without_a_heartbeat_raises_no_handlers_system_exit(tmp_path: Path,
     publisher = SnapshotPublisher(tmp_path, make_snapshot("e0"))
     report(logging.getLogger(f"{ENGINE_LOGGER}.test"), "a line left for stop")
     publisher.stop()
-    assert exiting.calls == 1 and log.pending() == 0
+    assert exiting.calls == 1 and engine_log.pending() == 0
 
 
 def test_an_exception_raised_into_the_heartbeat_thread_is_recorded_and_logged_never_unseen(tmp_path: Path) -> None:
@@ -268,7 +268,7 @@ def test_an_exception_raised_into_the_heartbeat_thread_is_recorded_and_logged_ne
     thread.join(5)
     assert not thread.is_alive() and publisher.stopped is not None and "SystemExit" in publisher.stopped
     publisher.stop()
-    assert log.pending() == 0
+    assert engine_log.pending() == 0
 
 
 # -- nothing of ours holds the worker ----------------------------------------------------------------------------

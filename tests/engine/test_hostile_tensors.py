@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from modelkv_exporter.engine import tensors
 from modelkv_exporter.engine.discover import Discovery
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.module_map import ModuleMap
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.weights import model_weight_bytes
 from tests.engine.observing import Owner, add, figures, kv

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.contract.spool import alive_file_name, hold_alive, let_go_alive, snapshot_file_name, writer_alive
-from modelkv_exporter.engine import log
+from modelkv_exporter.engine import engine_log
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher
 from modelkv_exporter.engine.publish import build_snapshot
 from modelkv_testbed import ROOT
@@ -95,7 +95,7 @@ def test_a_lock_another_process_holds_is_logged_once_and_the_snapshot_is_written
          str(spool / alive_file_name(ENGINE))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    log.flush()
+    engine_log.flush()
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "HELD"
         publisher = SnapshotPublisher(spool, build_snapshot(_module(), max_num_seqs=1, engine_id=ENGINE))
@@ -103,11 +103,11 @@ def test_a_lock_another_process_holds_is_logged_once_and_the_snapshot_is_written
             publisher.write()
         assert not publisher.holds_alive
         assert (spool / snapshot_file_name(ENGINE)).exists()
-        lines = [entry for entry in log._pending if "liveness lock" in entry[2]]
+        lines = [entry for entry in engine_log._pending if "liveness lock" in entry[2]]
         assert len(lines) == 1, "logged once"
         publisher.end()
     finally:
-        log.flush()
+        engine_log.flush()
         holder.kill()
         holder.wait()
 

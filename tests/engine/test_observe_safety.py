@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache, cache_utils
 
-from modelkv_exporter.engine.log import flush
-from modelkv_exporter.engine.observe import Observer, hooks, install, installed, probe
+from modelkv_exporter.engine.engine_log import flush
+from modelkv_exporter.engine.observe import Observer, hooks, install, installed, transformers_check
 from modelkv_exporter.engine.observe import tally as tally_module
 from modelkv_exporter.engine.observe.layers import HOOKED_METHODS
 from modelkv_exporter.engine.observe.observer import NO_CALL, OFF
@@ -265,7 +265,7 @@ def test_a_transformers_that_fails_the_probe_is_not_hooked_and_every_figure_is_a
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     before = hook_sites()
-    monkeypatch.setattr(probe, "names", lambda: (None, "CacheLayerMixin has no update()"))
+    monkeypatch.setattr(transformers_check, "names", lambda: (None, "CacheLayerMixin has no update()"))
     owner = Owner()
     observer = install([("o", owner)], enabled=True)
     try:

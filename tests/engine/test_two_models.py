@@ -33,7 +33,7 @@ from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.config import DiscoverySettings
 from modelkv_exporter.engine.discover import Discovery, stack
 from modelkv_exporter.engine.discover.discovery import Several
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.module_map import ModuleMap
 from modelkv_exporter.engine.observe import Observer, hooks, install, installed
 from modelkv_exporter.engine.protocol import ModelLocalKVScope, ModelLocalKVSpec, RowDriver, spec_from_hf_config
 from modelkv_exporter.sidecar.reader.decode import parse_snapshot

@@ -163,33 +163,53 @@ def test_no_module_imports_itself_through_others() -> None:
 def test_a_circle_of_imports_is_caught(tmp_path: Path) -> None:
     copy = tmp_path / PACKAGE
     shutil.copytree(ROOT / PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    log = copy / "engine" / "log.py"
+    log = copy / "engine" / "engine_log.py"
     log.write_text(log.read_text() + "\n\ndef later() -> None:\n    from modelkv_exporter.engine import resolve\n")
-    circle = [f"{PACKAGE}.engine.{name}" for name in ("log", "protocol", "resolve")]
-    assert import_circles(copy) == [circle], "resolve imports log directly and through protocol"
+    circle = [f"{PACKAGE}.engine.{name}" for name in ("engine_log", "protocol", "resolve")]
+    assert import_circles(copy) == [circle], "resolve imports engine_log directly and through protocol"
 
 
 @pytest.mark.parametrize(
     "file,line,expected",
     [
         ("sidecar/labels.py", "import torch", "sidecar imports torch"),
-        ("sidecar/labels.py", "from modelkv_exporter.engine import log", "sidecar imports modelkv_exporter.engine.log"),
-        ("engine/log.py", "from modelkv_exporter.sidecar import catalogue", "engine imports modelkv_exporter.sidecar"),
-        ("engine/log.py", "import prometheus_client", "engine imports prometheus_client"),
+        (
+            "sidecar/labels.py",
+            "from modelkv_exporter.engine import engine_log",
+            "sidecar imports modelkv_exporter.engine.engine_log",
+        ),
+        (
+            "engine/engine_log.py",
+            "from modelkv_exporter.sidecar import catalogue",
+            "engine imports modelkv_exporter.sidecar",
+        ),
+        ("engine/engine_log.py", "import prometheus_client", "engine imports prometheus_client"),
         ("contract/spool.py", "import yaml", "contract imports yaml, which is not in the standard library"),
-        ("contract/spool.py", "from ..engine import log", "contract imports modelkv_exporter.engine"),
+        ("contract/spool.py", "from ..engine import engine_log", "contract imports modelkv_exporter.engine"),
         ("contract/spool.py", "from ..sidecar.reader import scan", "contract imports modelkv_exporter.sidecar"),
         ("contract/spool.py", "from ..judging import verdicts", "contract imports modelkv_exporter.judging"),
-        ("judging/verdicts.py", "from modelkv_exporter.engine import log", "judging imports modelkv_exporter.engine"),
-        ("engine/log.py", "from modelkv_exporter.judging import verdicts", "engine imports modelkv_exporter.judging"),
+        (
+            "judging/verdicts.py",
+            "from modelkv_exporter.engine import engine_log",
+            "judging imports modelkv_exporter.engine",
+        ),
+        (
+            "engine/engine_log.py",
+            "from modelkv_exporter.judging import verdicts",
+            "engine imports modelkv_exporter.judging",
+        ),
         ("cli/reports.py", "import vllm", "cli imports vllm"),
         ("demo/owners.py", "from modelkv_exporter.cli import reports", "demo imports modelkv_exporter.cli"),
         ("demo/owners.py", "from modelkv_exporter.sidecar import catalogue", "demo imports modelkv_exporter.sidecar"),
-        ("testing/run.py", "from modelkv_exporter.cli import verdicts", "testing imports modelkv_exporter.cli"),
+        ("testing/run.py", "from modelkv_exporter.cli import check_report", "testing imports modelkv_exporter.cli"),
         ("testing/run.py", "import fastapi", "testing imports fastapi"),
-        ("cli/verdicts.py", "from modelkv_exporter.testing import report", "cli imports modelkv_exporter.testing"),
+        ("cli/check_report.py", "from modelkv_exporter.testing import report", "cli imports modelkv_exporter.testing"),
         ("demo/owners.py", "from modelkv_exporter.protocol import ModelLocalKVSpec", "demo imports modelkv_exporter"),
-        ("engine/log.py", "from modelkv_exporter import __version__", "engine imports modelkv_exporter.__version__"),
+        (
+            "engine/engine_log.py",
+            "from modelkv_exporter import __version__",
+            "engine imports modelkv_exporter.__version__",
+        ),
         ("__init__.py", "from modelkv_exporter.sidecar import catalogue", "the package root imports"),
     ],
 )

@@ -1,8 +1,8 @@
 """Shipped text names only settings the tables have, and says of a setting's default only what the table says.
 
-The settings tables (``contract/settings.py``'s ``Table``s: the commands' in ``cli/settings.py``, the engine's in
-``engine/config.py``) are the one source of each setting's name and default. Text that ships beside them copies
-neither by hand, or names a flag or a variable after it was renamed: the metric catalogue's HELP served on
+The settings tables (``contract/settings.py``'s ``Table``s: the commands' in ``cli/command_settings.py``, the
+engine's in ``engine/config.py``) are the one source of each setting's name and default. Text that ships beside
+them copies neither by hand, or names a flag or a variable after it was renamed: the metric catalogue's HELP served on
 /metrics, the command's help, every document under docs/ and the README, and everything under deploy/. Here each
 ``--flag`` and ``MODELKV_`` name in that text must be a setting, a flag of one of this repository's programs or of
 a program the docs name (``FOREIGN_FLAGS``), or a variable the project reads that is no setting

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.collector import SpoolCollector
 from modelkv_exporter.sidecar.http.app import make_app
-from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_exporter.sidecar.reader.decode import SnapshotError, parse_snapshot
 from modelkv_exporter.sidecar.reader.scan import SpoolReader
 from modelkv_exporter.sidecar.source import SpoolSource

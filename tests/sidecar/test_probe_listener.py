@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from modelkv_exporter.sidecar.http.probe import DEADLINE_SECONDS, MAX_CONNECTIONS, Heartbeat, ProbeListener
+from modelkv_exporter.sidecar.http.liveness_port import DEADLINE_SECONDS, MAX_CONNECTIONS, Heartbeat, ProbeListener
 from modelkv_testbed import ROOT
 from modelkv_testbed.polling import eventually
 
@@ -273,6 +273,6 @@ def test_the_liveness_listener_loads_no_uvicorn() -> None:
 
     Shown failing on the listener before issue 22, which imported the guarded uvicorn protocol for its 404.
     """
-    code = "import sys, modelkv_exporter.sidecar.http.probe; print(sorted(m for m in sys.modules if 'uvicorn' in m))"
+    code = "import sys, modelkv_exporter.sidecar.http.liveness_port; print(sorted(m for m in sys.modules if 'uvicorn' in m))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip() == "[]"

@@ -21,9 +21,9 @@ import uvicorn
 
 from modelkv_exporter.contract.spool import write_snapshot
 from modelkv_exporter.sidecar.http import routes
-from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.limits import HttpLimits
 from modelkv_exporter.sidecar.http.server import SidecarServer
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_testbed.polling import eventually
 from modelkv_testbed.processes import InThread, free_port, serving_in_thread, wait_http
 from modelkv_testbed.snapshots import make_snapshot

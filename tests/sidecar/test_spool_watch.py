@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from modelkv_exporter.sidecar.http import spool_watch
-from modelkv_exporter.sidecar.http.config import SidecarConfig
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_testbed.polling import eventually
 from modelkv_testbed.processes import serving_in_thread, start_sidecar, stop_process
 

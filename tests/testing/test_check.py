@@ -9,8 +9,7 @@ import torch
 from modelkv_exporter.contract.snapshot import DiscoveredOwner, KVLayout
 from modelkv_exporter.engine.observe import installed
 from modelkv_exporter.judging.verdicts import judge
-from modelkv_exporter.testing import VerdictKind, check, observe
-from modelkv_exporter.testing import layout as layout_module
+from modelkv_exporter.testing import VerdictKind, check, observe, peak_layout
 from tests.testing.owners import HEAD_DIM, HEADS, LAYERS, LENGTH, ROW, Generator, Idle, Windowed, drive, spec
 
 
@@ -87,7 +86,7 @@ def test_positions_count_the_storage_a_window_view_keeps_alive(monkeypatch: pyte
         rows, heads, positions, head_dim = keys.shape
         return rows, heads, head_dim, "float32", 4, positions
 
-    monkeypatch.setattr(layout_module, "layer_geometry", from_shape)
+    monkeypatch.setattr(peak_layout, "layer_geometry", from_shape)
     (broken,) = check(model, drive_twice, max_num_seqs=1, batches=(1,), owners=[""]).owner("").suggestions
     assert "physical_capacity_positions=5," in broken.code, "counted from the view, it would under-report 2x"
 

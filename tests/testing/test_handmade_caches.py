@@ -242,9 +242,11 @@ def test_the_max_num_seqs_rule_broken_on_purpose_turns_the_ring_fixed_again(monk
 def test_the_layer_parts_broken_on_purpose_blame_the_right_int8_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a layer's bytes read as its keys' geometry alone, the scales inflate the int8 data's positions and the
     scales spec declares a dtype no layer seems to hold: the right declaration fails."""
-    from modelkv_exporter.testing import layout
+    from modelkv_exporter.testing import peak_layout
 
-    monkeypatch.setattr(layout, "layer_parts", lambda layer, size: [(layout.layer_geometry(layer, size), size)])
+    monkeypatch.setattr(
+        peak_layout, "layer_parts", lambda layer, size: [(peak_layout.layer_geometry(layer, size), size)]
+    )
     report = run(Int8Cache(BY_NAME["int8_with_scales"].right(), MADE_AT), MADE_AT)
     assert report.owner("").verdict.kind is VerdictKind.HOLDS, "the bytes still hold"
     assert "dtype" in [problem.field for problem in report.owner("").problems], report.text()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from modelkv_exporter.cli.verdicts import owner_verdicts
+from modelkv_exporter.cli.check_report import owner_verdicts
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.contract.vocabulary import DiscoveryMethod

@@ -51,10 +51,10 @@ import torch
 
 from modelkv_exporter.engine import tensors
 from modelkv_exporter.engine.discover import safe
-from modelkv_exporter.engine.discover.modules import ModuleMap
+from modelkv_exporter.engine.discover.module_map import ModuleMap
 from modelkv_exporter.engine.discover.safe import Kind
 from modelkv_exporter.engine.discover.shards import Shards
-from modelkv_exporter.engine.modules import MODULE_DICT, computed_weights
+from modelkv_exporter.engine.module_walk import MODULE_DICT, computed_weights
 from modelkv_exporter.engine.observe.layers import StorageKey
 
 SLICE_SECONDS = 0.0005
@@ -193,7 +193,7 @@ class CensusResult:
     """The module indices with new storages, in the order first found."""
     parameters: set[int] = field(default_factory=set)
     """Storage ids of parameters (read for the baseline only) and of computed weights
-    (``engine.modules.computed_weights``, read at every census: a legacy ``weight_norm`` writes a new one at every
+    (``engine.module_walk.computed_weights``, read at every census: a legacy ``weight_norm`` writes a new one at every
     forward). Never discovered."""
     modules: int = 0
     objects: int = 0

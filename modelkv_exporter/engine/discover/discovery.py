@@ -21,7 +21,7 @@ layer to the model whose module is on the stack (``stack``: where the models run
 ``nn.Module`` call tells them apart). A newer ``Discovery`` of the same root module replaces the older one; one
 that failed stays in the walk, so that its model's layers go to no other model (``DROPPED``).
 
-Whatever fails inside discovery is reported once (``log.report``: queued, logged later by the heartbeat
+Whatever fails inside discovery is reported once (``engine_log.report``: queued, logged later by the heartbeat
 thread) and turns discovery off; the model never sees it, not even at the recursion limit.
 """
 
@@ -42,9 +42,9 @@ from modelkv_exporter.engine import tensors
 from modelkv_exporter.engine.config import DiscoverySettings, HookConfig
 from modelkv_exporter.engine.discover import census, locals_walk, stack
 from modelkv_exporter.engine.discover.census import CensusResult
-from modelkv_exporter.engine.discover.layout import seen_layout, widest
-from modelkv_exporter.engine.discover.modules import ModuleMap
-from modelkv_exporter.engine.log import get_logger, report
+from modelkv_exporter.engine.discover.discovered_layout import seen_layout, widest
+from modelkv_exporter.engine.discover.module_map import ModuleMap
+from modelkv_exporter.engine.engine_log import get_logger, report
 from modelkv_exporter.engine.observe import Observer, hooks
 from modelkv_exporter.engine.observe.layers import StorageKey, held_storages, readable_storages
 from modelkv_exporter.engine.observe.observer import recount

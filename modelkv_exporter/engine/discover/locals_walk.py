@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from types import CodeType, FrameType
 from typing import Any
 
-from modelkv_exporter.engine.discover.modules import ModuleMap, cache_slots
+from modelkv_exporter.engine.discover.module_map import ModuleMap, cache_slots
 
 MAX_FRAMES = 200
 """Frames this walk looks through at most."""

@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from modelkv_exporter.engine.discover.modules import MAX_FRAMES, ModuleMap
+from modelkv_exporter.engine.discover.module_map import MAX_FRAMES, ModuleMap
 
 T = TypeVar("T")
 ModuleRef = weakref.ReferenceType[torch.nn.Module]
@@ -72,7 +72,7 @@ class CodeIndex(Generic[T]):
         self.codes = codes
         """``id`` of a code object -> the module that runs it, or the module of each model that does (``Shared``)."""
         self.passing = frozenset(passing)
-        """Ids in ``codes`` of code that is handed a cache (``modules.CACHE_SLOTS``)."""
+        """Ids in ``codes`` of code that is handed a cache (``module_map.CACHE_SLOTS``)."""
 
 
 def innermost(

@@ -14,7 +14,7 @@ process (``Installation``); each model gets an ``Observer`` of its own, which sa
 - ``hooks``: the hot path (what runs inside the model's calls) and the failure switch;
 - ``patches``: installing and removing the class and owner wrappers;
 - ``wrappers``: an owner method's wrapper, of the method's own kind (generator, coroutine);
-- ``probe``: the install-time check that this transformers keeps caches as the hooks expect;
+- ``transformers_check``: the install-time check that this transformers keeps caches as the hooks expect;
 - ``observer``: ``install``, ``Installation``, ``Observer`` and its sampling.
 """
 

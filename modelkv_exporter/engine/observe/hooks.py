@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from modelkv_exporter.engine.log import get_logger, report
+from modelkv_exporter.engine.engine_log import get_logger, report
 from modelkv_exporter.engine.observe.layers import (
     Unweighable,
     measure,
@@ -279,7 +279,7 @@ def remeasure(records: list[LayerRecord]) -> None:
             remeasure(record.copies)
 
 
-def settle(owner: OwnerState) -> None:
+def measure_new_layers(owner: OwnerState) -> None:
     """Measure the layers created in this call that no update has measured yet."""
     pending = owner.pending
     owner.pending = []
@@ -326,11 +326,11 @@ def discovered(layer: object, state: object = None) -> LayerRecord | None:
         target.graph = "a cache was used during a CUDA graph capture; replays are not observable"
     if record.plan.vetted:
         target.pending.append(record)
-    settle(target)
+    measure_new_layers(target)
     return record
 
 
-def touch(layer: Any) -> None:
+def layer_changed(layer: Any) -> None:
     """After a layer was initialised or updated: attribute it, count the call, re-measure it (never waits)."""
     owner = running.get()
     record = _get(records, id(layer))
@@ -350,7 +350,7 @@ def touch(layer: Any) -> None:
         if _graph_depth:
             owner.graph = "a cache was used during a CUDA graph capture; replays are not observable"
         if owner.pending:
-            settle(owner)
+            measure_new_layers(owner)
     plan = record.plan
     if plan.unknown is not None:
         return
@@ -421,7 +421,7 @@ def wrap_layer_method(function: Callable[..., Any]) -> Callable[..., Any]:
         if _active:
             try:
                 if not _is_compiling():
-                    touch(self)
+                    layer_changed(self)
             except Exception as error:
                 try:
                     fail(site, error)
@@ -497,7 +497,7 @@ def leave(owner: OwnerState, token: contextvars.Token[OwnerState | None]) -> Non
     """The call ends: measure what it created and never updated."""
     running.reset(token)
     if owner.pending and _active:
-        settle(owner)
+        measure_new_layers(owner)
 
 
 def on_capture_begin() -> None:

@@ -6,7 +6,7 @@ tensor ``torch.cat`` just made, and the whole storage stays allocated; ``copy.de
 whole storages too.
 
 Classes are recognised by name within ``transformers.cache_utils`` and checked by behaviour when
-the observer installs (``probe``), not by a version pin. A layer class from elsewhere (a subclass of a vetted
+the observer installs (``transformers_check``), not by a version pin. A layer class from elsewhere (a subclass of a vetted
 class, or a hand-made ``CacheLayerMixin`` subclass) is weighed by every tensor its instance dict holds (keys and
 values, scales, a backing buffer; in lists, tuples and dicts there too), by storage, so a storage shared between
 them counts once: one rule whether its owner declares it or not. Known bookkeeping and 0-dimension tensors are
@@ -64,7 +64,7 @@ FRESH_AFTER_UPDATE = frozenset({"DynamicLayer", "DynamicSlidingWindowLayer"})
 """Classes whose every hooked method leaves keys and values that ``torch.cat`` (or ``torch.tensor``) just made,
 or a window view into one: their bytes are the sizes of those tensors, or of the view's base, read without
 building storage objects (the hot path's largest cost). Copies and changes outside the hooked methods are
-weighed by storage (``settle``, every sample)."""
+weighed by storage (``measure_new_layers``, every sample)."""
 MIXIN = "CacheLayerMixin"
 """The base of every layer class: a hand-made subclass of it is weighed by every tensor it holds."""
 HOOKED_METHODS = ("update", "lazy_initialization", "update_indexer", "lazy_initialization_indexer")

@@ -22,8 +22,8 @@ from collections.abc import Iterable
 
 from modelkv_exporter.contract.snapshot import Observation
 from modelkv_exporter.engine.config import observation_enabled
-from modelkv_exporter.engine.log import flush, report
-from modelkv_exporter.engine.observe import hooks, probe, tally
+from modelkv_exporter.engine.engine_log import flush, report
+from modelkv_exporter.engine.observe import hooks, tally, transformers_check
 from modelkv_exporter.engine.observe.layers import (
     StorageKey,
     forget_plans,
@@ -250,11 +250,11 @@ def _new_installation() -> Installation:
     import transformers
 
     installation = Installation(getattr(transformers, "__version__", "?"))
-    cache_utils, reason = probe.names()
+    cache_utils, reason = transformers_check.names()
     if reason is None:
         installation.patches.install(cache_utils)
         hooks.activate()
-        reason = probe.self_test(cache_utils) or hooks.broken()
+        reason = transformers_check.self_test(cache_utils) or hooks.broken()
         if reason is not None:
             hooks.deactivate()
             installation.patches.remove()

@@ -52,8 +52,8 @@ from modelkv_exporter.contract.snapshot import MemorySample, SleepState, Snapsho
 from modelkv_exporter.contract.spool import snapshot_file_name
 from modelkv_exporter.engine.config import HookConfig
 from modelkv_exporter.engine.discover import Discovery, discover
+from modelkv_exporter.engine.engine_log import get_logger
 from modelkv_exporter.engine.heartbeat import SnapshotPublisher, with_baseline
-from modelkv_exporter.engine.log import get_logger
 from modelkv_exporter.engine.observe import Observer, install
 from modelkv_exporter.engine.protocol import declaring_owners
 from modelkv_exporter.engine.publish import build_snapshot

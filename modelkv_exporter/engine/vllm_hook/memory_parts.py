@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from modelkv_exporter.engine.log import get_logger
-from modelkv_exporter.engine.modules import MODULE_DICT, walk_modules
+from modelkv_exporter.engine.engine_log import get_logger
+from modelkv_exporter.engine.module_walk import MODULE_DICT, walk_modules
 from modelkv_exporter.engine.samplers import PrivatePools
 from modelkv_exporter.engine.weights import model_weight_bytes
 

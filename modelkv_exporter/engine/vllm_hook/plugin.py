@@ -45,7 +45,7 @@ from types import FrameType, ModuleType
 from typing import Any, NamedTuple
 
 from modelkv_exporter.engine.config import HookConfig
-from modelkv_exporter.engine.log import get_logger
+from modelkv_exporter.engine.engine_log import get_logger
 from modelkv_exporter.engine.vllm_hook.imports import on_import
 
 logger = get_logger("plugin")

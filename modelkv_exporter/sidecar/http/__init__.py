@@ -1,6 +1,6 @@
 """The sidecar over HTTP: one FastAPI app, one router, read-only.
 
-- ``config``: ``SidecarConfig``, the sidecar's configuration, every field a setting but the spool directory;
+- ``sidecar_config``: ``SidecarConfig``, the sidecar's configuration, every field a setting but the spool directory;
 - ``app``: ``make_app``, the app factory (one spool, its exposition cache, its router);
 - ``routes``: every route: ``/metrics``, ``/healthz``, ``/readyz``, ``/api/v1/engines``, ``/``;
 - ``pages``: the landing page and the JSON document (``sidecar.presentation``) rendered once per spool change;
@@ -8,5 +8,5 @@
 - ``server``: the uvicorn server that serves the app; ``guard``: uvicorn's httptools protocol held to
   ``limits``, the limits every client is held to, ``uvicorn_surface`` its start-up check of what it uses of
   uvicorn; ``raw_responses``: the responses written below any framework;
-- ``probe``: the liveness port, answered from its own thread.
+- ``liveness_port``: the liveness port, answered from its own thread.
 """

@@ -13,10 +13,10 @@ from fastapi import FastAPI
 
 from modelkv_exporter.contract.version import VERSION
 from modelkv_exporter.sidecar.exposition.cache import ExpositionCache
-from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.pages import Pages
 from modelkv_exporter.sidecar.http.routes import router
 from modelkv_exporter.sidecar.http.sending import HeldBodies
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
 from modelkv_exporter.sidecar.http.spool_watch import watch_spool
 from modelkv_exporter.sidecar.source import SpoolSource
 

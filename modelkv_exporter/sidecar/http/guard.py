@@ -65,7 +65,7 @@ from modelkv_exporter.sidecar.http.limits import LINGER_SECONDS, HttpLimits
 from modelkv_exporter.sidecar.http.raw_responses import closing_response
 from modelkv_exporter.sidecar.http.sending import ABORT
 from modelkv_exporter.sidecar.http.uvicorn_surface import check_uvicorn_surface
-from modelkv_exporter.sidecar.vocabulary import Refusal
+from modelkv_exporter.sidecar.label_values import Refusal
 
 STATUS_REFUSAL = {
     400: Refusal.INVALID_REQUEST,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from starlette.types import Scope, Send
 
-from modelkv_exporter.sidecar.vocabulary import Refusal
+from modelkv_exporter.sidecar.label_values import Refusal
 
 SEND_CHUNK_BYTES = 256 * 1024
 """Bodies go to the connection in views of at most this size, each once the client took the last."""

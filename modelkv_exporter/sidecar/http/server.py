@@ -2,7 +2,7 @@
 
 uvicorn with uvloop and httptools, its protocol held to ``config.http`` (``guard``), uvicorn's
 own log lines rate-limited like the sidecar's and written by the same handlers in the same format
-(uvicorn configures no logging of its own), and the liveness listener (``probe``) started and
+(uvicorn configures no logging of its own), and the liveness listener (``liveness_port``) started and
 stopped with the server, its port logged.
 """
 
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import uvicorn
 
 from modelkv_exporter.sidecar.http.app import make_app
-from modelkv_exporter.sidecar.http.config import SidecarConfig
 from modelkv_exporter.sidecar.http.guard import guarded_protocol
-from modelkv_exporter.sidecar.http.probe import Heartbeat, ProbeListener
-from modelkv_exporter.sidecar.log import get_logger, limit
+from modelkv_exporter.sidecar.http.liveness_port import Heartbeat, ProbeListener
+from modelkv_exporter.sidecar.http.sidecar_config import SidecarConfig
+from modelkv_exporter.sidecar.sidecar_log import get_logger, limit
 
 HEARTBEAT_SECONDS = 1
 BACKLOG = 2048

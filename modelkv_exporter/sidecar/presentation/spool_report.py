@@ -31,6 +31,7 @@ from modelkv_exporter.sidecar.attention import (
 from modelkv_exporter.sidecar.breakdown import Breakdown, breakdown
 from modelkv_exporter.sidecar.discovered import exported_discovery, reports_discovery
 from modelkv_exporter.sidecar.growth import growth
+from modelkv_exporter.sidecar.label_values import GROWTH_SOURCES
 from modelkv_exporter.sidecar.post_mortem import post_mortem, post_mortem_lines
 from modelkv_exporter.sidecar.prescription import Prescription, prescription
 from modelkv_exporter.sidecar.presentation.safe_text import client_detail
@@ -43,7 +44,6 @@ from modelkv_exporter.sidecar.presentation.wording import (
     layout_words,
 )
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView, died
-from modelkv_exporter.sidecar.vocabulary import GROWTH_SOURCES
 
 ColumnKind = Literal["name", "text", "figure", "note"]
 

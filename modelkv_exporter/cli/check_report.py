@@ -18,9 +18,9 @@ from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, layout_figures, resized_figures
 from modelkv_exporter.judging.declaration_text import spec_code as code_of
 from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
+from modelkv_exporter.sidecar.label_values import ROOT_OWNER
 from modelkv_exporter.sidecar.presentation.safe_text import printable
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
-from modelkv_exporter.sidecar.vocabulary import ROOT_OWNER
 
 MAX_WIDTH = 120
 """The widest line of the report."""

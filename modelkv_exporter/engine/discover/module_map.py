@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from modelkv_exporter.engine.discover import safe
-from modelkv_exporter.engine.modules import walk_modules
+from modelkv_exporter.engine.module_walk import walk_modules
 
 MAX_FRAMES = 64
 """Frames attribution looks through at most, whatever the depth of the caller's stack."""

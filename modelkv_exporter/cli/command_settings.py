@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from modelkv_exporter.contract.setting_values import byte_size, log_level, non_negative_float, port_number, positive_int
 from modelkv_exporter.contract.settings import REQUIRED, Table, setting
-from modelkv_exporter.sidecar.http.config import PROBE_PORT, SidecarConfig
+from modelkv_exporter.sidecar.http.sidecar_config import PROBE_PORT, SidecarConfig
 from modelkv_exporter.sidecar.reader.scan import SpoolLimits
 from modelkv_exporter.sidecar.reader.state import Staleness
 

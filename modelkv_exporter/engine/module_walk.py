@@ -1,7 +1,7 @@
 """The model's module tree, walked once per question: by its real ``_modules`` dicts, each module once.
 
 One walk for the two questions asked of it: which modules declare caches (``engine.protocol``) and every
-module by its path (``engine.discover.modules``). It reads ``_modules`` through ``nn.Module``'s real
+module by its path (``engine.discover.module_map``). It reads ``_modules`` through ``nn.Module``'s real
 ``__dict__`` with ``dict``'s own methods (a dict subclass put in its place runs none of its own), so no subclass's
 attribute hooks run, and builds a path string only for a module it yields.
 
