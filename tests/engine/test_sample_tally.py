@@ -176,7 +176,7 @@ def test_broken_a_layers_old_storages_never_leave_and_the_figures_differ(
 def test_broken_changed_layers_never_reweighed_and_the_figures_differ(
     observer: Observer, rolling_off: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hooks, "take_touched", lambda: {})
+    monkeypatch.setattr(hooks, "take_changed", lambda: {})
     assert run_sequence(observer, 1)
 
 
@@ -274,7 +274,7 @@ def test_a_child_forked_while_a_sample_held_changes_rebuilds_its_tallies(observe
     owner(lambda self: caches[0].update(kv(1, 3), kv(1, 3), 0))
     with hooks.lock:
         hooks.drain()
-        hooks.take_touched()  # taken over by the sample the fork cut short
+        hooks.take_changed()  # taken over by the sample the fork cut short
     exact = distinct_bytes(list(caches[0].layers))
     assert figures(observer, owner).live_bytes != exact, "the lost changes leave the parent's tally behind"
     child = os.fork()

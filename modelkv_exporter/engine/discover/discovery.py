@@ -383,7 +383,7 @@ class Discovery:
                         owner.live -= size
                         record.owner = state
                         state.add(size)
-                        hooks.touched[id(record)] = record
+                        hooks.changed[id(record)] = record
 
     def _paged_storages(self) -> set[int]:
         weighed: dict[StorageKey, int] = {}

@@ -78,8 +78,8 @@ record lost with it)."""
 CHANGED = -2
 """``LayerRecord.reported`` of a layer whose tensors may have changed at the same size (new tensor objects of a static
 layer, any other layer's update): its measure is handed over even when equal, so a sample re-weighs its storages."""
-touched: dict[int, LayerRecord] = {}
-"""The records whose changes ``drain`` applied since the last ``take_touched`` (by ``id``): what a sample re-weighs."""
+changed: dict[int, LayerRecord] = {}
+"""The records whose changes ``drain`` applied since the last ``take_changed`` (by ``id``): what a sample re-weighs."""
 BACKLOG = 50_000
 """Changes waiting for a ``drain`` (a few MB) beyond which a model thread drains some itself, if ``lock`` is free."""
 STEP = 64
@@ -139,7 +139,7 @@ def reset() -> None:
     states.clear()
     owners.clear()
     changes.clear()
-    touched.clear()
+    changed.clear()
     _logged_sites.clear()
 
 
@@ -179,7 +179,7 @@ def drain(most: int | None = None) -> None:
             counted = record.bytes
             if counted == GONE:
                 continue
-            touched[id(record)] = record
+            changed[id(record)] = record
             if size == GONE:
                 record.bytes = GONE
                 record.owner.live -= counted
@@ -193,11 +193,11 @@ def drain(most: int | None = None) -> None:
         _draining = False
 
 
-def take_touched() -> dict[int, LayerRecord]:
+def take_changed() -> dict[int, LayerRecord]:
     """The records ``drain`` changed since the last call (holding ``lock``); starts a new set."""
-    global touched
-    taken = touched
-    touched = {}
+    global changed
+    taken = changed
+    changed = {}
     return taken
 
 

@@ -64,7 +64,7 @@ FRESH_AFTER_UPDATE = frozenset({"DynamicLayer", "DynamicSlidingWindowLayer"})
 """Classes whose every hooked method leaves keys and values that ``torch.cat`` (or ``torch.tensor``) just made,
 or a window view into one: their bytes are the sizes of those tensors, or of the view's base, read without
 building storage objects (the hot path's largest cost). Copies and changes outside the hooked methods are
-weighed by storage (``measure_new_layers``, every sample)."""
+weighed by storage (``tally.refresh``, at each sample)."""
 MIXIN = "CacheLayerMixin"
 """The base of every layer class: a hand-made subclass of it is weighed by every tensor it holds."""
 HOOKED_METHODS = ("update", "lazy_initialization", "update_indexer", "lazy_initialization_indexer")

@@ -3,7 +3,7 @@
 An owner's live bytes are the bytes of the distinct storages behind its live layers (a storage two layers share counts
 once). ``Tally`` keeps them: per storage, its bytes and how many of the owner's layers hold it, and their sum. What
 each layer added is remembered (``entries``), so a layer is taken out and weighed again alone: a sample (``refresh``)
-re-weighs the layers whose changes ``hooks.drain`` applied since the last one (``hooks.touched``: updates, new
+re-weighs the layers whose changes ``hooks.drain`` applied since the last one (``hooks.changed``: updates, new
 layers, deaths) and ``ROLL`` more in turn, which finds what changed outside the hooked methods (a ``crop``, an
 attribute set by hand) within ``live layers / ROLL`` samples. Its work grows with the changes, not the live layers.
 
@@ -89,7 +89,7 @@ def refresh(observing: bool) -> None:
     global _rebuild
     with hooks.lock:
         hooks.drain()
-        changed = hooks.take_touched()
+        changed = hooks.take_changed()
         if _rebuild:
             _rebuild = False
             reset()
