@@ -44,13 +44,11 @@ def cache_bytes(cache: Cache) -> int:
     return sum(storages.values())
 
 
-def _fill(
-    cache: Cache, *, layers: int, rows: int, kv_heads: int, tokens: int, head_dim: int, dtype: torch.dtype
-) -> Cache:
-    """Prefill ``tokens`` positions of ``rows`` batch rows into every layer, with distinct keys and values."""
-    shape = (rows, kv_heads, tokens, head_dim)
-    for layer in range(layers):
-        keys, values = torch.full(shape, 0.5, dtype=dtype), torch.full(shape, -0.5, dtype=dtype)
+def _fill(cache: Cache, spec: ModelLocalKVSpec, rows: int, tokens: int) -> Cache:
+    """Prefill ``tokens`` positions of ``rows`` batch rows into each of ``spec``'s layers, keys and values distinct."""
+    shape = (rows, spec.kv_heads, tokens, spec.head_dim)
+    for layer in range(spec.layers):
+        keys, values = torch.full(shape, 0.5, dtype=spec.dtype), torch.full(shape, -0.5, dtype=spec.dtype)
         cache.update(keys, values, layer, cache_kwargs={"cache_position": torch.arange(tokens)})
     return cache
 
@@ -146,15 +144,7 @@ class CodecDecoder(DemoOwner):
         exactly ``window - 1`` positions; a prefill of that many positions gives the same storage.
         """
         cache = DynamicCache(config=self.config)
-        return _fill(
-            cache,
-            layers=spec.layers,
-            rows=rows,
-            kv_heads=spec.kv_heads,
-            tokens=self.config.sliding_window - 1,
-            head_dim=spec.head_dim,
-            dtype=spec.dtype,
-        )
+        return _fill(cache, spec, rows, self.config.sliding_window - 1)
 
 
 class EagerCodecDecoder(CodecDecoder):
@@ -184,15 +174,7 @@ class StaticCacheOwner(DemoOwner):
 
     def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
         cache = StaticCache(config=self.config, max_cache_len=spec.physical_capacity_positions)
-        return _fill(
-            cache,
-            layers=spec.layers,
-            rows=rows,
-            kv_heads=spec.kv_heads,
-            tokens=1,
-            head_dim=spec.head_dim,
-            dtype=spec.dtype,
-        )
+        return _fill(cache, spec, rows, 1)
 
 
 class LocalTransformer(StaticCacheOwner):
@@ -262,15 +244,7 @@ class WhisperStreamingEncoder(DemoOwner):
 
     def build_cache(self, spec: ModelLocalKVSpec, rows: int) -> Cache:
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        _fill(
-            cache.self_attention_cache,
-            layers=spec.layers,
-            rows=rows,
-            kv_heads=spec.kv_heads,
-            tokens=spec.physical_capacity_positions,
-            head_dim=spec.head_dim,
-            dtype=spec.dtype,
-        )
+        _fill(cache.self_attention_cache, spec, rows, spec.physical_capacity_positions)
         return cache
 
 
