@@ -21,7 +21,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, NoReturn
 
-from modelkv_exporter.contract.fields import REQUIRED, FieldInfo, fields_of
+from modelkv_exporter.contract.fields import REQUIRED, FieldInfo, Rule, fields_of
 from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, VERSION_FIELD, Declaration, Snapshot
 from modelkv_exporter.contract.validity import (
     boolean_problem,
@@ -67,28 +67,28 @@ Reader = Callable[[Any, str, int], Any]
 """Reads one JSON value found at a path, for a document of a schema version, into its Python value."""
 
 
-def _integer(info: FieldInfo) -> Reader:
-    rule = info.rule
+def _scalar(
+    problem_of: Callable[[Any, Rule], str | None], convert: Callable[[Any], Any]
+) -> Callable[[FieldInfo], Reader]:
+    """The reader of a scalar kind: ``problem_of`` judges a value by the field's rule, ``convert`` makes it Python's."""
 
-    def read(value: Any, where: str, version: int) -> int:
-        problem = integer_problem(value, rule)
-        if problem is not None:
-            _invalid(where, problem)
-        return int(value)
+    def reader(info: FieldInfo) -> Reader:
+        rule = info.rule
 
-    return read
+        def read(value: Any, where: str, version: int) -> Any:
+            problem = problem_of(value, rule)
+            if problem is not None:
+                _invalid(where, problem)
+            return convert(value)
+
+        return read
+
+    return reader
 
 
-def _number(info: FieldInfo) -> Reader:
-    rule = info.rule
-
-    def read(value: Any, where: str, version: int) -> float:
-        problem = number_problem(value, rule)
-        if problem is not None:
-            _invalid(where, problem)
-        return float(value)
-
-    return read
+_integer = _scalar(integer_problem, int)
+_number = _scalar(number_problem, float)
+_boolean = _scalar(boolean_problem, bool)
 
 
 def _text(info: FieldInfo) -> Reader:
@@ -101,18 +101,6 @@ def _text(info: FieldInfo) -> Reader:
         if problem is not None:
             _invalid(where, problem)
         return str(value)
-
-    return read
-
-
-def _boolean(info: FieldInfo) -> Reader:
-    rule = info.rule
-
-    def read(value: Any, where: str, version: int) -> bool:
-        problem = boolean_problem(value, rule)
-        if problem is not None:
-            _invalid(where, problem)
-        return bool(value)
 
     return read
 
