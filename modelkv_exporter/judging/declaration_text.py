@@ -86,9 +86,10 @@ def spec_name(owner: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in last) + "_kv"
 
 
-def positions_for(peak_bytes: int, *, layers: int, kv_heads: int, head_dim: int, element_size: int, rows: int) -> int:
-    """Positions a row that hold ``peak_bytes`` at this geometry and row count (rounded up)."""
-    per_position = 2 * layers * kv_heads * head_dim * element_size * max(1, rows)
+def positions_for(peak_bytes: int, geometry: KVLayout | Declaration, rows: int) -> int:
+    """Positions a row that hold ``peak_bytes`` at ``geometry``'s layers, heads and element size and ``rows`` rows
+    (rounded up)."""
+    per_position = 2 * geometry.layers * geometry.kv_heads * geometry.head_dim * geometry.element_size * max(1, rows)
     return -(-peak_bytes // per_position)
 
 
@@ -98,14 +99,7 @@ CAPACITY_SOURCE_UNKNOWN = "where the bound comes from (a config field, a formula
 
 def layout_figures(owner: str, peak_bytes: int, layout: KVLayout) -> tuple[Figure, ...]:
     """A declaration from a geometry an engine saw (a discovered owner's ``layout``) and its peak."""
-    positions = positions_for(
-        peak_bytes,
-        layers=layout.layers,
-        kv_heads=layout.kv_heads,
-        head_dim=layout.head_dim,
-        element_size=layout.element_size,
-        rows=layout.rows,
-    )
+    positions = positions_for(peak_bytes, layout, layout.rows)
     seen = f"keys [rows, {layout.kv_heads}, positions, {layout.head_dim}]"
     return (
         Figure("name", python_string(spec_name(owner)), "a name unique within the owner"),
@@ -140,14 +134,7 @@ def resized_figures(owner: str, observed_bytes: int, declarations: Sequence[Decl
     if len(shapes) != 1:
         return None
     first = declarations[0]
-    positions = positions_for(
-        observed_bytes,
-        layers=first.layers,
-        kv_heads=first.kv_heads,
-        head_dim=first.head_dim,
-        element_size=first.element_size,
-        rows=first.row_count,
-    )
+    positions = positions_for(observed_bytes, first, first.row_count)
     declared = " + ".join(str(d.physical_capacity_positions) for d in declarations)
     geometry = "as declared: a running engine reports bytes, not the geometry, of declared caches"
     rows = (
