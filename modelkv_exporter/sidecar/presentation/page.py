@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import html
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
 from modelkv_exporter.contract.thresholds import NO_ENGINE_SECONDS
 from modelkv_exporter.sidecar.attention import CLI, NAMED, Concern, Finding, owner_name, waiting
+from modelkv_exporter.sidecar.post_mortem import utc_time
 from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription_text
 from modelkv_exporter.sidecar.presentation.owner_chart import owner_chart
 from modelkv_exporter.sidecar.presentation.parts_chart import parts_chart
@@ -130,11 +130,6 @@ def _engine_row(engine: EngineReport) -> list[str]:
         "" if growth is None else f"<code>{escape(growth[0])}</code>",
         f"{engine.age:.0f} s",
     ]
-
-
-def generated_at(now: float) -> str:
-    """``now`` as the page shows it: UTC, to the second."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now))
 
 
 def _discovery(engine: EngineReport) -> str:
@@ -326,7 +321,7 @@ def render_page(
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>modelkv-exporter</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>modelkv-exporter {escape(version)}</h1>"
-        f"<p>spool <code>{escape(spool_dir)}</code> · {summary} · generated {generated_at(view.now)}</p></header>"
+        f"<p>spool <code>{escape(spool_dir)}</code> · {summary} · generated {utc_time(view.now)}</p></header>"
         f"<main>{_attention(report, Guidance(cli_spool, cli, runbook_url), up_for)}<nav>{nav}</nav>"
         f"<h2>Engines</h2>{table}<h2>Declarations</h2>{sections or '<p class=muted>None.</p>'}"
         f'<h2 id="rejected">Rejected files</h2>{rejected_html}</main></body></html>\n'
