@@ -192,8 +192,8 @@ class HasModelLocalKV(Protocol):
         ...
 
 
-def _unwrap_to_module(model: object) -> object:
-    """Follow ``unwrap()`` (vLLM's CUDAGraphWrapper) down to the real module tree."""
+def unwrap_model(model: object) -> object:
+    """The real module tree behind ``model``: ``unwrap()`` (vLLM's CUDAGraphWrapper) followed down to it."""
     seen: set[int] = set()
     current = model
     while id(current) not in seen:
@@ -209,11 +209,6 @@ def _unwrap_to_module(model: object) -> object:
             return current
         current = inner
     return current
-
-
-def unwrap_model(model: object) -> object:
-    """The real module tree behind ``model`` (through vLLM's ``unwrap()`` wrappers)."""
-    return _unwrap_to_module(model)
 
 
 _METHOD = "model_local_kv_specs"
@@ -253,7 +248,7 @@ def _owners(root: object) -> list[tuple[str, HasModelLocalKV]]:
 
 def declaring_owners(model: object) -> list[tuple[str, HasModelLocalKV]]:
     """Every object in a loaded model that declares model-local KV, with its module path (``""`` = root)."""
-    return _owners(_unwrap_to_module(model))
+    return _owners(unwrap_model(model))
 
 
 NEAR_MISS_RATIO = 0.85
@@ -277,7 +272,7 @@ def _near_miss_names(kind: type) -> tuple[str, ...]:
 def near_misses(model: object) -> list[tuple[str, str, str]]:
     """``(path, class, name)`` of every module that defines a method named almost ``model_local_kv_specs``
     (``model_local_kv_spec``, ``model_local_kv_spces``) and not that one: a declaration the engine never asks for."""
-    root = _unwrap_to_module(model)
+    root = unwrap_model(model)
     modules = walk_modules(root) if isinstance(root, torch.nn.Module) else iter([("", root)])
     by_type: dict[type, tuple[str, ...]] = {}
     found = []

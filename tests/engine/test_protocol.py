@@ -173,7 +173,7 @@ def test_unwrap_stops_on_cycles_and_errors() -> None:
             raise RuntimeError
 
     for obj in (Cyclic(), Broken()):
-        assert protocol._unwrap_to_module(obj) is obj
+        assert protocol.unwrap_model(obj) is obj
 
 
 def test_duplicate_names_are_kept_and_renamed() -> None:
