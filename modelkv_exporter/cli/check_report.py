@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modelkv_exporter.cli.text_layout import wrapped
+from modelkv_exporter.cli.text_layout import MAX_WIDTH, wrapped
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, layout_figures, resized_figures
 from modelkv_exporter.judging.declaration_text import spec_code as code_of
@@ -22,8 +22,6 @@ from modelkv_exporter.sidecar.label_values import ROOT_OWNER
 from modelkv_exporter.sidecar.presentation.safe_text import printable
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
 
-MAX_WIDTH = 120
-"""The widest line of the report."""
 TESTING_HINT = (
     "run modelkv_exporter.testing on the model (docs/declaring-caches.md) for a suggestion with its geometry checked"
 )
