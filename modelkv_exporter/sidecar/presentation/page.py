@@ -123,7 +123,7 @@ def _engine_row(engine: EngineReport) -> list[str]:
         escape(facts.get("model", "")),
         escape(facts.get("stage", "")),
         f'<span class="state {engine.state.value}">{engine.state.value}</span>',
-        ABSENT if engine.max_num_seqs is None else str(engine.max_num_seqs),
+        escape(facts["max_num_seqs"]),
         str(len(engine.declarations.rows)),
         human_bytes(engine.declared_peak),
         ABSENT if growth is None else signed_bytes(growth[1]),

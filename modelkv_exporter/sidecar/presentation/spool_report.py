@@ -116,7 +116,6 @@ class EngineReport:
     measured_growth: tuple[str, int] | None
     """The measurement growth since baseline is taken from, and its bytes."""
     prescription: Prescription
-    max_num_seqs: int | None
     age: float
     """Seconds since its last heartbeat."""
     detailed: bool
@@ -346,7 +345,6 @@ def engine_report(
         growth=growth_cells(snapshot, state),
         measured_growth=measured_growth(snapshot),
         prescription=prescription(snapshot),
-        max_num_seqs=snapshot.settings.max_num_seqs,
         age=max(now - snapshot.heartbeat_at, 0),
         detailed=state is not EngineState.FORGOTTEN and (state is not EngineState.ENDED or died(snapshot)),
     )
