@@ -111,13 +111,8 @@ def _engine_lines(engine: EngineReport, width: int) -> list[str]:
     lines += [wrapped(printable(f"dropped: {text}"), width) for text in engine.dropped]
     lines += table_lines(engine.owners, width)
     lines += table_lines(engine.discovered, width)
-    facts = [fact.text for fact in engine.discovery]
-    if facts:
-        lines.append(
-            wrapped(
-                printable(facts[0] if facts[0].startswith("discovery") else "discovery: " + "; ".join(facts)), width
-            )
-        )
+    if engine.discovery:
+        lines.append(wrapped(printable("; ".join(fact.text for fact in engine.discovery)), width))
     return [
         *lines,
         *_parts(engine, width),
@@ -162,7 +157,8 @@ def attention_summary(report: SpoolReport, spool: str, cli: str = CLI, width: in
         return [f"summary: {count}, none with a problem", ""]
     lines = [f"summary: {count}, {len(troubled)} with problems:"]
     for engine in troubled:
-        who = ", ".join(v for v in (*engine.who.split(" · "), engine.state.value) if v)
+        facts = dict(engine.facts)
+        who = ", ".join(v for v in (facts.get("model"), facts.get("stage"), engine.state.value) if v)
         for finding in engine.findings:
             problems = "; ".join(p.text for p in finding.problems)
             what = printable(f"{engine.engine_id} ({who}): {finding.concern.value}: {problems}")

@@ -141,7 +141,6 @@ class SpoolReport:
     rejected: tuple[Rejected, ...]
     skipped: int
     unreadable: bool
-    now: float
 
     @property
     def troubled(self) -> list[EngineReport]:
@@ -292,7 +291,7 @@ def discovery_facts(status: DiscoveryStatus | None, omitted: int) -> tuple[Fact,
         if status.census_seconds is not None:
             facts.append(
                 Fact(
-                    f"last census {status.modules} modules, {status.objects} objects in "
+                    f"discovery: last census {status.modules} modules, {status.objects} objects in "
                     f"{status.census_seconds * 1000:.1f} ms"
                 )
             )
@@ -373,5 +372,4 @@ def spool_report(
         rejected=rejected_files(view),
         skipped=view.scan.skipped,
         unreadable=bool(view.scan.error),
-        now=view.now,
     )
