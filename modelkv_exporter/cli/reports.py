@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from modelkv_exporter.cli.text_layout import MAX_WIDTH, command_lines, table, wrapped
 from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
-from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
+from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.attention import CLI, Concern, Finding, over_declaration, undeclared_text
 from modelkv_exporter.sidecar.breakdown import headroom_words, whole_and_missing
 from modelkv_exporter.sidecar.capacity import Correction, Demand
@@ -201,13 +201,9 @@ def _fit_cell(demand: Demand, cache_memory: int) -> str:
 
 def _correction_note(engine_id: str, snapshot: Snapshot, correction: Correction) -> str:
     """A correction in the landing page's words, then what ``plan`` made of it."""
-    at = f"max_num_seqs {snapshot.settings.max_num_seqs or 'none'}"
     if correction.ratio is None:
-        what = undeclared_text(correction.owner, "", correction.observed_bytes)
-        return (
-            f"warning: {engine_id}: {Concern.UNDECLARED.value}: {what}; counted as fixed bytes (how they grow with "
-            "max_num_seqs is unknown)"
-        )
+        return _undeclared_note(engine_id, undeclared_text(correction.owner, "", correction.observed_bytes))
+    at = f"max_num_seqs {snapshot.settings.max_num_seqs or 'none'}"
     ratio = float(correction.ratio)
     what = over_declaration(correction.owner, correction.observed_bytes, correction.declared_bytes)
     return (
@@ -215,9 +211,8 @@ def _correction_note(engine_id: str, snapshot: Snapshot, correction: Correction)
     )
 
 
-def _undeclared_note(engine_id: str, found: DiscoveredOwner) -> str:
-    """A discovered owner in the landing page's words, then what ``plan`` made of it."""
-    what = undeclared_text(found.owner, found.owner_class, found.peak_bytes, found.declares)
+def _undeclared_note(engine_id: str, what: str) -> str:
+    """An undeclared cache in the landing page's words (``what``), then what ``plan`` made of it."""
     return (
         f"warning: {engine_id}: {Concern.UNDECLARED.value}: {printable(what)}; counted as fixed bytes (how they grow "
         "with max_num_seqs is unknown)"
@@ -275,7 +270,9 @@ def plan_report(
             row.append(_fit_cell(demand, cache_memory))
         rows.append(row)
         warnings += [wrapped(_correction_note(engine_id, snapshot, c), width, "") for c in demand.corrections]
-        warnings += [wrapped(_undeclared_note(engine_id, d), width, "") for d in demand.undeclared]
+        for found in demand.undeclared:
+            what = undeclared_text(found.owner, found.owner_class, found.peak_bytes, found.declares)
+            warnings.append(wrapped(_undeclared_note(engine_id, what), width, ""))
     parts = []
     if cache_memory is not None:
         parts.append(
