@@ -21,13 +21,13 @@ from modelkv_exporter.sidecar.prescription import (
 from modelkv_exporter.sidecar.presentation.safe_text import printable
 from modelkv_exporter.sidecar.presentation.spool_report import (
     EngineReport,
-    Rejected,
     SpoolReport,
     Table,
     rejected_files,
     spool_report,
 )
 from modelkv_exporter.sidecar.presentation.wording import GROWTH_COLUMNS, SKIPPED, plural
+from modelkv_exporter.sidecar.reader.decode import SnapshotError
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 
 FITS_LEGEND = "the largest max_num_seqs whose peak fits in --cache-memory"
@@ -121,9 +121,9 @@ def _engine_lines(engine: EngineReport, width: int) -> list[str]:
     ]
 
 
-def _rejected_lines(rejected: Sequence[Rejected], skipped: int, width: int) -> list[str]:
+def _rejected_lines(rejected: Sequence[tuple[str, SnapshotError]], skipped: int, width: int) -> list[str]:
     """Every file the scan could not use, with its reason, and how many it did not read."""
-    lines = [wrapped(printable(f"{r.file_name}: {r.reason}: {r.detail}"), width, "  ") for r in rejected]
+    lines = [wrapped(printable(f"{name}: {e.reason.value}: {e.detail}"), width, "  ") for name, e in rejected]
     if skipped:
         lines.append(wrapped(f"{skipped} {SKIPPED}", width, "  "))
     return ["rejected files:", *lines] if lines else []
