@@ -20,6 +20,7 @@ from modelkv_exporter.judging.declaration_text import spec_code as code_of
 from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
 from modelkv_exporter.sidecar.label_values import ROOT_OWNER
 from modelkv_exporter.sidecar.presentation.safe_text import printable
+from modelkv_exporter.sidecar.presentation.wording import SKIPPED
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
 
 TESTING_HINT = (
@@ -104,14 +105,7 @@ def rejected_lines(scan: SpoolScan, width: int) -> list[str]:
         if entry.error is not None
     ]
     if scan.skipped:
-        lines.append(
-            wrapped(
-                f"  FAIL {scan.skipped} more files not read: over the spool's file or byte budget "
-                "(--max-spool-files, --max-spool-bytes)",
-                width,
-                "",
-            )
-        )
+        lines.append(wrapped(f"  FAIL {scan.skipped} {SKIPPED}", width, ""))
     return ["rejected files (their engines are not judged):", *lines, ""] if lines else []
 
 
