@@ -54,14 +54,14 @@ class OwnerReport:
 
     owner: str
     owner_class: str
-    declarations: tuple[Declaration, ...]
     verdict: Verdict
-    problems: tuple[FieldProblem, ...]
-    calls: int | None
-    cache_calls: int | None
-    live_bytes: int | None
-    peaks: tuple[CallPeak, ...]
-    suggestions: tuple[Suggestion, ...]
+    declarations: tuple[Declaration, ...] = ()
+    problems: tuple[FieldProblem, ...] = ()
+    calls: int | None = None
+    cache_calls: int | None = None
+    live_bytes: int | None = None
+    peaks: tuple[CallPeak, ...] = ()
+    suggestions: tuple[Suggestion, ...] = ()
     found_by: str = ""
     """Empty for a declarer; ``named`` (given to the check) or the discovery method otherwise."""
     plain_bytes: int = 0
