@@ -121,11 +121,13 @@ def _engine_lines(engine: EngineReport, width: int) -> list[str]:
     ]
 
 
-def _rejected_lines(rejected: Sequence[tuple[str, SnapshotError]], skipped: int, width: int) -> list[str]:
-    """Every file the scan could not use, with its reason, and how many it did not read."""
-    lines = [wrapped(printable(f"{name}: {e.reason.value}: {e.detail}"), width, "  ") for name, e in rejected]
+def rejected_lines(
+    rejected: Sequence[tuple[str, SnapshotError]], skipped: int, width: int, mark: str = ""
+) -> list[str]:
+    """Every file the scan could not use, with its reason, and how many it did not read, each after ``mark``."""
+    lines = [wrapped(printable(f"{mark}{name}: {e.reason.value}: {e.detail}"), width, "  ") for name, e in rejected]
     if skipped:
-        lines.append(wrapped(f"{skipped} {SKIPPED}", width, "  "))
+        lines.append(wrapped(f"{mark}{skipped} {SKIPPED}", width, "  "))
     return ["rejected files:", *lines] if lines else []
 
 
@@ -182,7 +184,7 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH, spool: str = "DIR", 
             if shown.rows:
                 legends[shown.legend] = None
     parts += [line for legend in legends for line in (wrapped(legend, width), "")]
-    parts += _rejected_lines(report.rejected, report.skipped, width)
+    parts += rejected_lines(report.rejected, report.skipped, width)
     if not parts:
         parts.append("no snapshots in the spool")
     return "\n".join(parts).rstrip() + "\n"
@@ -290,7 +292,7 @@ def plan_report(
     parts += _prescription_lines(view, width)
     states = {item.state for item in view.usable}
     parts += [wrapped(note, width) for state, note in STATE_NOTES.items() if state in states]
-    parts += _rejected_lines(rejected_files(view), view.scan.skipped, width)
+    parts += rejected_lines(rejected_files(view.scan), view.scan.skipped, width)
     return "\n".join(parts) + "\n"
 
 

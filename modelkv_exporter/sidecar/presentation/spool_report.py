@@ -43,6 +43,7 @@ from modelkv_exporter.sidecar.presentation.wording import (
     layout_words,
 )
 from modelkv_exporter.sidecar.reader.decode import SnapshotError
+from modelkv_exporter.sidecar.reader.scan import SpoolScan
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView, died
 
 ColumnKind = Literal["name", "text", "figure", "note"]
@@ -340,9 +341,9 @@ def engine_report(
     )
 
 
-def rejected_files(view: SpoolView) -> tuple[tuple[str, SnapshotError], ...]:
-    """Every file of ``view`` the scan could not use, with why."""
-    return tuple((e.file_name, e.error) for e in view.rejected if e.error is not None)
+def rejected_files(scan: SpoolScan) -> tuple[tuple[str, SnapshotError], ...]:
+    """Every file ``scan`` could not use, with why."""
+    return tuple((e.file_name, e.error) for e in scan.entries if e.error is not None)
 
 
 def spool_report(
@@ -356,7 +357,7 @@ def spool_report(
             for item in view.usable
         ),
         no_engine=no_engine(view, up_for),
-        rejected=rejected_files(view),
+        rejected=rejected_files(view.scan),
         skipped=view.scan.skipped,
         unreadable=bool(view.scan.error),
     )
