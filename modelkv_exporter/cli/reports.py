@@ -56,11 +56,6 @@ def table_lines(report_table: Table, width: int) -> list[str]:
     return lines
 
 
-def _heading(engine: EngineReport) -> str:
-    facts = [f"{name} {value}" for name, value in engine.facts]
-    return printable(", ".join([f"engine {engine.engine_id} [{engine.state.value}]", *facts]))
-
-
 def _parts(engine: EngineReport, width: int) -> list[str]:
     """Where the engine's memory goes: each known part, its bytes and share of the process figure, then the unknown."""
     parts = engine.parts
@@ -99,7 +94,8 @@ def prescription_lines(found: Prescription, lead: str, width: int) -> list[str]:
 def _engine_lines(engine: EngineReport, width: int) -> list[str]:
     """One engine in the order the page shows it: who it is, how it died, its declarations, owners, discovered
     owners, memory by part, growth and what to give vLLM."""
-    lines = [wrapped(_heading(engine), width)]
+    facts = [f"{name} {value}" for name, value in engine.facts]
+    lines = [wrapped(printable(", ".join([f"engine {engine.engine_id} [{engine.state.value}]", *facts])), width)]
     if engine.post_mortem:
         lines.append("post-mortem:")
         lines += [wrapped(printable(f"{heading}: {text}"), width, "  ") for heading, text in engine.post_mortem]
