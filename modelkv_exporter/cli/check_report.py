@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from modelkv_exporter.cli.reports import rejected_lines
 from modelkv_exporter.cli.text_layout import MAX_WIDTH, wrapped
 from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.judging.declaration_text import IMPORTS, Figure, evidence_lines, layout_figures, resized_figures
@@ -20,6 +21,7 @@ from modelkv_exporter.judging.declaration_text import spec_code as code_of
 from modelkv_exporter.judging.verdicts import Verdict, VerdictKind, holder_text, judge
 from modelkv_exporter.sidecar.label_values import ROOT_OWNER
 from modelkv_exporter.sidecar.presentation.safe_text import printable
+from modelkv_exporter.sidecar.presentation.spool_report import rejected_files
 from modelkv_exporter.sidecar.reader.scan import SpoolScan
 
 TESTING_HINT = (
@@ -96,25 +98,6 @@ def _suggestion(item: OwnerVerdict, width: int) -> list[str]:
     return lines
 
 
-def rejected_lines(scan: SpoolScan, width: int) -> list[str]:
-    """Every spool file that could not be judged, with its reason, and how many were not read."""
-    lines = [
-        wrapped(f"  FAIL {entry.file_name}: rejected, {entry.error.reason.value}: {entry.error.detail}", width, "")
-        for entry in scan.entries
-        if entry.error is not None
-    ]
-    if scan.skipped:
-        lines.append(
-            wrapped(
-                f"  FAIL {scan.skipped} more files not read: over the spool's file or byte budget "
-                "(--max-spool-files, --max-spool-bytes)",
-                width,
-                "",
-            )
-        )
-    return ["rejected files (their engines are not judged):", *lines, ""] if lines else []
-
-
 def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
     """The verdicts of every engine in the spool (ended ones too), and whether every one passes.
 
@@ -155,9 +138,9 @@ def check_report(scan: SpoolScan, width: int = MAX_WIDTH) -> tuple[str, bool]:
             text = f"  FAIL {dropped.owner or ROOT_OWNER} ({dropped.owner_class}): {dropped.count} declaration(s) "
             parts.append(wrapped(text + f"dropped, {dropped.reason}: {dropped.error}", width, ""))
         parts.append("")
-    rejected = rejected_lines(scan, width)
-    parts += rejected
+    rejected = rejected_lines(rejected_files(scan), scan.skipped, width, "FAIL ")
     if rejected:
+        parts += [*rejected, ""]
         passing = False
     if not judged:
         passing = False

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from modelkv_exporter.cli.text_layout import MAX_WIDTH, command_lines, table, wrapped
 from modelkv_exporter.contract.sizes import human_bytes, signed_bytes
-from modelkv_exporter.contract.snapshot import DiscoveredOwner, Snapshot
+from modelkv_exporter.contract.snapshot import Snapshot
 from modelkv_exporter.sidecar.attention import CLI, Concern, Finding, over_declaration, undeclared_text
 from modelkv_exporter.sidecar.breakdown import headroom_words, whole_and_missing
 from modelkv_exporter.sidecar.capacity import Correction, Demand
@@ -21,13 +21,13 @@ from modelkv_exporter.sidecar.prescription import (
 from modelkv_exporter.sidecar.presentation.safe_text import printable
 from modelkv_exporter.sidecar.presentation.spool_report import (
     EngineReport,
-    Rejected,
     SpoolReport,
     Table,
     rejected_files,
     spool_report,
 )
 from modelkv_exporter.sidecar.presentation.wording import GROWTH_COLUMNS, SKIPPED, plural
+from modelkv_exporter.sidecar.reader.decode import SnapshotError
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView
 
 FITS_LEGEND = "the largest max_num_seqs whose peak fits in --cache-memory"
@@ -54,11 +54,6 @@ def table_lines(report_table: Table, width: int) -> list[str]:
         if said:
             lines.append(wrapped(printable(" / ".join(row[: report_table.key]) + ": " + "; ".join(said)), width, "  "))
     return lines
-
-
-def _heading(engine: EngineReport) -> str:
-    facts = [f"{name} {value}" for name, value in engine.facts]
-    return printable(", ".join([f"engine {engine.engine_id} [{engine.state.value}]", *facts]))
 
 
 def _parts(engine: EngineReport, width: int) -> list[str]:
@@ -99,7 +94,8 @@ def prescription_lines(found: Prescription, lead: str, width: int) -> list[str]:
 def _engine_lines(engine: EngineReport, width: int) -> list[str]:
     """One engine in the order the page shows it: who it is, how it died, its declarations, owners, discovered
     owners, memory by part, growth and what to give vLLM."""
-    lines = [wrapped(_heading(engine), width)]
+    facts = [f"{name} {value}" for name, value in engine.facts]
+    lines = [wrapped(printable(", ".join([f"engine {engine.engine_id} [{engine.state.value}]", *facts])), width)]
     if engine.post_mortem:
         lines.append("post-mortem:")
         lines += [wrapped(printable(f"{heading}: {text}"), width, "  ") for heading, text in engine.post_mortem]
@@ -121,11 +117,13 @@ def _engine_lines(engine: EngineReport, width: int) -> list[str]:
     ]
 
 
-def _rejected_lines(rejected: Sequence[Rejected], skipped: int, width: int) -> list[str]:
-    """Every file the scan could not use, with its reason, and how many it did not read."""
-    lines = [wrapped(printable(f"{r.file_name}: {r.reason}: {r.detail}"), width, "  ") for r in rejected]
+def rejected_lines(
+    rejected: Sequence[tuple[str, SnapshotError]], skipped: int, width: int, mark: str = ""
+) -> list[str]:
+    """Every file the scan could not use, with its reason, and how many it did not read, each after ``mark``."""
+    lines = [wrapped(printable(f"{mark}{name}: {e.reason.value}: {e.detail}"), width, "  ") for name, e in rejected]
     if skipped:
-        lines.append(wrapped(f"{skipped} {SKIPPED}", width, "  "))
+        lines.append(wrapped(f"{mark}{skipped} {SKIPPED}", width, "  "))
     return ["rejected files:", *lines] if lines else []
 
 
@@ -182,7 +180,7 @@ def inspect_report(view: SpoolView, width: int = MAX_WIDTH, spool: str = "DIR", 
             if shown.rows:
                 legends[shown.legend] = None
     parts += [line for legend in legends for line in (wrapped(legend, width), "")]
-    parts += _rejected_lines(report.rejected, report.skipped, width)
+    parts += rejected_lines(report.rejected, report.skipped, width)
     if not parts:
         parts.append("no snapshots in the spool")
     return "\n".join(parts).rstrip() + "\n"
@@ -201,13 +199,9 @@ def _fit_cell(demand: Demand, cache_memory: int) -> str:
 
 def _correction_note(engine_id: str, snapshot: Snapshot, correction: Correction) -> str:
     """A correction in the landing page's words, then what ``plan`` made of it."""
-    at = f"max_num_seqs {snapshot.settings.max_num_seqs or 'none'}"
     if correction.ratio is None:
-        what = undeclared_text(correction.owner, "", correction.observed_bytes)
-        return (
-            f"warning: {engine_id}: {Concern.UNDECLARED.value}: {what}; counted as fixed bytes (how they grow with "
-            "max_num_seqs is unknown)"
-        )
+        return _undeclared_note(engine_id, undeclared_text(correction.owner, "", correction.observed_bytes))
+    at = f"max_num_seqs {snapshot.settings.max_num_seqs or 'none'}"
     ratio = float(correction.ratio)
     what = over_declaration(correction.owner, correction.observed_bytes, correction.declared_bytes)
     return (
@@ -215,9 +209,8 @@ def _correction_note(engine_id: str, snapshot: Snapshot, correction: Correction)
     )
 
 
-def _undeclared_note(engine_id: str, found: DiscoveredOwner) -> str:
-    """A discovered owner in the landing page's words, then what ``plan`` made of it."""
-    what = undeclared_text(found.owner, found.owner_class, found.peak_bytes, found.declares)
+def _undeclared_note(engine_id: str, what: str) -> str:
+    """An undeclared cache in the landing page's words (``what``), then what ``plan`` made of it."""
     return (
         f"warning: {engine_id}: {Concern.UNDECLARED.value}: {printable(what)}; counted as fixed bytes (how they grow "
         "with max_num_seqs is unknown)"
@@ -275,7 +268,9 @@ def plan_report(
             row.append(_fit_cell(demand, cache_memory))
         rows.append(row)
         warnings += [wrapped(_correction_note(engine_id, snapshot, c), width, "") for c in demand.corrections]
-        warnings += [wrapped(_undeclared_note(engine_id, d), width, "") for d in demand.undeclared]
+        for found in demand.undeclared:
+            what = undeclared_text(found.owner, found.owner_class, found.peak_bytes, found.declares)
+            warnings.append(wrapped(_undeclared_note(engine_id, what), width, ""))
     parts = []
     if cache_memory is not None:
         parts.append(
@@ -293,7 +288,7 @@ def plan_report(
     parts += _prescription_lines(view, width)
     states = {item.state for item in view.usable}
     parts += [wrapped(note, width) for state, note in STATE_NOTES.items() if state in states]
-    parts += _rejected_lines(rejected_files(view), view.scan.skipped, width)
+    parts += rejected_lines(rejected_files(view.scan), view.scan.skipped, width)
     return "\n".join(parts) + "\n"
 
 

@@ -115,9 +115,6 @@ class EndReason(str, Enum):
     ending its snapshot, as its liveness lock says (``contract.spool.writer_alive``)."""
 
 
-END_REASONS: frozenset[str] = frozenset(reason.value for reason in EndReason)
-
-
 class DiscoveryMethod(str, Enum):
     """How the engine found memory a module holds without declaring it."""
 

@@ -101,7 +101,7 @@ def resolve_owned(
     renamed ``name#2``, so no bytes disappear and no exported series collides.
     """
     resolved: list[Declaration] = []
-    unresolved: dict[tuple[str, str], tuple[int, str]] = {}
+    unresolved: dict[tuple[str, str], list[str]] = {}
     seen: set[tuple[str, str]] = set()
     for item in owned:
         try:
@@ -113,13 +113,11 @@ def resolve_owned(
                 item.owner_path,
                 error,
             )
-            count, first = unresolved.get((item.owner_path, item.owner_class), (0, error_text(error)))
-            unresolved[(item.owner_path, item.owner_class)] = (count + 1, first)
+            unresolved.setdefault((item.owner_path, item.owner_class), []).append(error_text(error))
             continue
         except Exception as error:
             logger.warning("cannot resolve a spec of %s; skipping it", item.owner_class, exc_info=True)
-            count, first = unresolved.get((item.owner_path, item.owner_class), (0, error_text(error)))
-            unresolved[(item.owner_path, item.owner_class)] = (count + 1, first)
+            unresolved.setdefault((item.owner_path, item.owner_class), []).append(error_text(error))
             continue
         name, n = declaration.name, 1
         while (declaration.owner, name) in seen:
@@ -133,8 +131,8 @@ def resolve_owned(
         seen.add((declaration.owner, name))
         resolved.append(declaration)
     dropped = tuple(
-        DroppedDeclaration(path, owner_class, DropReason.UNRESOLVABLE_SPEC.value, count, error)
-        for (path, owner_class), (count, error) in unresolved.items()
+        DroppedDeclaration(path, owner_class, DropReason.UNRESOLVABLE_SPEC.value, len(errors), errors[0])
+        for (path, owner_class), errors in unresolved.items()
     )
     return tuple(resolved), dropped
 

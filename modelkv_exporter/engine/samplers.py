@@ -192,13 +192,9 @@ class CudaSampler(MemorySampler):
         segments = self._segments()
         if segments is None:
             return None
-        index = getattr(self.device, "index", None)
-        index = index if isinstance(index, int) else None
         total = allocated = 0
         try:
             for segment in segments:
-                if index is not None and segment.get("device", index) != index:
-                    continue
                 if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
                     total += int(segment["total_size"])
                     allocated += int(segment["allocated_size"])
@@ -213,27 +209,25 @@ class CudaSampler(MemorySampler):
         segments = self._segments()
         if segments is None:
             return None
-        index = getattr(self.device, "index", None)
-        index = index if isinstance(index, int) else None
         try:
             found = sorted(
-                (
-                    (int(segment["total_size"]), int(segment["allocated_size"]))
-                    for segment in segments
-                    if index is None or segment.get("device", index) == index
-                ),
-                reverse=True,
+                ((int(segment["total_size"]), int(segment["allocated_size"])) for segment in segments), reverse=True
             )
         except Exception:
             return None
         return tuple(TorchSegment(total, allocated) for total, allocated in found[:LARGEST_SEGMENTS])
 
-    def _segments(self) -> Any | None:
+    def _segments(self) -> list[Any] | None:
+        """The segments torch's caching allocator holds on this device (``memory_snapshot``); None when torch cannot
+        say."""
+        index = getattr(self.device, "index", None)
+        index = index if isinstance(index, int) else None
         try:
             try:
-                return self.cuda.memory_snapshot(include_traces=False)
+                segments = self.cuda.memory_snapshot(include_traces=False)
             except TypeError:  # a torch before 2.10 records no traces unless asked to
-                return self.cuda.memory_snapshot()
+                segments = self.cuda.memory_snapshot()
+            return [segment for segment in segments if index is None or segment.get("device", index) == index]
         except Exception:
             return None
 

@@ -54,14 +54,14 @@ class OwnerReport:
 
     owner: str
     owner_class: str
-    declarations: tuple[Declaration, ...]
     verdict: Verdict
-    problems: tuple[FieldProblem, ...]
-    calls: int | None
-    cache_calls: int | None
-    live_bytes: int | None
-    peaks: tuple[CallPeak, ...]
-    suggestions: tuple[Suggestion, ...]
+    declarations: tuple[Declaration, ...] = ()
+    problems: tuple[FieldProblem, ...] = ()
+    calls: int | None = None
+    cache_calls: int | None = None
+    live_bytes: int | None = None
+    peaks: tuple[CallPeak, ...] = ()
+    suggestions: tuple[Suggestion, ...] = ()
     found_by: str = ""
     """Empty for a declarer; ``named`` (given to the check) or the discovery method otherwise."""
     plain_bytes: int = 0
@@ -167,9 +167,15 @@ class Report:
         )
 
     @property
-    def near_miss_lines(self) -> list[str]:
-        """One line per misspelled declaring method."""
-        return [
+    def run_failures(self) -> list[str]:
+        """One line per thing that fails beside the owners: observation, a dropped declaration, a misspelled
+        declaring method."""
+        found = [f"observation unavailable: {self.unavailable}"] if self.unavailable else []
+        found += [
+            f"{d.owner or '(root)'!r} ({d.owner_class}): {d.count} declaration(s) dropped, {d.reason}: {d.error}"
+            for d in self.dropped
+        ]
+        return found + [
             f"{path or '(root)'!r} ({owner_class}): defines {name}(), not model_local_kv_specs(): the engine never "
             "calls it, so nothing is declared"
             for path, owner_class, name in self.near_misses
@@ -189,13 +195,7 @@ class Report:
     def text(self) -> str:
         """The whole report for people."""
         lines = [f"model-local KV check at max_num_seqs={self.max_num_seqs}:"]
-        if self.unavailable:
-            lines.append(f"FAIL observation unavailable: {self.unavailable}")
-        lines += [
-            f"FAIL {d.owner or '(root)'!r} ({d.owner_class}): {d.count} declaration(s) dropped, {d.reason}: {d.error}"
-            for d in self.dropped
-        ]
-        lines += [f"FAIL {line}" for line in self.near_miss_lines]
+        lines += [f"FAIL {line}" for line in self.run_failures]
         if not self.owners:
             lines.append("no owner declares a cache, and none was named")
         lines += [owner.text() for owner in self.owners]
@@ -216,15 +216,8 @@ class Report:
 
     @property
     def failures(self) -> list[str]:
-        """One line per thing that fails: observation, a dropped declaration, an owner (its headline)."""
-        found = [f"observation unavailable: {self.unavailable}"] if self.unavailable else []
-        found += [
-            f"{d.owner or '(root)'!r} ({d.owner_class}): {d.count} declaration(s) dropped, {d.reason}: {d.error}"
-            for d in self.dropped
-        ]
-        found += self.near_miss_lines
-        found += [f"{owner.label}: {owner.headline}" for owner in self.owners if not owner.ok]
-        return found
+        """One line per thing that fails: ``run_failures``, then each failing owner (its headline)."""
+        return self.run_failures + [f"{owner.label}: {owner.headline}" for owner in self.owners if not owner.ok]
 
     def assert_ok(self) -> Report:
         """Raise ``AssertionError`` when anything fails: what fails first, one line each, then the whole report;

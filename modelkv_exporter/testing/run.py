@@ -222,9 +222,7 @@ class CacheCheck:
                 reached=None,
                 unobserved=observation.reason or "" if observation is not None else "not observed",
             )
-            return OwnerReport(
-                path, type(owner).__name__, declarations, verdict, (), None, None, None, peaks, (), found_by
-            )
+            return OwnerReport(path, type(owner).__name__, verdict, declarations, peaks=peaks, found_by=found_by)
         plain = observation.plain_bytes or 0
         suggestions = self._suggestions(path, peaks, observation.live_bytes)
         plain_reason = ""
@@ -244,8 +242,8 @@ class CacheCheck:
         return OwnerReport(
             path,
             observation.owner_class,
-            declarations,
             verdict,
+            declarations,
             () if dropped_here else tuple(self._problems(declarations, peaks)),
             observation.calls,
             observation.cache_calls,
@@ -269,15 +267,11 @@ class CacheCheck:
         return OwnerReport(
             found.owner,
             found.owner_class,
-            (),
             verdict,
-            (),
-            None,
-            None,
-            found.live_bytes,
-            peaks,
-            suggestions,
-            found.found_by,
+            live_bytes=found.live_bytes,
+            peaks=peaks,
+            suggestions=suggestions,
+            found_by=found.found_by,
         )
 
     def _plain_suggestions(

@@ -115,7 +115,7 @@ class ManifestContainer:
         return quantity(self.spec["resources"]["limits"]["cpu"])
 
     @property
-    def startup_budget(self) -> float:
+    def startup_seconds(self) -> float:
         """Seconds the startupProbe allows before the kubelet restarts the container."""
         probe = self.spec["startupProbe"]
         return float(probe["periodSeconds"] * probe["failureThreshold"])

@@ -24,7 +24,7 @@ from modelkv_exporter.sidecar.post_mortem import utc_time
 from modelkv_exporter.sidecar.prescription import PRESCRIPTION_LEGEND, estimate_text, prescription_text
 from modelkv_exporter.sidecar.presentation.owner_chart import owner_chart
 from modelkv_exporter.sidecar.presentation.parts_chart import parts_chart
-from modelkv_exporter.sidecar.presentation.safe_text import SPOOL_UNREADABLE, printable
+from modelkv_exporter.sidecar.presentation.safe_text import SPOOL_UNREADABLE, client_detail, printable
 from modelkv_exporter.sidecar.presentation.spool_report import EngineReport, SpoolReport, Table, spool_report
 from modelkv_exporter.sidecar.presentation.wording import (
     ABSENT,
@@ -261,7 +261,7 @@ def _attention(report: SpoolReport, guidance: Guidance, up_for: float | None) ->
         items.append(f"<li><strong>spool not readable</strong>: {escape(SPOOL_UNREADABLE)}</li>")
     troubled = report.troubled
     if report.rejected:
-        names = [f"{r.file_name} ({r.reason})" for r in report.rejected]
+        names = [f"{name} ({error.reason.value})" for name, error in report.rejected]
         more = f"; and {len(names) - NAMED} more" if len(names) > NAMED else ""
         items.append(
             f'<li><a href="#rejected">{plural(len(names), "rejected snapshot file")}</a>: '
@@ -312,8 +312,8 @@ def render_page(
         table = '<p class="muted">No snapshot in the spool yet.</p>'
     sections = "".join(_engine_section(e) for e in engines if e.detailed)
     rejected = [
-        [escape(r.file_name), f'<span class="state rejected">{escape(r.reason)}</span>', escape(r.public)]
-        for r in report.rejected
+        [escape(name), f'<span class="state rejected">{escape(why.reason.value)}</span>', escape(client_detail(why))]
+        for name, why in report.rejected
     ]
     rejected_html = _html_table(["file", "reason", "detail"], rejected) if rejected else '<p class="muted">None.</p>'
     return (

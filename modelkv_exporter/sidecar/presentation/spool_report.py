@@ -34,7 +34,6 @@ from modelkv_exporter.sidecar.growth import growth
 from modelkv_exporter.sidecar.label_values import GROWTH_SOURCES
 from modelkv_exporter.sidecar.post_mortem import post_mortem, post_mortem_lines
 from modelkv_exporter.sidecar.prescription import Prescription, prescription
-from modelkv_exporter.sidecar.presentation.safe_text import client_detail
 from modelkv_exporter.sidecar.presentation.wording import (
     ABSENT,
     DISCOVERED_LEGEND,
@@ -43,6 +42,8 @@ from modelkv_exporter.sidecar.presentation.wording import (
     geometry_words,
     layout_words,
 )
+from modelkv_exporter.sidecar.reader.decode import SnapshotError
+from modelkv_exporter.sidecar.reader.scan import SpoolScan
 from modelkv_exporter.sidecar.reader.state import EngineState, SpoolView, died
 
 ColumnKind = Literal["name", "text", "figure", "note"]
@@ -123,22 +124,13 @@ class EngineReport:
 
 
 @dataclass(frozen=True)
-class Rejected:
-    """A file the scan could not use: its name, why, and the detail (``public``: as an HTTP client may see it)."""
-
-    file_name: str
-    reason: str
-    detail: str
-    public: str
-
-
-@dataclass(frozen=True)
 class SpoolReport:
     """The spool as people read it: every engine's report, and what is wrong with the spool itself."""
 
     engines: tuple[EngineReport, ...]
     no_engine: Finding | None
-    rejected: tuple[Rejected, ...]
+    rejected: tuple[tuple[str, SnapshotError], ...]
+    """Every file the scan could not use: its name and why (``client_detail`` words it for an HTTP client)."""
     skipped: int
     unreadable: bool
 
@@ -349,13 +341,9 @@ def engine_report(
     )
 
 
-def rejected_files(view: SpoolView) -> tuple[Rejected, ...]:
-    """Every file of ``view`` the scan could not use, with why."""
-    return tuple(
-        Rejected(e.file_name, e.error.reason.value, e.error.detail, client_detail(e.error))
-        for e in view.rejected
-        if e.error is not None
-    )
+def rejected_files(scan: SpoolScan) -> tuple[tuple[str, SnapshotError], ...]:
+    """Every file ``scan`` could not use, with why."""
+    return tuple((e.file_name, e.error) for e in scan.entries if e.error is not None)
 
 
 def spool_report(
@@ -369,7 +357,7 @@ def spool_report(
             for item in view.usable
         ),
         no_engine=no_engine(view, up_for),
-        rejected=rejected_files(view),
+        rejected=rejected_files(view.scan),
         skipped=view.scan.skipped,
         unreadable=bool(view.scan.error),
     )

@@ -42,7 +42,7 @@ PARTS_LEGEND = (
 GROWTH_COLUMNS = ("live tensors", "outside torch", "resident", "caches explain", "unexplained", "alert")
 """The columns of an engine's growth since baseline by part (``PARTS_LEGEND``), after the engine's id on the page."""
 SKIPPED = "files past --max-spool-files or --max-spool-bytes not read"
-"""What the page and ``inspect`` say of the files a scan left unread, after their count."""
+"""What the page, ``inspect`` and ``check`` say of the files a scan left unread, after their count."""
 
 
 def geometry_words(d: Declaration) -> str:

@@ -22,7 +22,7 @@ from enum import Enum
 from typing import Any, NoReturn
 
 from modelkv_exporter.contract.fields import REQUIRED, FieldInfo, Rule, fields_of
-from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, VERSION_FIELD, Declaration, Snapshot
+from modelkv_exporter.contract.snapshot import SCHEMA_VERSION, VERSION_FIELD, Snapshot
 from modelkv_exporter.contract.validity import (
     boolean_problem,
     declaration_problems,
@@ -211,11 +211,6 @@ def _object_reader(cls: type) -> Reader:
     return read
 
 
-def _check_declaration(declaration: Declaration, max_num_seqs: int | None, where: str) -> None:
-    for field, problem in declaration_problems(declaration, max_num_seqs):
-        _invalid(f"{where}.{field}", problem)
-
-
 OBSERVED_FIGURES = ("peak_bytes", "recent_peak_bytes", "live_bytes", "cache_calls", "plain_bytes")
 """An observation's figures that mean nothing when it is not ``available``."""
 
@@ -225,7 +220,8 @@ def _checked(snapshot: Snapshot) -> Snapshot:
     seen: set[tuple[str, str]] = set()
     for i, declaration in enumerate(snapshot.declarations):
         where = f"snapshot.declarations[{i}]"
-        _check_declaration(declaration, snapshot.settings.max_num_seqs, where)
+        for field, problem in declaration_problems(declaration, snapshot.settings.max_num_seqs):
+            _invalid(f"{where}.{field}", problem)
         key = (declaration.owner, declaration.name)
         if key in seen:
             _invalid(where, f"duplicate declaration {declaration.name!r} of owner {declaration.owner!r}")
