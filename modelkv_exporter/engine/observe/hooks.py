@@ -424,7 +424,7 @@ def wrap_layer_method(function: Callable[..., Any]) -> Callable[..., Any]:
         if _active:
             try:
                 if not _is_compiling():
-                    layer_changed(args[0])
+                    layer_changed(args[0] if args else kwargs["self"])
             except Exception as error:
                 try:
                     fail(site, error)
