@@ -156,18 +156,12 @@ def instance_dict(cls: type) -> Callable[[Any], dict[str, Any]] | None:
 def plain_attributes(cls: type) -> bool:
     """Whether ``obj.__dict__`` on an object of ``cls`` runs no code of its classes: no ``__getattribute__`` but
     ``object``'s, and the first ``__dict__`` in its MRO the real descriptor (what ``instance_dict`` returns)."""
-    first: dict[str, object] = {}
-    for klass in type.__dict__["__mro__"].__get__(cls):
-        found = type.__dict__["__dict__"].__get__(klass)
-        for name in ("__dict__", "__getattribute__"):
-            if name in found and name not in first:
-                first[name] = found[name]
-    descriptor = first.get("__dict__")
-    return (
-        first.get("__getattribute__") is object.__dict__["__getattribute__"]
-        and type(descriptor) is types.GetSetDescriptorType
-        and descriptor.__get__ == instance_dict(cls)
-    )
+    dicts = [type.__dict__["__dict__"].__get__(klass) for klass in type.__dict__["__mro__"].__get__(cls)]
+    getattribute = next(found["__getattribute__"] for found in dicts if "__getattribute__" in found)
+    descriptor = next((found["__dict__"] for found in dicts if "__dict__" in found), None)
+    state = instance_dict(cls)
+    plain_dict = type(descriptor) is types.GetSetDescriptorType and descriptor.__get__ == state
+    return getattribute is object.__dict__["__getattribute__"] and plain_dict
 
 
 _Tensor = torch.Tensor
