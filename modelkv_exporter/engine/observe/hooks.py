@@ -366,26 +366,24 @@ def layer_changed(layer: Any) -> None:
                     size += 0 if values.is_meta else (values if base is None else base).nbytes
             else:
                 size = pair_bytes(keys, values)
-        else:
-            plan = record.plan
-            if plan.unknown is not None:
+        elif record.plan.unknown is not None:
+            return
+        elif record.twin is not None:
+            size = measure(layer, record.plan, shared(record))
+            record.reported = CHANGED
+        elif record.plan.static:
+            state = record.plan.state(layer)
+            keys = _get(state, "keys")
+            values = _get(state, "values")
+            key_ref = record.key_ref
+            if key_ref is not None and key_ref() is keys and record.value_ref() is values:
                 return
-            if record.twin is not None:
-                size = measure(layer, plan, shared(record))
-                record.reported = CHANGED
-            elif plan.static:
-                state = plan.state(layer)
-                keys = _get(state, "keys")
-                values = _get(state, "values")
-                key_ref = record.key_ref
-                if key_ref is not None and key_ref() is keys and record.value_ref() is values:
-                    return
-                size = pair_bytes(keys, values)
-                record.key_ref, record.value_ref = same_tensors(keys, values)
-                record.reported = CHANGED
-            else:
-                size = measure(layer, plan)
-                record.reported = CHANGED
+            size = pair_bytes(keys, values)
+            record.key_ref, record.value_ref = same_tensors(keys, values)
+            record.reported = CHANGED
+        else:
+            size = measure(layer, record.plan)
+            record.reported = CHANGED
     except Unweighable as problem:
         record.owner.unknown = str(problem)
         return
