@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, cache_utils
 
-from modelkv_exporter.engine.observe import Observer, hooks
+from modelkv_exporter.engine.observe import Observer, hooks, layers
 from tests.engine.observing import Owner, add, figures, kv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,6 +104,34 @@ def test_a_layer_whose_dict_is_a_property_is_read_without_calling_it(observer: O
     f = figures(observer, owner)
     assert not calls, calls
     assert f.available and f.live_bytes == 2 * kv(1, 2).nbytes
+
+
+def test_a_patched_getattribute_on_a_fast_path_class_is_never_run(observer: Observer, monkeypatch: Any) -> None:
+    """The update's fast path reads ``layer.__dict__`` as an attribute; a class whose ``__getattribute__`` a model
+    replaced takes the descriptor path instead, and the replacement never runs for our reads."""
+    read: list[str] = []
+
+    def spying(self: Any, name: str) -> Any:
+        if name == "__dict__":
+            read.append(name)
+        return object.__getattribute__(self, name)
+
+    monkeypatch.setattr(cache_utils.DynamicLayer, "__getattribute__", spying)
+    layers.forget_plans()
+    owner = Owner()
+    add(observer, owner)
+
+    def run(self: Owner) -> None:
+        cache = DynamicCache()
+        for _ in range(3):
+            cache.update(kv(1, 2), kv(1, 2), 0)
+        self.kept["cache"] = cache
+
+    owner(run)
+    observer.sample()
+    f = figures(observer, owner)
+    assert not read, read
+    assert f.available and f.live_bytes == 2 * kv(1, 6).nbytes
 
 
 def test_meta_tensors_weigh_nothing(observer: Observer) -> None:

@@ -215,6 +215,25 @@ def hook_sites() -> dict[tuple[object, str], object]:
     return sites
 
 
+def test_a_layer_method_called_with_self_as_a_keyword_is_observed(observer: Observer) -> None:
+    """The layer wrapper forwards its arguments whole; ``self`` passed by name is still the layer it measures."""
+    owner = Owner()
+    add(observer, owner)
+
+    def run(self: Owner) -> None:
+        cache = DynamicCache()
+        cache.update(kv(1, 2), kv(1, 2), 0)
+        layer = cache.layers[0]
+        type(layer).update(self=layer, key_states=kv(1, 1), value_states=kv(1, 1))
+        self.kept["cache"] = cache
+
+    owner(run)
+    observer.sample()
+    f = figures(observer, owner)
+    assert f.available, f.reason
+    assert f.live_bytes == 2 * kv(1, 3).nbytes
+
+
 @pytest.mark.parametrize("value", ["0", "off", "false", "no"])
 def test_modelkv_observe_0_installs_nothing_and_reports_every_owner_absent(
     value: str, monkeypatch: pytest.MonkeyPatch

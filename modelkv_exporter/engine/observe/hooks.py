@@ -230,6 +230,7 @@ def register(layer: object, owner: OwnerState) -> LayerRecord:
     record.key = key = id(layer)
     record.key_ref = None
     record.twin = record.copies = None
+    record.fresh = plan.fresh and plan.unknown is None
     records[key] = record
     if plan.unknown is not None:
         record.state_key = 0
@@ -251,6 +252,7 @@ def shallow_copy(record: LayerRecord, state: object) -> None:
     if layer is None or source.plan.state(layer) is not state:
         return
     record.twin = source
+    record.fresh = source.fresh = False
     if source.copies is None:
         source.copies = []
     source.copies.append(record)
@@ -351,15 +353,9 @@ def layer_changed(layer: Any) -> None:
             owner.graph = "a cache was used during a CUDA graph capture; replays are not observable"
         if owner.pending:
             measure_new_layers(owner)
-    plan = record.plan
-    if plan.unknown is not None:
-        return
     try:
-        if record.twin is not None:
-            size = measure(layer, plan, shared(record))
-            record.reported = CHANGED
-        elif plan.fresh:  # tensors the update just made, or window views into them: ``fresh_bytes``, inlined
-            state = plan.state(layer)
+        if record.fresh:  # tensors the update just made, or window views into them: ``fresh_bytes``, inlined
+            state = layer.__dict__
             keys = _get(state, "keys")
             values = _get(state, "values")
             if type(keys) is _Tensor and type(values) is _Tensor and not _modes_on():
@@ -370,8 +366,13 @@ def layer_changed(layer: Any) -> None:
                     size += 0 if values.is_meta else (values if base is None else base).nbytes
             else:
                 size = pair_bytes(keys, values)
-        elif plan.static:
-            state = plan.state(layer)
+        elif record.plan.unknown is not None:
+            return
+        elif record.twin is not None:
+            size = measure(layer, record.plan, shared(record))
+            record.reported = CHANGED
+        elif record.plan.static:
+            state = record.plan.state(layer)
             keys = _get(state, "keys")
             values = _get(state, "values")
             key_ref = record.key_ref
@@ -381,7 +382,7 @@ def layer_changed(layer: Any) -> None:
             record.key_ref, record.value_ref = same_tensors(keys, values)
             record.reported = CHANGED
         else:
-            size = measure(layer, plan)
+            size = measure(layer, record.plan)
             record.reported = CHANGED
     except Unweighable as problem:
         record.owner.unknown = str(problem)
@@ -415,13 +416,13 @@ def wrap_layer_method(function: Callable[..., Any]) -> Callable[..., Any]:
     site = function.__qualname__
 
     @functools.wraps(function)
-    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def hooked(*args: Any, **kwargs: Any) -> Any:
         global _active, _late
-        result = function(self, *args, **kwargs) if kwargs else function(self, *args)
+        result = function(*args, **kwargs) if kwargs else function(*args)
         if _active:
             try:
                 if not _is_compiling():
-                    layer_changed(self)
+                    layer_changed(args[0] if args else kwargs["self"])
             except Exception as error:
                 try:
                     fail(site, error)

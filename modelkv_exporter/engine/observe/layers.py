@@ -138,6 +138,7 @@ def plan_for(cls: type) -> Plan:
         plan.unknown = plan.unknown or f"{cls.__qualname__} keeps no instance __dict__"
     else:
         plan.state = state
+    plan.fresh = plan.fresh and plain_attributes(cls)
     _plans[cls] = plan
     return plan
 
@@ -150,6 +151,17 @@ def instance_dict(cls: type) -> Callable[[Any], dict[str, Any]] | None:
         if type(descriptor) is types.GetSetDescriptorType and descriptor.__objclass__ is klass:
             return descriptor.__get__  # type: ignore[no-any-return]
     return None
+
+
+def plain_attributes(cls: type) -> bool:
+    """Whether ``obj.__dict__`` on an object of ``cls`` runs no code of its classes: no ``__getattribute__`` but
+    ``object``'s, and the first ``__dict__`` in its MRO the real descriptor (what ``instance_dict`` returns)."""
+    dicts = [type.__dict__["__dict__"].__get__(klass) for klass in type.__dict__["__mro__"].__get__(cls)]
+    getattribute = next(found["__getattribute__"] for found in dicts if "__getattribute__" in found)
+    descriptor = next((found["__dict__"] for found in dicts if "__dict__" in found), None)
+    state = instance_dict(cls)
+    plain_dict = type(descriptor) is types.GetSetDescriptorType and descriptor.__get__ == state
+    return getattribute is object.__dict__["__getattribute__"] and plain_dict
 
 
 _Tensor = torch.Tensor

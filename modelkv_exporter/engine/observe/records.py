@@ -147,7 +147,8 @@ class LayerRecord(weakref.ref):  # type: ignore[type-arg]
     ``key_ref``/``value_ref`` point at the tensors last measured (static plans only); ``group`` is set
     by discovery only: the ``id`` of the cache the layer belongs to, where it could be told. ``twin`` is
     the record of the layer this one is a shallow copy of (``copy.copy``: the same tensor objects, which
-    count there, not here), ``copies`` the records of its own shallow copies.
+    count there, not here), ``copies`` the records of its own shallow copies. ``fresh``: an update is measured by
+    the hooks' fast path (its class's plan is ``fresh``, and it has no twin or copies).
     """
 
     __slots__ = (
@@ -162,6 +163,7 @@ class LayerRecord(weakref.ref):  # type: ignore[type-arg]
         "state_key",
         "twin",
         "copies",
+        "fresh",
     )
     owner: OwnerState
     bytes: int
@@ -174,3 +176,4 @@ class LayerRecord(weakref.ref):  # type: ignore[type-arg]
     state_key: int
     twin: LayerRecord | None
     copies: list[LayerRecord] | None
+    fresh: bool
