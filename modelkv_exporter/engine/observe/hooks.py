@@ -354,7 +354,7 @@ def layer_changed(layer: Any) -> None:
         if owner.pending:
             measure_new_layers(owner)
     try:
-        if record.fresh:  # tensors the update just made, or window views into them: ``fresh_bytes``, inlined
+        if record.fresh:  # tensors the update just made, or window views into them: their size, or their base's
             state = layer.__dict__
             keys = _get(state, "keys")
             values = _get(state, "values")

@@ -193,23 +193,6 @@ def _bytes_of(tensor: Any) -> int:
     return sum(found.values())
 
 
-def fresh_bytes(keys: Any, values: Any) -> int:
-    """Bytes of keys and values that an update just made (or window views into them).
-
-    Plain tensors with no ``__torch_function__`` mode on are read directly, without building storage objects (the
-    hot path): their own size, or their base's. Anything else is weighed by storage (``engine.tensors``), which
-    runs no subclass's code.
-    """
-    if type(keys) is _Tensor and type(values) is _Tensor and not _modes_on():
-        base = keys._base
-        size: int = 0 if keys.is_meta else (keys if base is None else base).nbytes
-        if values is not keys:
-            base = values._base
-            size += 0 if values.is_meta else (values if base is None else base).nbytes
-        return size
-    return pair_bytes(keys, values)
-
-
 def pair_bytes(keys: Any, values: Any) -> int:
     """Storage bytes of a keys and values pair; the same object twice counts once (a sample's recount
     de-duplicates by storage)."""
