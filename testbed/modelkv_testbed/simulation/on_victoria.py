@@ -2,17 +2,17 @@
 
 Every episode starts ``SPACING`` after the one before, so that one victoria-metrics holds them all
 and no rule's window reaches from one into another; one ``vmalert -replay`` per episode (and per
-victoria-metrics) evaluates the rules over it, all side by side.
+victoria-metrics) evaluates the rules over it, all side by side, stage by stage (``stages``).
 """
 
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -93,39 +93,53 @@ def placed() -> list[Placed]:
     return [Placed(s, i, e, first + k * SPACING) for k, (s, i, e) in enumerate(episodes)]
 
 
-SIDE_BY_SIDE_RULES_DELAY = "1500ms"
-"""vmalert's pause between two rules of a group when every episode replays at once: with a hundred replays on two
-cores, 500 ms (one replay's) let a rule read before the flush made the previous rule's results searchable, and
-several stories lost their alerts on a busy machine; 1.5 s held on the same machine (the run takes about 1.8 times
-as long)."""
+def stages(text: str) -> list[str]:
+    """A replayed rule file (``replay_rules``) as the stages replay runs one after another: each rule in the stage
+    after the last one holding a rule whose result it reads, its group's settings kept. vmalert replays one rule over
+    the whole range, then the next; a stage's replays all end, and their results are flushed, before the next stage
+    reads them, so no rule reads another's results before they are searchable, however busy the machine."""
+    document = yaml.safe_load(text)
+    stage_of: dict[str, int] = {}
+    staged: list[list[dict[str, Any]]] = []
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            reads = [
+                s for name, s in stage_of.items() if re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", rule["expr"])
+            ]
+            stage = max(reads, default=-1) + 1
+            name = rule.get("record")
+            if name is not None:
+                stage_of[name] = max(stage_of.get(name, 0), stage)
+            while len(staged) <= stage:
+                staged.append([])
+            groups = staged[stage]
+            if not groups or groups[-1]["name"] != group["name"]:
+                groups.append({**group, "rules": []})
+            groups[-1]["rules"].append(rule)
+    return [yaml.safe_dump({**document, "groups": groups}, sort_keys=False) for groups in staged]
 
 
 def replay_side_by_side(runs: Sequence[tuple[Path, str, Placed]]) -> None:
-    """Replay each (rules, victoria-metrics, episode) at once, flushing every victoria-metrics ten times a second and
-    pausing ``SIDE_BY_SIDE_RULES_DELAY`` between rules, so that a rule's results are searchable before the next rule
-    reads them."""
+    """Replay each (rules, victoria-metrics, episode) at once, stage by stage (``stages``): every replay of a stage
+    ends, and every victoria-metrics is flushed, before the next stage starts."""
     urls = sorted({url for _, url, _ in runs})
+    staged: dict[Path, list[Path]] = {}
+    for rules in {rules for rules, _, _ in runs}:
+        staged[rules] = []
+        for k, text in enumerate(stages(rules.read_text())):
+            staged[rules].append(rules.with_name(f"{rules.stem}.stage-{k}{rules.suffix}"))
+            staged[rules][-1].write_text(text)
     for url in urls:
         flush(url)
-    stop = threading.Event()
-
-    def flushing() -> None:
-        while not stop.wait(0.1):
-            for url in urls:
-                flush(url)
-
-    flusher = threading.Thread(target=flushing, daemon=True)
-    flusher.start()
-    try:
-        processes = [replay(rules, url, p.base, p.end, rules_delay=SIDE_BY_SIDE_RULES_DELAY) for rules, url, p in runs]
+    for stage in range(max(len(files) for files in staged.values())):
+        processes = [
+            replay(staged[rules][stage], url, p.base, p.end) for rules, url, p in runs if stage < len(staged[rules])
+        ]
         for process in processes:
             output, _ = process.communicate(timeout=REPLAY_TIMEOUT)
             assert process.returncode == 0, output.decode()[-3000:]
-    finally:
-        stop.set()
-        flusher.join()
-    for url in urls:
-        flush(url)
+        for url in urls:
+            flush(url)
 
 
 def timeline(urls: Sequence[str], episode: Placed) -> Timeline:
