@@ -230,7 +230,7 @@ def register(layer: object, owner: OwnerState) -> LayerRecord:
     record.key = key = id(layer)
     record.key_ref = None
     record.twin = record.copies = None
-    record.fresh = plan.fresh and plan.unknown is None
+    record.fresh = plan.fresh
     records[key] = record
     if plan.unknown is not None:
         record.state_key = 0

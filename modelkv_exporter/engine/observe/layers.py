@@ -98,7 +98,8 @@ class Plan:
         self.static = static and self.keys_and_values
         """Preallocated in place (the StaticLayer family): its bytes change only when its tensor objects do."""
         self.fresh = fresh and vetted and self.keys_and_values
-        """One of ``FRESH_AFTER_UPDATE``, exactly."""
+        """One of ``FRESH_AFTER_UPDATE``, exactly, whose ``__dict__`` runs no code (``plain_attributes``); vetted, so
+        never ``unknown``: an update of its layers takes the hooks' fast path."""
 
 
 _plans: dict[type, Plan] = {}
@@ -123,7 +124,7 @@ def plan_for(cls: type) -> Plan:
             break
         if klass.__name__ in VETTED_KV_ATTRIBUTES:
             static = any(k.__module__ == VETTED_MODULE and k.__name__ == "StaticLayer" for k in cls.__mro__)
-            fresh = klass.__name__ in FRESH_AFTER_UPDATE
+            fresh = klass.__name__ in FRESH_AFTER_UPDATE and plain_attributes(cls)
             vetted = klass is cls
             attributes = VETTED_KV_ATTRIBUTES[klass.__name__]
             plan = Plan(attributes, vetted, None, static and vetted, fresh, every=not vetted)
@@ -138,7 +139,6 @@ def plan_for(cls: type) -> Plan:
         plan.unknown = plan.unknown or f"{cls.__qualname__} keeps no instance __dict__"
     else:
         plan.state = state
-    plan.fresh = plan.fresh and plain_attributes(cls)
     _plans[cls] = plan
     return plan
 
